@@ -2,17 +2,31 @@
 
 log P(label | h) = h . W[label] (+ b[label]) - logsumexp_v(h . W[v] (+ b[v]))
 
-The reference walks the vocabulary in chunks with a running logsumexp, so even the fallback never
-holds a [B, V] tensor.
+``label_logprobs`` is the one entry point: it runs the fused Triton kernel
+(``label_logprobs_triton.py``) on CUDA tensors when triton is installed, and the plain-torch
+reference below everywhere else. Neither path ever holds a [B, V] tensor: the kernel keeps a running
+max and sum per (row, vocabulary split), and the reference walks the vocabulary in chunks.
+
+Example:
+    >>> h = torch.randn(3, 8)
+    >>> w = torch.randn(50, 8)
+    >>> out = label_logprobs(h, w, torch.tensor([[4, 7]] * 3))
+    >>> out.logprobs.shape, out.log_normalizer.shape
+    (torch.Size([3, 2]), torch.Size([3]))
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+import importlib.util
+import os
+from typing import Literal, NamedTuple
 
 import torch
 
 _VOCAB_CHUNK = 16384
+
+Impl = Literal["auto", "triton", "torch"]
 
 
 class LabelLogprobs(NamedTuple):
@@ -38,6 +52,9 @@ def label_logprobs_reference(
         if bias is not None:
             logits = logits + bias[start : start + _VOCAB_CHUNK].float()
         running = torch.logaddexp(running, torch.logsumexp(logits, dim=-1))
+    if label_mask is not None:
+        # Padded slots may hold any id (-1, V, ...): look up a valid row, then mask the result.
+        label_ids = label_ids.masked_fill(~label_mask, 0)
     rows = weight[label_ids].float()  # [B, K, H]
     label_logits = torch.einsum("bh,bkh->bk", h, rows)
     if bias is not None:
@@ -48,12 +65,75 @@ def label_logprobs_reference(
     return LabelLogprobs(logprobs, running)
 
 
+@functools.cache
+def _triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _check_inputs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    label_ids: torch.Tensor,
+    label_mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> None:
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"expected hidden [B, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
+    if label_ids.dim() != 2 or label_ids.shape[0] != hidden.shape[0]:
+        raise ValueError(f"expected label_ids [B={hidden.shape[0]}, K], got {tuple(label_ids.shape)}")
+    if label_ids.dtype.is_floating_point or label_ids.dtype == torch.bool:
+        raise TypeError(f"label_ids must be an integer tensor, got {label_ids.dtype}")
+    if label_mask is not None and (label_mask.shape != label_ids.shape or label_mask.dtype != torch.bool):
+        raise ValueError(
+            f"label_mask must be a bool tensor shaped like label_ids {tuple(label_ids.shape)}, "
+            f"got {label_mask.dtype} {tuple(label_mask.shape)}"
+        )
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"expected bias [V={weight.shape[0]}], got {tuple(bias.shape)}")
+    tensors = [hidden, weight, label_ids] + [t for t in (label_mask, bias) if t is not None]
+    if len({t.device for t in tensors}) != 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted({str(t.device) for t in tensors})}")
+
+
 def label_logprobs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     label_ids: torch.Tensor,
     label_mask: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    *,
+    impl: Impl = "auto",
 ) -> LabelLogprobs:
-    """Label log-probabilities on whatever implementation suits the device."""
-    return label_logprobs_reference(hidden, weight, label_ids, label_mask, bias)
+    """Label log-probabilities on whatever implementation suits the device.
+
+    Args:
+        hidden: [B, H] last-position hidden states (bf16, fp16 or fp32).
+        weight: [V, H] LM head weight (the embedding matrix when embeddings are tied).
+        label_ids: [B, K] integer label ids per row; rows may have different label sets.
+        label_mask: Optional [B, K] bool; False marks padding (its id is never read).
+        bias: Optional [V] LM head bias.
+        impl: "auto" picks the Triton kernel for CUDA tensors when triton is installed and the
+            torch reference otherwise; "triton" forces the kernel (on CPU tensors it needs
+            ``TRITON_INTERPRET=1`` set before triton is imported); "torch" forces the reference.
+
+    Returns:
+        ``LabelLogprobs(logprobs [B, K] fp32, -inf where masked; log_normalizer [B] fp32)``.
+    """
+    _check_inputs(hidden, weight, label_ids, label_mask, bias)
+    if impl not in ("auto", "triton", "torch"):
+        raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
+    use_triton = impl == "triton" or (impl == "auto" and hidden.is_cuda and _triton_available())
+    if not use_triton:
+        return label_logprobs_reference(hidden, weight, label_ids, label_mask, bias)
+    if not _triton_available():
+        raise ImportError("impl='triton' needs triton: pip install 'genscore[triton]'")
+    if not hidden.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "impl='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported"
+        )
+    # Imported here so that the package works without triton installed.
+    from genscore_core.kernels.label_logprobs_triton import label_logprobs_triton
+
+    return label_logprobs_triton(hidden, weight, label_ids, label_mask, bias)

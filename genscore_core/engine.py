@@ -1,0 +1,74 @@
+"""The scoring engine: token-id prompts in, label probabilities out.
+
+The engine knows nothing of templates or protocols. It takes *jobs* (the prompts of one request with
+their label ids), finds the prefix each job's prompts share, runs one prefill-only forward over all
+of them and applies the label head per job. Several jobs can be scored in one call, so a server can
+batch concurrent requests together.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from genscore_core.config import ScorerConfig
+from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup, ProgressCallback
+from genscore_core.prompts import shared_prefix_length
+from genscore_core.scoring import LabelHead
+
+
+@dataclass(frozen=True)
+class ScoringJob:
+    """The prompts of one request, scored with the same labels."""
+
+    prompts: list[list[int]]
+    label_ids: list[int]
+    apply_softmax: bool = True
+
+
+def group_prompts(prompts: Sequence[list[int]]) -> PrefixGroup:
+    shared = shared_prefix_length(prompts)
+    return PrefixGroup(list(prompts[0][:shared]) if prompts else [], [list(p[shared:]) for p in prompts])
+
+
+def select_forward(model: Any, config: ScorerConfig, pad_token_id: int) -> ForwardStrategy:
+    """Pick how prompts go through the model (the one place that decides it)."""
+    return PaddedForward(
+        model,
+        pad_token_id=pad_token_id,
+        max_batch_tokens=config.max_batch_tokens,
+        max_batch_size=config.max_batch_size,
+    )
+
+
+class ScoringEngine:
+    """Scores token-id prompts with one loaded model; safe to call from several threads."""
+
+    def __init__(self, forward: ForwardStrategy, head: LabelHead) -> None:
+        self.forward = forward
+        self.head = head
+        # One forward at a time: concurrent forwards on one device only compete for it, and
+        # serialising keeps memory use bounded.
+        self._lock = threading.Lock()
+
+    def score_jobs(
+        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
+        """Scores of every prompt of every job, in job order then prompt order."""
+        active = [job for job in jobs if job.prompts]
+        groups = [group_prompts(job.prompts) for job in active]
+        scores: dict[int, list[float]] = {}
+        if groups:
+            with self._lock, torch.inference_mode():
+                hidden = self.forward.last_hidden_states(groups, on_progress)  # [N, H]
+                offset = 0
+                for job in active:
+                    rows = hidden[offset : offset + len(job.prompts)]
+                    offset += len(job.prompts)
+                    values = self.head.scores(rows, job.label_ids, job.apply_softmax)
+                    scores[id(job)] = values.double().cpu().tolist()
+        return [scores.get(id(job), []) for job in jobs]

@@ -1,0 +1,129 @@
+"""Request and response types of the generative scoring protocol (vLLM's ``/generative_scoring``).
+
+Structural problems (a missing field, a wrong type) fail pydantic validation; semantic problems that
+need the model (label ids outside the vocabulary) or that the protocol reports as bad requests
+(empty items, empty labels) are raised by :func:`check_request` as :class:`InvalidRequestError`, so a
+server can answer them with HTTP 400 as the protocol does, and 422 for the rest.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from genscore_core.errors import InvalidRequestError
+
+MAX_LABEL_TOKENS = 128
+
+TokenIds = list[int]
+
+
+class GenerativeScoringRequest(BaseModel):
+    """One query scored against many items by next-token label probabilities."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    """Model name; echoed back in the response."""
+    query: str | TokenIds
+    """The query as text, or as pre-tokenized ids."""
+    items: list[str | TokenIds]
+    """One prompt per item: all texts or all token-id lists."""
+    label_token_ids: TokenIds
+    """Token ids whose next-token probabilities are read; the score is that of the first."""
+    apply_softmax: bool = True
+    """True: normalise over the label tokens only. False: the full-vocabulary probability."""
+    item_first: bool = False
+    """Prompt is item + query instead of query + item."""
+    add_special_tokens: bool = True
+    """Applied when encoding a text query; items never get special tokens."""
+
+
+class ScoreData(BaseModel):
+    index: int
+    object: Literal["score"] = "score"
+    score: float
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int = 0
+    prompt_tokens_details: None = None
+
+
+def _response_id() -> str:
+    return f"generative-score-{uuid.uuid4().hex[:16]}"
+
+
+class GenerativeScoringResponse(BaseModel):
+    id: str = Field(default_factory=_response_id)
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str | None = None
+    data: list[ScoreData]
+    usage: UsageInfo
+
+
+def check_label_token_ids(label_token_ids: list[int], vocab_size: int) -> None:
+    """Raise :class:`InvalidRequestError` unless the label ids are usable with this vocabulary."""
+    if not label_token_ids:
+        raise InvalidRequestError(
+            "label_token_ids must contain at least one token ID.", param="label_token_ids"
+        )
+    if len(label_token_ids) > MAX_LABEL_TOKENS:
+        raise InvalidRequestError(
+            f"label_token_ids has {len(label_token_ids)} token IDs; at most {MAX_LABEL_TOKENS} are allowed.",
+            param="label_token_ids",
+        )
+    seen: dict[int, int] = {}
+    for position, token_id in enumerate(label_token_ids):
+        if not 0 <= token_id < vocab_size:
+            raise InvalidRequestError(
+                f"label_token_id {token_id} is out of vocabulary range [0, {vocab_size}). "
+                f"It is entry {position} of label_token_ids.",
+                param="label_token_ids",
+                index=position,
+            )
+        if token_id in seen:
+            raise InvalidRequestError(
+                f"label_token_ids contains {token_id} twice (entries {seen[token_id]} and {position}); "
+                "each label must be a distinct token.",
+                param="label_token_ids",
+                index=position,
+            )
+        seen[token_id] = position
+
+
+def _check_token_ids(ids: list[int], vocab_size: int, what: str, param: str, index: int | None) -> None:
+    for token_id in ids:
+        if not 0 <= token_id < vocab_size:
+            raise InvalidRequestError(
+                f"{what} contains token id {token_id}, outside the vocabulary range [0, {vocab_size}).",
+                param=param,
+                index=index,
+            )
+
+
+def check_request(request: GenerativeScoringRequest, vocab_size: int) -> None:
+    """Check what the protocol reports as a bad request (HTTP 400)."""
+    if not request.items:
+        raise InvalidRequestError("items must contain at least one item.", param="items")
+    check_label_token_ids(request.label_token_ids, vocab_size)
+    first_is_text = isinstance(request.items[0], str)
+    for index, item in enumerate(request.items):
+        if isinstance(item, str) != first_is_text:
+            kinds = ("text", "token ids") if first_is_text else ("token ids", "text")
+            raise InvalidRequestError(
+                f"items must be all text or all token-id lists: item 0 is {kinds[0]} "
+                f"but item {index} is {kinds[1]}.",
+                param="items",
+                index=index,
+            )
+        if not isinstance(item, str):
+            _check_token_ids(item, vocab_size, f"item {index}", "items", index)
+    if not isinstance(request.query, str):
+        _check_token_ids(request.query, vocab_size, "query", "query", None)

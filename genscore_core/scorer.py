@@ -1,0 +1,236 @@
+"""``GenerativeScorer``: the one entry point of genscore's engine."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from genscore_core.config import DEFAULT_MODEL, ScorerConfig
+from genscore_core.engine import ScoringEngine, ScoringJob, select_forward
+from genscore_core.errors import InvalidRequestError
+from genscore_core.loading import (
+    load_causal_lm,
+    load_tokenizer,
+    model_max_length,
+    resolve_device,
+    resolve_dtype,
+)
+from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, build_raw_prompts
+from genscore_core.protocol import (
+    GenerativeScoringRequest,
+    GenerativeScoringResponse,
+    ScoreData,
+    UsageInfo,
+    check_request,
+)
+from genscore_core.results import RankedResult, RankedResults
+from genscore_core.scoring import LabelHead
+from genscore_core.templates import get_template, resolve_label_ids
+
+
+class GenerativeScorer:
+    """Scores (query, document) pairs by a causal LM's next-token label probabilities.
+
+    Example:
+        >>> scorer = GenerativeScorer("Qwen/Qwen3-Reranker-0.6B")  # doctest: +SKIP
+        >>> ranked = scorer.rerank("capital of France", ["Berlin is...", "Paris is..."], top_n=1)
+        >>> ranked[0].index  # doctest: +SKIP
+        1
+
+    Args:
+        model: Hub id or local folder of a causal LM (default ``Qwen/Qwen3-Reranker-0.6B``).
+        config: A ready :class:`ScorerConfig`; or pass its fields as keyword arguments.
+        **settings: Fields of :class:`ScorerConfig` (``template``, ``instruction``, ``max_length``,
+            ``device``, ``dtype``, ``max_batch_tokens``, ...). Unknown names are rejected.
+    """
+
+    def __init__(
+        self, model: str | None = None, *, config: ScorerConfig | None = None, **settings: Any
+    ) -> None:
+        config = _make_config(model, config, settings)
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
+        loaded = load_causal_lm(
+            config.model, device=device, dtype=dtype, trust_remote_code=config.trust_remote_code
+        )
+        self._setup(loaded, tokenizer, config)
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, **settings: Any) -> GenerativeScorer:
+        """Wrap a causal LM and tokenizer that are already loaded (no copy is made)."""
+        name = settings.pop("model", None) or getattr(model, "name_or_path", None) or DEFAULT_MODEL
+        config = ScorerConfig(model=name, **settings)
+        scorer = cls.__new__(cls)
+        scorer._setup(model.eval(), tokenizer, config)
+        return scorer
+
+    def _setup(self, model: Any, tokenizer: Any, config: ScorerConfig) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.template = get_template(config.template, config.model)
+        self.label_token_ids = resolve_label_ids(tokenizer, self.template.label_words)
+        self.max_length = config.max_length or model_max_length(model, tokenizer)
+        self._tokenizer_lock = threading.Lock()
+        self._builder = TemplatePromptBuilder(
+            tokenizer,
+            self.template,
+            max_length=self.max_length,
+            instruction=config.instruction,
+            query_share=config.query_share,
+            tokenizer_lock=self._tokenizer_lock,
+        )
+        head = LabelHead(model)
+        self.vocab_size = head.vocab_size
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.engine = ScoringEngine(select_forward(model, config, pad_id or 0), head)
+
+    # -- the protocol -------------------------------------------------------------------------------
+
+    def score(self, request: GenerativeScoringRequest | Mapping[str, Any]) -> GenerativeScoringResponse:
+        """Answer a generative scoring request (vLLM's ``/generative_scoring`` semantics)."""
+        if not isinstance(request, GenerativeScoringRequest):
+            request = GenerativeScoringRequest.model_validate(request)
+        check_request(request, self.vocab_size)
+        prompts = build_raw_prompts(
+            self.tokenizer, request, max_length=self.max_length, tokenizer_lock=self._tokenizer_lock
+        )
+        [scores] = self._run(
+            [ScoringJob([p.token_ids for p in prompts], request.label_token_ids, request.apply_softmax)]
+        )
+        prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        return GenerativeScoringResponse(
+            model=request.model or self.config.model,
+            data=[ScoreData(index=i, score=s) for i, s in enumerate(scores)],
+            usage=UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens, completion_tokens=0),
+        )
+
+    # -- reranking with the template ----------------------------------------------------------------
+
+    def encode(self, query: str, documents: Sequence[str]) -> list[EncodedPrompt]:
+        """The templated, truncated prompts that :meth:`rerank` scores."""
+        _check_text(query, "query")
+        for index, document in enumerate(documents):
+            _check_text(document, "documents", index)
+        return self._builder.build(query, documents)
+
+    def score_documents(self, query: str, documents: Sequence[str]) -> list[float]:
+        """Score of each document for ``query``, in input order."""
+        return self.score_pairs([(query, d) for d in documents])
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        """Score of each (query, document) pair, in input order; pairs may mix queries."""
+        return [score for score, _ in self._score_pairs(pairs)]
+
+    def _score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, EncodedPrompt]]:
+        by_query: dict[str, list[int]] = {}
+        for position, pair in enumerate(pairs):
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise InvalidRequestError(f"pair {position} is not a (query, document) pair", index=position)
+            by_query.setdefault(pair[0], []).append(position)
+        encoded: dict[int, EncodedPrompt] = {}
+        jobs = []
+        for query, positions in by_query.items():
+            prompts = self.encode(query, [pairs[p][1] for p in positions])
+            encoded.update(zip(positions, prompts))
+            jobs.append(ScoringJob([p.token_ids for p in prompts], self.label_token_ids))
+        results: list[tuple[float, EncodedPrompt]] = [(0.0, encoded[0])] * len(pairs) if pairs else []
+        for positions, scores in zip(by_query.values(), self._run(jobs)):
+            for position, score in zip(positions, scores):
+                results[position] = (score, encoded[position])
+        return results
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        score_threshold: float | None = None,
+    ) -> RankedResults:
+        """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``."""
+        _check_rank_options(top_n, score_threshold)
+        scored = self._score_pairs([(query, d) for d in documents])
+        results = [
+            RankedResult(
+                index=i,
+                score=score,
+                document=documents[i],
+                truncated=p.truncated,
+                prompt_tokens=len(p.token_ids),
+            )
+            for i, (score, p) in enumerate(scored)
+        ]
+        results.sort(key=lambda r: -r.score)  # stable: ties keep input order
+        if score_threshold is not None:
+            results = [r for r in results if r.score >= score_threshold]
+        if top_n is not None:
+            results = results[:top_n]
+        return RankedResults(query=query, results=results)
+
+    # -- async --------------------------------------------------------------------------------------
+
+    async def ascore(
+        self, request: GenerativeScoringRequest | Mapping[str, Any]
+    ) -> GenerativeScoringResponse:
+        return await asyncio.to_thread(self.score, request)
+
+    async def ascore_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        return await asyncio.to_thread(self.score_pairs, pairs)
+
+    async def arerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        score_threshold: float | None = None,
+    ) -> RankedResults:
+        """:meth:`rerank` in a worker thread, so the event loop keeps running."""
+        return await asyncio.to_thread(
+            self.rerank, query, documents, top_n=top_n, score_threshold=score_threshold
+        )
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _run(self, jobs: list[ScoringJob]) -> list[list[float]]:
+        total = sum(len(job.prompts) for job in jobs)
+        with tqdm(
+            total=total, disable=not self.config.show_progress, file=sys.stderr, desc="scoring", unit="doc"
+        ) as bar:
+            return self.engine.score_jobs(jobs, on_progress=bar.update)
+
+    def __repr__(self) -> str:
+        return (
+            f"GenerativeScorer(model={self.config.model!r}, template={self.template.name!r}, "
+            f"max_length={self.max_length}, device={self.model.device}, dtype={self.model.dtype})"
+        )
+
+
+def _make_config(model: str | None, config: ScorerConfig | None, settings: dict[str, Any]) -> ScorerConfig:
+    if config is not None:
+        if model is not None or settings:
+            raise TypeError("pass either config= or model settings, not both")
+        return config
+    return ScorerConfig(model=model or DEFAULT_MODEL, **settings)
+
+
+def _check_text(value: object, param: str, index: int | None = None) -> None:
+    if not isinstance(value, str):
+        where = f"{param}[{index}]" if index is not None else param
+        raise InvalidRequestError(
+            f"{where} must be a string, got {type(value).__name__}", param=param, index=index
+        )
+
+
+def _check_rank_options(top_n: int | None, score_threshold: float | None) -> None:
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        raise ValueError(f"top_n must be a positive integer or None, got {top_n!r}")
+    if score_threshold is not None and not 0.0 <= score_threshold <= 1.0:
+        raise ValueError(f"score_threshold must be within [0, 1] or None, got {score_threshold!r}")
