@@ -59,7 +59,7 @@ def load_causal_lm(
 ) -> Any:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
+    model: Any = AutoModelForCausalLM.from_pretrained(
         name_or_path, dtype=dtype, trust_remote_code=trust_remote_code
     )
     return model.to(device).eval()
