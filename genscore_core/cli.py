@@ -1,0 +1,169 @@
+"""The ``genscore`` command line: rerank documents, make an offline test model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from genscore_core.config import DEFAULT_MODEL
+from genscore_core.errors import GenScoreError
+
+EXIT_BAD_INPUT = 2
+# Keys the output writes itself; a document field of the same name would be lost.
+_RESERVED_FIELDS = ("index", "score", "truncated")
+# Show a progress bar only when scoring takes long enough to need one.
+_PROGRESS_MIN_DOCUMENTS = 32
+
+
+class InputError(Exception):
+    """Bad command-line input: reported on one line, exit code 2."""
+
+
+def read_documents(stream: TextIO, source: str) -> list[dict[str, Any]]:
+    """Documents from JSON lines (objects with a ``text`` field) or plain text lines.
+
+    The format is decided by the first non-blank line: ``{`` means JSON lines. Blank lines separate
+    nothing and are skipped in both formats.
+    """
+    documents: list[dict[str, Any]] = []
+    json_lines: bool | None = None
+    for number, raw in enumerate(stream, start=1):
+        line = raw.rstrip("\r\n")
+        if not line.strip():
+            continue
+        if json_lines is None:
+            json_lines = line.lstrip().startswith("{")
+        if not json_lines:
+            documents.append({"text": line})
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InputError(f"{source}, line {number}: invalid JSON ({error.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise InputError(f"{source}, line {number}: expected a JSON object with a string 'text' field")
+        clash = [key for key in _RESERVED_FIELDS if key in record]
+        if clash:
+            raise InputError(f"{source}, line {number}: field {clash[0]!r} is reserved for the output; rename it")
+        documents.append(record)
+    if not documents:
+        raise InputError(f"{source}: no documents to rerank")
+    return documents
+
+
+def _open_documents(path: str | None) -> tuple[TextIO, str]:
+    if path is None or path == "-":
+        return sys.stdin, "stdin"
+    try:
+        return open(path, encoding="utf-8"), path  # noqa: SIM115 - closed by the caller
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror}") from None
+
+
+def _rerank(args: argparse.Namespace) -> int:
+    stream, source = _open_documents(args.documents)
+    try:
+        documents = read_documents(stream, source)
+    except UnicodeDecodeError:
+        raise InputError(f"{source}: not UTF-8 text") from None
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+
+    from genscore_core.scorer import GenerativeScorer
+
+    settings: dict[str, Any] = {
+        "template": args.template,
+        "instruction": args.instruction,
+        "max_length": args.max_length,
+        "device": args.device,
+        "dtype": args.dtype,
+        "show_progress": not args.no_progress and len(documents) >= _PROGRESS_MIN_DOCUMENTS,
+    }
+    if args.batch_tokens is not None:
+        settings["max_batch_tokens"] = args.batch_tokens
+    scorer = GenerativeScorer(args.model, **settings)
+    ranked = scorer.rerank(args.query, [doc["text"] for doc in documents], top_n=args.top_n)
+    out = sys.stdout
+    for result in ranked:
+        record = {"index": result.index, "score": result.score, "truncated": result.truncated}
+        record.update(documents[result.index])
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    out.flush()
+    return 0
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from genscore_core.tiny_model import RANDOM_WEIGHTS_NOTICE, make_tiny_model
+
+    path = make_tiny_model(Path(args.output_dir), seed=args.seed)
+    print(f"wrote {path}", file=sys.stderr)
+    print(RANDOM_WEIGHTS_NOTICE, file=sys.stderr)
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="genscore", description="Rerank documents by a causal LM's next-token label probabilities."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    rerank = commands.add_parser(
+        "rerank",
+        help="rerank documents for a query; JSON lines out, best first",
+        description="Documents come from FILE or stdin, as JSON lines with a 'text' field (other fields "
+        "are carried along) or as plain text lines.",
+    )
+    rerank.add_argument("--model", default=DEFAULT_MODEL, help=f"hub id or local folder (default {DEFAULT_MODEL})")
+    rerank.add_argument("--query", required=True)
+    rerank.add_argument("--documents", metavar="FILE", help="input file; stdin when absent or '-'")
+    rerank.add_argument("--template", default="auto", help="qwen3-reranker, mxbai-rerank-v2 or auto")
+    rerank.add_argument("--instruction", help="task instruction for templates that take one")
+    rerank.add_argument("--max-length", type=_positive_int, help="longest prompt in tokens")
+    rerank.add_argument("--top-n", type=_positive_int, help="print only the best N")
+    rerank.add_argument("--device", help="cuda, cuda:1, cpu... (default: CUDA when available)")
+    rerank.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bf16 on CUDA, fp32 on CPU)")
+    rerank.add_argument("--batch-tokens", type=_positive_int, help="token budget of one forward batch")
+    rerank.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    rerank.set_defaults(handler=_rerank)
+
+    tiny = commands.add_parser(
+        "make-tiny-model",
+        help="write a small RANDOM-weight Qwen3 with the real Qwen3 tokenizer, for offline runs",
+    )
+    tiny.add_argument("output_dir", metavar="DIR")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(handler=_make_tiny_model)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except InputError as error:
+        print(f"genscore: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (GenScoreError, ValueError) as error:
+        print(f"genscore: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
