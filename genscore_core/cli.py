@@ -48,7 +48,9 @@ def read_documents(stream: TextIO, source: str) -> list[dict[str, Any]]:
             raise InputError(f"{source}, line {number}: expected a JSON object with a string 'text' field")
         clash = [key for key in _RESERVED_FIELDS if key in record]
         if clash:
-            raise InputError(f"{source}, line {number}: field {clash[0]!r} is reserved for the output; rename it")
+            raise InputError(
+                f"{source}, line {number}: field {clash[0]!r} is reserved for the output; rename it"
+            )
         documents.append(record)
     if not documents:
         raise InputError(f"{source}: no documents to rerank")
@@ -59,7 +61,7 @@ def _open_documents(path: str | None) -> tuple[TextIO, str]:
     if path is None or path == "-":
         return sys.stdin, "stdin"
     try:
-        return open(path, encoding="utf-8"), path  # noqa: SIM115 - closed by the caller
+        return open(path, encoding="utf-8"), path  # closed by the caller
     except OSError as error:
         raise InputError(f"cannot read {path}: {error.strerror}") from None
 
@@ -128,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Documents come from FILE or stdin, as JSON lines with a 'text' field (other fields "
         "are carried along) or as plain text lines.",
     )
-    rerank.add_argument("--model", default=DEFAULT_MODEL, help=f"hub id or local folder (default {DEFAULT_MODEL})")
+    rerank.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"hub id or local folder (default {DEFAULT_MODEL})"
+    )
     rerank.add_argument("--query", required=True)
     rerank.add_argument("--documents", metavar="FILE", help="input file; stdin when absent or '-'")
     rerank.add_argument("--template", default="auto", help="qwen3-reranker, mxbai-rerank-v2 or auto")
