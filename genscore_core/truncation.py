@@ -47,7 +47,8 @@ def truncate_raw(
     excess = len(query_ids) + len(item_ids) - max_length
     truncated = excess > 0
     if truncated:
-        if excess > len(item_ids):
+        # An item cut away entirely would score the query alone, which is not what was asked.
+        if excess >= max(len(item_ids), 1):
             raise PromptTooLongError(
                 f"the query is {len(query_ids)} tokens, which leaves no room for item {index} within "
                 f"max_length={max_length}; shorten the query or raise max_length",

@@ -1,0 +1,246 @@
+"""The packed forward (no padding, shared prefix computed once) against a plain per-prompt HF forward.
+
+Everything runs on the CPU in float32: the same packing, prefix-reuse and layer code as on CUDA, with
+the torch versions of the fused operations and per-segment SDPA instead of FlashAttention. The
+Triton kernels are checked against those torch versions through Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from genscore_core import GenerativeScorer
+from genscore_core.config import ScorerConfig
+from genscore_core.engine import select_forward
+from genscore_core.forward import PaddedForward, PrefixGroup
+from genscore_core.packed import PackedForward, build_batch, plan_batches, supports, unsupported_reason
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_model_dir: Path) -> Any:
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+
+
+def _small_model(kind: str) -> Any:
+    """A random in-memory Qwen2 (q/k/v biases, no q/k norms) or Llama model."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(1)
+    common = dict(
+        vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, initializer_range=0.2,
+    )  # fmt: skip
+    if kind == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
+    return LlamaForCausalLM(LlamaConfig(**common, attention_bias=True, mlp_bias=True)).eval()
+
+
+def _random_groups(rng: random.Random, vocab: int, spec: list[tuple[int, list[int]]]) -> list[PrefixGroup]:
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    return [PrefixGroup(ids(p), [ids(n) for n in suffixes]) for p, suffixes in spec]
+
+
+SPEC = [(12, [5, 1, 17, 9]), (0, [3, 8]), (7, [1]), (20, [30, 2, 11, 4, 6])]
+
+
+def _reference(model: Any, groups: list[PrefixGroup]) -> torch.Tensor:
+    """Each prompt alone through the model's own forward: the final-norm hidden state at its last token."""
+    rows = []
+    with torch.inference_mode():
+        for group in groups:
+            for prompt in group.prompts():
+                output = model.model(input_ids=torch.tensor([prompt]))
+                rows.append(output.last_hidden_state[0, -1])
+    return torch.stack(rows)
+
+
+# -- packing ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [1, 10, 25, 40, 1000])
+def test_plan_covers_every_prompt_once_in_order(budget: int) -> None:
+    groups = _random_groups(random.Random(0), 100, SPEC)
+    plans = plan_batches(groups, budget)
+    order = [(s.group, i) for slices in plans for s in slices for i in range(s.start, s.stop)]
+    assert order == [(g, i) for g, group in enumerate(groups) for i in range(len(group.suffix_ids))]
+    for g, group in enumerate(groups):
+        computed = [s for slices in plans for s in slices if s.group == g and s.compute_prefix]
+        assert len(computed) == 1, "each prefix is computed exactly once"
+        batches = [b for b, slices in enumerate(plans) if any(s.group == g for s in slices)]
+        assert computed[0].save_prefix == (len(batches) > 1 and len(group.prefix_ids) > 0)
+    for slices in plans:
+        batch = build_batch(groups, slices)
+        longest = max(
+            len(groups[s.group].prefix_ids) + max(len(x) for x in groups[s.group].suffix_ids) for s in slices
+        )
+        assert batch.num_tokens <= max(budget, longest)
+    # The stream holds every prefix once and every suffix once: nothing is padded or recomputed.
+    total = sum(build_batch(groups, slices).num_tokens for slices in plans)
+    assert total == sum(len(g.prefix_ids) + sum(map(len, g.suffix_ids)) for g in groups)
+
+
+def test_plan_balances_batches() -> None:
+    groups = [PrefixGroup([1] * 10, [[2] * 50 for _ in range(20)])]  # 1010 tokens
+    sizes = [build_batch(groups, s).num_tokens for s in plan_batches(groups, 600)]
+    assert len(sizes) == 2 and max(sizes) - min(sizes) <= 50
+
+
+def test_batch_layout() -> None:
+    groups = _random_groups(random.Random(1), 100, SPEC)
+    for budget in (25, 1000):
+        for slices in plan_batches(groups, budget):
+            batch = build_batch(groups, slices)
+            slots = torch.cat([batch.kv_slot, batch.rep_dst])
+            n_loaded = batch.kv_len - (batch.load[0][1] if batch.load else batch.kv_len)
+            # Every KV slot of every segment is written exactly once (by a token or a prefix copy).
+            assert sorted(slots.tolist()) == list(range(batch.kv_len - n_loaded))
+            q_lens = batch.cu_seq_q.diff()
+            k_lens = batch.cu_seq_k.diff()
+            assert (q_lens <= k_lens).all() and int(batch.cu_seq_q[-1]) == batch.num_tokens
+            assert batch.max_q == int(q_lens.max()) and batch.max_k == int(k_lens.max())
+            assert (batch.segment_last == batch.cu_seq_q[1:] - 1).all()
+            # A prompt's last token sits at position prefix + suffix - 1.
+            lengths = [
+                len(groups[s.group].prefix_ids) + len(x)
+                for s in slices
+                for x in groups[s.group].suffix_ids[s.start : s.stop]
+            ]
+            assert batch.positions[batch.last_index()].tolist() == [n - 1 for n in lengths]
+            # Copied prefix slots read from computed or loaded prefix slots, never from a suffix.
+            assert set(batch.rep_src.tolist()).isdisjoint(set(batch.rep_dst.tolist()))
+
+
+def test_plan_rejects_bad_budget() -> None:
+    with pytest.raises(ValueError):
+        plan_batches([PrefixGroup([], [[1]])], 0)
+
+
+# -- numerics against Hugging Face ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [8, 30, 100_000])
+def test_matches_hf_forward_fp32(qwen3: Any, budget: int) -> None:
+    """Small budgets split groups over batches, so prefixes go through the cross-batch KV cache."""
+    groups = _random_groups(random.Random(2), qwen3.config.vocab_size, SPEC)
+    got = PackedForward(qwen3, max_batch_tokens=budget).last_hidden_states(groups)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_other_architectures(kind: str) -> None:
+    model = _small_model(kind)
+    assert supports(model), unsupported_reason(model)
+    groups = _random_groups(random.Random(3), model.config.vocab_size, SPEC)
+    got = PackedForward(model, max_batch_tokens=30).last_hidden_states(groups)
+    torch.testing.assert_close(got, _reference(model, groups), atol=ATOL, rtol=ATOL)
+
+
+def test_progress_and_empty(qwen3: Any) -> None:
+    forward = PackedForward(qwen3, max_batch_tokens=20)
+    seen: list[int] = []
+    groups = _random_groups(random.Random(4), 1000, SPEC)
+    forward.last_hidden_states(groups, seen.append)
+    assert sum(seen) == sum(len(g.suffix_ids) for g in groups) and len(seen) > 1
+    assert forward.last_hidden_states([]).shape == (0, qwen3.config.hidden_size)
+
+
+def test_prefix_reuse_gives_the_same_scores(tiny_model_dir: Path) -> None:
+    """Through the scorer: packed with the shared prefix computed once == padded full prompts."""
+    packed = GenerativeScorer(
+        str(tiny_model_dir), device="cpu", dtype="float32", forward="packed", max_batch_tokens=300
+    )
+    padded = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="float32", forward="padded")
+    assert isinstance(packed.engine.forward, PackedForward)
+    assert isinstance(padded.engine.forward, PaddedForward)
+    rng = random.Random(5)
+    pairs = [
+        (q, " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(n)))
+        for q in ("first query", "second, longer query?")
+        for n in (1, 4, 20, 60, 130)
+    ]
+    a, b = packed.score_pairs(pairs), padded.score_pairs(pairs)
+    assert max(abs(x - y) for x, y in zip(a, b)) <= ATOL
+    request = {
+        "query": [11, 12, 13, 14],
+        "items": [[15], [16, 17], [18] * 40],
+        "label_token_ids": [9693, 2152, 5],
+    }
+    for softmax in (True, False):
+        ra = packed.score({**request, "apply_softmax": softmax})
+        rb = padded.score({**request, "apply_softmax": softmax})
+        assert [d.score for d in ra.data] == pytest.approx([d.score for d in rb.data], abs=ATOL)
+
+
+# -- selection and fallback -------------------------------------------------------------------------
+
+
+def test_unsupported_architecture_falls_back() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
+    assert not supports(model) and "gpt2" in (unsupported_reason(model) or "")
+    with pytest.raises(ValueError):
+        PackedForward(model)
+    forward = select_forward(model, ScorerConfig(forward="packed"), pad_token_id=0)
+    assert isinstance(forward, PaddedForward)
+
+
+def test_selection(qwen3: Any) -> None:
+    assert isinstance(select_forward(qwen3, ScorerConfig(forward="packed"), 0), PackedForward)
+    assert isinstance(select_forward(qwen3, ScorerConfig(forward="padded"), 0), PaddedForward)
+
+
+# -- Triton kernels (through the interpreter, in a fresh process) -----------------------------------
+
+_KERNEL_CHECK = """
+import torch
+from genscore_core.packed import ops, triton_ops
+torch.manual_seed(0)
+for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 8e-3)):
+    t, h, heads, d = 7, 48, 3, 16
+    r = torch.randn(t, h); delta = torch.randn(t, h).to(dtype); w = torch.randn(h).to(dtype)
+    r1, r2 = r.clone(), r.clone()
+    a = ops.add_rmsnorm(r1, delta, w, 1e-6, dtype, triton=False)
+    b = triton_ops.add_rmsnorm(r2, delta, w, 1e-6, dtype)
+    torch.testing.assert_close(b.float(), a.float(), atol=tol * 4, rtol=tol)
+    torch.testing.assert_close(r2, r1)
+    b = triton_ops.add_rmsnorm(r2, None, w, 1e-6, torch.float32)
+    torch.testing.assert_close(b, ops.add_rmsnorm(r1, None, w, 1e-6, torch.float32, triton=False))
+    x = torch.randn(t, 2 * heads * d)[:, : heads * d].to(dtype)  # rows with a stride, as a slice
+    v = torch.randn(t, heads * d).to(dtype)
+    cos, sin = torch.randn(40, d), torch.randn(40, d)
+    pos = torch.randint(0, 40, (t,)); rows = torch.randperm(11)[:t]
+    for norm in (torch.randn(d).to(dtype), None):
+        o1, o2 = torch.full((11, heads, d), float("nan"), dtype=dtype), torch.full((11, heads, d), float("nan"), dtype=dtype)
+        v1, v2 = o1.clone(), o2.clone()
+        ops.rope(x, heads, norm, 1e-6, cos, sin, pos, o1, rows, value=v, value_out=v1, triton=False)
+        triton_ops.rope(x, heads, norm, 1e-6, cos, sin, pos, o2, rows, v, v2)
+        torch.testing.assert_close(o2[rows].float(), o1[rows].float(), atol=tol * 8, rtol=tol)
+        torch.testing.assert_close(v2[rows], v1[rows])
+    g, u = torch.randn(t, 100).to(dtype), torch.randn(t, 100).to(dtype)
+    torch.testing.assert_close(triton_ops.silu_mul(g, u).float(), ops.silu_mul(g, u, triton=False).float(), atol=tol * 4, rtol=tol)
+print("ok")
+"""
+
+
+def test_triton_kernels_match_torch_ops() -> None:
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", _KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]

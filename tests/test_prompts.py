@@ -1,0 +1,129 @@
+"""Templates, label resolution and truncation that keeps the template intact."""
+
+from __future__ import annotations
+
+import pytest
+
+from genscore_core import MXBAI_RERANK_V2, QWEN3_RERANKER, GenerativeScorer, PromptTemplate, PromptTooLongError
+from genscore_core.prompts import TemplatePromptBuilder, build_raw_prompts, shared_prefix_length
+from genscore_core.protocol import GenerativeScoringRequest
+from genscore_core.templates import get_template, resolve_label_ids
+
+
+def test_qwen3_preset_labels_are_the_real_ids(scorer: GenerativeScorer) -> None:
+    assert scorer.template is QWEN3_RERANKER
+    assert scorer.label_token_ids == [9693, 2152]
+
+
+def test_mxbai_preset(scorer: GenerativeScorer) -> None:
+    assert resolve_label_ids(scorer.tokenizer, MXBAI_RERANK_V2.label_words) == [16, 15]
+    assert get_template("auto", "mixedbread-ai/mxbai-rerank-base-v2") is MXBAI_RERANK_V2
+    body = MXBAI_RERANK_V2.render_body("q?", "doc", "be strict")
+    assert body.text.startswith("instruction: be strict\nquery: q?\ndocument: doc\n")
+    assert body.text.endswith("Relevance:")
+    assert MXBAI_RERANK_V2.render_body("q", "d").text.startswith("query: q\n")
+
+
+def test_label_word_that_is_not_one_token(scorer: GenerativeScorer) -> None:
+    with pytest.raises(ValueError, match="label word 'relevant document' is 2 tokens"):
+        resolve_label_ids(scorer.tokenizer, ["relevant document"])
+
+
+def test_unknown_template_and_bad_bodies() -> None:
+    with pytest.raises(ValueError, match="unknown template 'nope'"):
+        get_template("nope")
+    with pytest.raises(ValueError, match="unknown placeholders"):
+        PromptTemplate(name="x", body="{query} {document} {passage}", label_words=("yes",))
+    with pytest.raises(ValueError, match=r"\{document\} exactly once"):
+        PromptTemplate(name="x", body="{query}", label_words=("yes",))
+
+
+def test_instruction_without_placeholder_is_rejected(scorer: GenerativeScorer) -> None:
+    template = PromptTemplate(name="plain", body="Q: {query}\nD: {document}\nRelevant:", label_words=(" yes", " no"))
+    with pytest.raises(ValueError, match="no \\{instruction\\} placeholder"):
+        TemplatePromptBuilder(scorer.tokenizer, template, max_length=64, instruction="do it")
+
+
+def test_user_template_builds_exact_prompt(scorer: GenerativeScorer) -> None:
+    template = PromptTemplate(
+        name="plain", prefix="<|im_start|>", body="Q: {query}\nD: {document}\nRelevant:", label_words=(" yes", " no")
+    )
+    tokenizer = scorer.tokenizer
+    builder = TemplatePromptBuilder(tokenizer, template, max_length=64)
+    [prompt] = builder.build("capital?", ["Paris"])
+    expected = tokenizer.encode("<|im_start|>", add_special_tokens=False) + tokenizer.encode(
+        "Q: capital?\nD: Paris\nRelevant:", add_special_tokens=False
+    )
+    assert prompt.token_ids == expected
+    assert not prompt.truncated
+
+
+def test_truncation_keeps_prefix_and_suffix(scorer: GenerativeScorer) -> None:
+    tokenizer = scorer.tokenizer
+    builder = TemplatePromptBuilder(tokenizer, QWEN3_RERANKER, max_length=120)
+    long_doc = "Paris is a city on the Seine. " * 80
+    [short, long] = builder.build("capital of France", ["Paris.", long_doc])
+    assert not short.truncated and long.truncated
+    assert len(long.token_ids) == 120
+    assert long.token_ids[: len(builder.prefix_ids)] == builder.prefix_ids
+    assert long.token_ids[-len(builder.suffix_ids) :] == builder.suffix_ids
+    text = tokenizer.decode(long.token_ids)
+    assert "<Query>: capital of France\n<Document>: Paris is a city" in text
+    assert text.endswith("<think>\n\n</think>\n\n")
+
+
+def test_long_query_is_capped_at_its_share(scorer: GenerativeScorer) -> None:
+    builder = TemplatePromptBuilder(scorer.tokenizer, QWEN3_RERANKER, max_length=150, query_share=0.5)
+    [prompt] = builder.build("why " * 400, ["the document survives " * 50])
+    assert prompt.truncated and len(prompt.token_ids) == 150
+    text = scorer.tokenizer.decode(prompt.token_ids)
+    assert "<Document>: the document survives" in text
+    assert text.count("why") <= int(builder.body_budget * 0.5)
+
+
+def test_template_that_cannot_fit_names_the_document(scorer: GenerativeScorer) -> None:
+    builder = TemplatePromptBuilder(scorer.tokenizer, QWEN3_RERANKER, max_length=80, query_share=0.9)
+    # The instruction and the capped query alone overflow the budget, so no document can fit.
+    with pytest.raises(PromptTooLongError, match="document 0 cannot fit") as caught:
+        builder.build("why " * 100, ["ok", "fine"])
+    assert caught.value.index == 0
+
+
+def test_max_length_smaller_than_template(scorer: GenerativeScorer) -> None:
+    with pytest.raises(ValueError, match="leaves no room for a body"):
+        TemplatePromptBuilder(scorer.tokenizer, QWEN3_RERANKER, max_length=20)
+
+
+def test_raw_mode_shortens_the_item_not_the_tail(scorer: GenerativeScorer) -> None:
+    request = GenerativeScoringRequest(query=[1, 2, 3], items=[[10, 11, 12, 13, 14, 15], [20]], label_token_ids=[5])
+    [long, short] = build_raw_prompts(scorer.tokenizer, request, max_length=6)
+    assert long.token_ids == [1, 2, 3, 10, 11, 12] and long.truncated
+    assert short.token_ids == [1, 2, 3, 20] and not short.truncated
+    flipped = request.model_copy(update={"item_first": True})
+    [long, _] = build_raw_prompts(scorer.tokenizer, flipped, max_length=6)
+    assert long.token_ids == [10, 11, 12, 1, 2, 3]
+    with pytest.raises(PromptTooLongError, match="leaves no room for item 0"):
+        build_raw_prompts(scorer.tokenizer, request, max_length=3)
+
+
+def test_raw_mode_special_tokens_apply_to_the_query_only(scorer: GenerativeScorer) -> None:
+    request = GenerativeScoringRequest(query="hi", items=["there"], label_token_ids=[5], add_special_tokens=False)
+    [prompt] = build_raw_prompts(scorer.tokenizer, request, max_length=64)
+    tokenizer = scorer.tokenizer
+    assert prompt.token_ids == tokenizer.encode("hi", add_special_tokens=False) + tokenizer.encode(
+        "there", add_special_tokens=False
+    )
+
+
+def test_scores_report_truncation(scorer: GenerativeScorer) -> None:
+    ranked = scorer.rerank("capital", ["short", "long " * 2000])
+    by_index = {r.index: r for r in ranked}
+    assert not by_index[0].truncated and by_index[1].truncated
+    assert by_index[1].prompt_tokens == scorer.max_length
+
+
+def test_shared_prefix_length() -> None:
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # one token always stays unshared
+    assert shared_prefix_length([[7]]) == 0
+    assert shared_prefix_length([]) == 0
