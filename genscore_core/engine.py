@@ -8,6 +8,7 @@ batch concurrent requests together.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from genscore_core.config import ScorerConfig
 from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup, ProgressCallback
 from genscore_core.prompts import shared_prefix_length
 from genscore_core.scoring import LabelHead
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,21 @@ def group_prompts(prompts: Sequence[list[int]]) -> PrefixGroup:
 
 
 def select_forward(model: Any, config: ScorerConfig, pad_token_id: int) -> ForwardStrategy:
-    """Pick how prompts go through the model (the one place that decides it)."""
+    """Pick how prompts go through the model (the one place that decides it).
+
+    ``"packed"`` (and ``"auto"`` on CUDA) uses the packed forward where the architecture supports
+    it; anything else, or an unsupported model, gets the padded forward of the model's own code.
+    """
+    if config.forward != "padded":
+        from genscore_core.packed import PackedForward, unsupported_reason
+
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        if config.forward == "packed" or on_cuda:
+            reason = unsupported_reason(model)
+            if reason is None:
+                return PackedForward(model, max_batch_tokens=config.max_batch_tokens)
+            if config.forward == "packed":
+                logger.warning("forward='packed' unavailable (%s); using the padded forward", reason)
     return PaddedForward(
         model,
         pad_token_id=pad_token_id,

@@ -1,0 +1,311 @@
+"""A lean packed forward of Qwen3 / Qwen2 / Llama decoder layers over the loaded model's own weights.
+
+Nothing is copied: every matrix is the ``nn.Linear`` weight of the Hugging Face model, read in place.
+One call runs one :class:`~genscore_core.packed.plan.PackedBatch` through all layers:
+
+* the residual stream is float32 [T, H]; RMSNorms, Qwen3's q/k norms and rotary embeddings compute in
+  float32; only the inputs of matrix products are in the model's dtype;
+* K and V go straight into a packed KV buffer at each token's slot; prefix slots of each prompt are
+  filled by copying its group's prefix KV (computed once per group);
+* the last layer computes queries, attention, MLP and the final norm only at the last token of each
+  segment, since nothing reads the other positions' output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from genscore_core.forward import decoder_of
+from genscore_core.packed import ops
+from genscore_core.packed.attention import varlen_attention
+from genscore_core.packed.plan import PackedBatch
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+# Rotary variants whose frequencies do not depend on the sequence length.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why the packed forward cannot run ``model`` (None when it can)."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    activation = getattr(config, "hidden_act", "silu")
+    if activation != "silu":
+        return f"activation {activation!r} is not silu"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention is not supported"
+    try:
+        decoder = decoder_of(model)
+        layers = list(decoder.layers)
+        rotary = decoder.rotary_emb
+        embed = decoder.embed_tokens.weight
+    except (AttributeError, TypeError) as error:
+        return f"unexpected module layout: {error}"
+    rope_type = getattr(rotary, "rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        return f"rotary embedding type {rope_type!r} depends on the sequence length"
+    if getattr(model, "hf_device_map", None) and len(set(model.hf_device_map.values())) > 1:
+        return "the model is split over several devices"
+    for name, weight in _weights(layers[0]).items():
+        if weight is None:
+            if name in ("q_norm", "k_norm"):
+                continue
+            return f"layer 0 has no {name}"
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.is_meta:
+            return f"{name} is not a plain floating-point tensor (quantised or offloaded weights?)"
+        if weight.device != embed.device:
+            return f"{name} is on {weight.device}, the embeddings on {embed.device}"
+    return None
+
+
+def supports(model: Any) -> bool:
+    """Whether :class:`PackedDecoder` can run ``model``."""
+    return unsupported_reason(model) is None
+
+
+def _weights(layer: Any) -> dict[str, torch.Tensor | None]:
+    attn, mlp = layer.self_attn, layer.mlp
+    q_norm = getattr(attn, "q_norm", None)
+    k_norm = getattr(attn, "k_norm", None)
+    return {
+        "q_proj": attn.q_proj.weight,
+        "k_proj": attn.k_proj.weight,
+        "v_proj": attn.v_proj.weight,
+        "o_proj": attn.o_proj.weight,
+        "gate_proj": mlp.gate_proj.weight,
+        "up_proj": mlp.up_proj.weight,
+        "down_proj": mlp.down_proj.weight,
+        "input_layernorm": layer.input_layernorm.weight,
+        "post_attention_layernorm": layer.post_attention_layernorm.weight,
+        "q_norm": q_norm.weight if q_norm is not None else None,
+        "k_norm": k_norm.weight if k_norm is not None else None,
+    }
+
+
+Linear = tuple[torch.Tensor, torch.Tensor | None]
+"""An ``nn.Linear``'s (weight, bias)."""
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """References to one decoder layer's parameters (no copies)."""
+
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
+    gate: Linear
+    up: Linear
+    down: Linear
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+
+def _linear(module: Any) -> Linear:
+    return module.weight, getattr(module, "bias", None)
+
+
+@dataclass
+class DeviceBatch:
+    """A :class:`PackedBatch`'s tensors on the model's device."""
+
+    batch: PackedBatch
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    kv_slot: torch.Tensor
+    rep_dst: torch.Tensor
+    rep_src: torch.Tensor
+    cu_seq_q: torch.Tensor
+    cu_seq_k: torch.Tensor
+    cu_seq_last: torch.Tensor
+    segment_last: torch.Tensor
+    prompt_segments: torch.Tensor
+    save_slots: torch.Tensor | None
+
+    @classmethod
+    def from_batch(cls, batch: PackedBatch, device: torch.device) -> DeviceBatch:
+        save = torch.cat([slots for _, slots in batch.save]) if batch.save else None
+        host = [
+            batch.input_ids,
+            batch.positions,
+            batch.kv_slot,
+            batch.rep_dst,
+            batch.rep_src,
+            batch.segment_last,
+            batch.prompt_segments,
+        ]
+        if save is not None:
+            host.append(save)
+        # One pinned host buffer, one copy to the device, then views.
+        flat = torch.cat(host)
+        if device.type == "cuda":
+            flat = flat.pin_memory().to(device, non_blocking=True)
+        parts = list(flat.split([t.numel() for t in host]))
+        cu = torch.cat([batch.cu_seq_q, batch.cu_seq_k, torch.arange(len(batch.cu_seq_q), dtype=torch.int32)])
+        if device.type == "cuda":
+            cu = cu.pin_memory().to(device, non_blocking=True)
+        n = len(batch.cu_seq_q)
+        return cls(
+            batch=batch,
+            input_ids=parts[0],
+            positions=parts[1],
+            kv_slot=parts[2],
+            rep_dst=parts[3],
+            rep_src=parts[4],
+            segment_last=parts[5],
+            prompt_segments=parts[6],
+            save_slots=parts[7] if save is not None else None,
+            cu_seq_q=cu[:n],
+            cu_seq_k=cu[n : 2 * n],
+            cu_seq_last=cu[2 * n :],
+        )
+
+
+class PackedDecoder:
+    """Runs packed batches through a Qwen3/Qwen2/Llama causal LM's decoder layers."""
+
+    def __init__(self, model: Any) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the packed forward cannot run {type(model).__name__}: {reason}")
+        decoder = decoder_of(model)
+        config = model.config
+        self.embed: torch.Tensor = decoder.embed_tokens.weight
+        self.device = self.embed.device
+        self.dtype = self.embed.dtype
+        self.rotary = decoder.rotary_emb
+        self.final_norm: torch.Tensor = decoder.norm.weight
+        self.eps = float(getattr(decoder.norm, "variance_epsilon", getattr(config, "rms_norm_eps", 1e-6)))
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
+        self.scale = float(getattr(decoder.layers[0].self_attn, "scaling", self.head_dim**-0.5))
+        self.layers = [self._layer(layer) for layer in decoder.layers]
+        self._cos = torch.empty(0, self.head_dim, device=self.device)
+        self._sin = torch.empty(0, self.head_dim, device=self.device)
+
+    @staticmethod
+    def _layer(layer: Any) -> _Layer:
+        w = _weights(layer)
+        attn, mlp = layer.self_attn, layer.mlp
+        return _Layer(
+            q=_linear(attn.q_proj),
+            k=_linear(attn.k_proj),
+            v=_linear(attn.v_proj),
+            o=_linear(attn.o_proj),
+            gate=_linear(mlp.gate_proj),
+            up=_linear(mlp.up_proj),
+            down=_linear(mlp.down_proj),
+            ln1=layer.input_layernorm.weight,
+            ln2=layer.post_attention_layernorm.weight,
+            q_norm=w["q_norm"],
+            k_norm=w["k_norm"],
+        )
+
+    def rope_tables(self, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos/sin tables [>= max_position + 1, D] from the model's own rotary module."""
+        if self._cos.shape[0] <= max_position:
+            length = max(256, 1 << max_position.bit_length())
+            positions = torch.arange(length, device=self.device)[None]
+            probe = torch.empty(0, device=self.device, dtype=torch.float32)
+            cos, sin = self.rotary(probe, positions)
+            self._cos = cos[0].float().contiguous()
+            self._sin = sin[0].float().contiguous()
+        return self._cos, self._sin
+
+    def kv_shape(self, tokens: int) -> tuple[int, int, int]:
+        return (tokens, self.num_kv_heads, self.head_dim)
+
+    def run(
+        self,
+        dev: DeviceBatch,
+        loaded: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """Hidden states after the final norm at each prompt's last token: [N, H] float32.
+
+        ``loaded``: K and V [layers, P, Hkv, D] of the prefixes this batch loads (``batch.load``, in
+        order). Also returns the K and V of the prefixes it must save (``batch.save``), or None.
+        """
+        batch = dev.batch
+        cos, sin = self.rope_tables(int(batch.positions.max()) if batch.num_tokens else 0)
+        host_cu = (batch.cu_seq_q.tolist(), batch.cu_seq_k.tolist())
+        host_cu_last = (list(range(len(batch.cu_seq_q))), host_cu[1])
+        n_layers = len(self.layers)
+        saved: tuple[torch.Tensor, torch.Tensor] | None = None
+        if dev.save_slots is not None:
+            shape = (n_layers, dev.save_slots.numel(), self.num_kv_heads, self.head_dim)
+            saved = (
+                torch.empty(shape, dtype=self.dtype, device=self.device),
+                torch.empty(shape, dtype=self.dtype, device=self.device),
+            )
+        load_start = batch.load[0][1] if batch.load else batch.kv_len
+
+        residual = F.embedding(dev.input_ids, self.embed).float()  # [T, H]
+        h = ops.add_rmsnorm(residual, None, self.layers[0].ln1, self.eps, self.dtype)
+        positions_q = dev.positions
+        for index, layer in enumerate(self.layers):
+            last = index == n_layers - 1
+            k_buf = torch.empty(self.kv_shape(batch.kv_len), dtype=self.dtype, device=self.device)
+            v_buf = torch.empty_like(k_buf)
+            k_raw = F.linear(h, *layer.k)
+            v_raw = F.linear(h, *layer.v)
+            ops.rope(
+                k_raw, self.num_kv_heads, layer.k_norm, self.eps, cos, sin, dev.positions, k_buf, dev.kv_slot,
+                value=v_raw, value_out=v_buf,
+            )  # fmt: skip
+            del k_raw, v_raw
+            if loaded is not None:
+                k_buf[load_start:].copy_(loaded[0][index])
+                v_buf[load_start:].copy_(loaded[1][index])
+            if batch.rep_dst.numel():
+                k_buf.index_copy_(0, dev.rep_dst, k_buf.index_select(0, dev.rep_src))
+                v_buf.index_copy_(0, dev.rep_dst, v_buf.index_select(0, dev.rep_src))
+            if saved is not None and dev.save_slots is not None:
+                torch.index_select(k_buf, 0, dev.save_slots, out=saved[0][index])
+                torch.index_select(v_buf, 0, dev.save_slots, out=saved[1][index])
+            if last:
+                # Only the last token of each segment feeds anything from here on.
+                h = h.index_select(0, dev.segment_last)
+                residual = residual.index_select(0, dev.segment_last)
+                positions_q = dev.positions.index_select(0, dev.segment_last)
+            q_raw = F.linear(h, *layer.q)
+            q = torch.empty(
+                (q_raw.shape[0], self.num_heads, self.head_dim), dtype=self.dtype, device=self.device
+            )
+            ops.rope(q_raw, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q)
+            del q_raw
+            if last:
+                attn = varlen_attention(
+                    q, k_buf, v_buf, dev.cu_seq_last, dev.cu_seq_k, 1, batch.max_k, self.scale,
+                    host_cu_seq=host_cu_last,
+                )  # fmt: skip
+            else:
+                attn = varlen_attention(
+                    q, k_buf, v_buf, dev.cu_seq_q, dev.cu_seq_k, batch.max_q, batch.max_k, self.scale,
+                    host_cu_seq=host_cu,
+                )  # fmt: skip
+            del q, k_buf, v_buf
+            if last:
+                attn = attn.index_select(0, dev.prompt_segments)
+                residual = residual.index_select(0, dev.prompt_segments)
+            attn_out = F.linear(attn.view(attn.shape[0], -1), *layer.o)
+            del attn
+            h = ops.add_rmsnorm(residual, attn_out, layer.ln2, self.eps, self.dtype)
+            del attn_out
+            act = ops.silu_mul(F.linear(h, *layer.gate), F.linear(h, *layer.up))
+            mlp_out = F.linear(act, *layer.down)
+            del act
+            if last:
+                h = ops.add_rmsnorm(residual, mlp_out, self.final_norm, self.eps, torch.float32)
+            else:
+                h = ops.add_rmsnorm(residual, mlp_out, self.layers[index + 1].ln1, self.eps, self.dtype)
+            del mlp_out
+        return h, saved

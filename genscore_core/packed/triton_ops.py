@@ -1,0 +1,201 @@
+"""Triton kernels for the packed decoder's small operations; ``ops.py`` holds their torch versions.
+
+Each kernel is one pass over its tensors, computing in float32 and rounding once on the store:
+
+* ``add_rmsnorm``: residual += delta (float32, in place) and RMSNorm * weight, one program per row;
+* ``rope``: per-head RMSNorm (Qwen3's q/k norms) and the rotary embedding, scattered to KV-buffer
+  slots, with the V projection copied to the same slots, one program per token;
+* ``silu_mul``: silu(gate) * up.
+
+This module imports triton at the top; ``ops.py`` imports it only on CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rmsnorm_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
+    res_ptr,  # [T, H] float32, updated in place when HAS_DELTA
+    delta_ptr,  # [T, H]
+    w_ptr,  # [H]
+    out_ptr,  # [T, H]
+    H,
+    eps,
+    HAS_DELTA: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    r = tl.load(res_ptr + row * H + cols, mask=mask, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(delta_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        r = r + d
+        tl.store(res_ptr + row * H + cols, r, mask=mask)
+    variance = tl.sum(r * r, axis=0) / H
+    rstd = 1.0 / tl.sqrt(variance + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * H + cols, (r * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rmsnorm(
+    residual: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    assert residual.dtype == torch.float32 and residual.is_contiguous()
+    t, h = residual.shape
+    out = torch.empty((t, h), dtype=out_dtype, device=residual.device)
+    if t == 0:
+        return out
+    if delta is not None:
+        delta = delta.contiguous()
+    block = triton.next_power_of_2(h)
+    _add_rmsnorm_kernel[(t,)](
+        residual,
+        delta if delta is not None else residual,
+        weight,
+        out,
+        h,
+        eps,
+        HAS_DELTA=delta is not None,
+        BLOCK=block,
+        num_warps=4 if block <= 2048 else 8,
+    )
+    return out
+
+
+@triton.jit
+def _rope_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
+    x_ptr,  # [T, NH * D] (row stride x_stride)
+    x_stride,
+    w_ptr,  # [D] head norm weight (unused unless HAS_NORM)
+    cos_ptr,  # [P, D] float32
+    sin_ptr,  # [P, D] float32
+    pos_ptr,  # [T] int64
+    rows_ptr,  # [T] int64 destination rows (unused unless HAS_ROWS)
+    out_ptr,  # [*, NH, D]
+    v_ptr,  # [T, NH * D] (row stride v_stride), copied as is (unused unless HAS_V)
+    v_stride,
+    v_out_ptr,  # [*, NH, D]
+    eps,
+    NH: tl.constexpr,
+    NH_P2: tl.constexpr,
+    D: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    HAS_ROWS: tl.constexpr,
+    HAS_V: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    HALF: tl.constexpr = D // 2
+    heads = tl.arange(0, NH_P2)[:, None]
+    cols = tl.arange(0, HALF)[None, :]
+    mask = heads < NH
+    src = x_ptr + t * x_stride + heads * D + cols
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        variance = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D
+        rstd = (1.0 / tl.sqrt(variance + eps))[:, None]
+        w1 = tl.load(w_ptr + cols).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)
+        x1 = x1 * rstd * w1
+        x2 = x2 * rstd * w2
+    pos = tl.load(pos_ptr + t)
+    c1 = tl.load(cos_ptr + pos * D + cols)
+    c2 = tl.load(cos_ptr + pos * D + HALF + cols)
+    s1 = tl.load(sin_ptr + pos * D + cols)
+    s2 = tl.load(sin_ptr + pos * D + HALF + cols)
+    o1 = x1 * c1 - x2 * s1
+    o2 = x2 * c2 + x1 * s2
+    if HAS_ROWS:
+        row = tl.load(rows_ptr + t)
+    else:
+        row = t
+    dst = out_ptr + row * (NH * D) + heads * D + cols
+    tl.store(dst, o1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF, o2.to(out_ptr.dtype.element_ty), mask=mask)
+    if HAS_V:
+        vsrc = v_ptr + t * v_stride + heads * D + cols
+        vdst = v_out_ptr + row * (NH * D) + heads * D + cols
+        tl.store(vdst, tl.load(vsrc, mask=mask, other=0.0).to(v_out_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            vdst + HALF,
+            tl.load(vsrc + HALF, mask=mask, other=0.0).to(v_out_ptr.dtype.element_ty),
+            mask=mask,
+        )
+
+
+def rope(
+    x: torch.Tensor,
+    num_heads: int,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    out: torch.Tensor,
+    rows: torch.Tensor | None,
+    value: torch.Tensor | None,
+    value_out: torch.Tensor | None,
+) -> None:
+    t = x.shape[0]
+    if t == 0:
+        return
+    d = out.shape[-1]
+    assert x.stride(1) == 1 and out.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+    has_v = value is not None and value_out is not None
+    if has_v:
+        assert value is not None and value_out is not None and value.stride(1) == 1
+        assert value_out.is_contiguous()
+    _rope_kernel[(t,)](
+        x,
+        x.stride(0),
+        norm_weight if norm_weight is not None else cos,
+        cos,
+        sin,
+        positions,
+        rows if rows is not None else positions,
+        out,
+        value if has_v else x,
+        value.stride(0) if has_v and value is not None else 0,
+        value_out if has_v else out,
+        eps,
+        NH=num_heads,
+        NH_P2=triton.next_power_of_2(num_heads),
+        D=d,
+        HAS_NORM=norm_weight is not None,
+        HAS_ROWS=rows is not None,
+        HAS_V=has_v,
+        num_warps=4,
+    )
+
+
+@triton.jit
+def _silu_mul_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
+    gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr
+):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    g = tl.load(gate_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    gate = gate.contiguous()
+    up = up.contiguous()
+    out = torch.empty_like(gate)
+    n = gate.numel()
+    if n == 0:
+        return out
+    block = 2048
+    _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=8)
+    return out
