@@ -26,7 +26,12 @@ from genscore_core.kernels.label_logprobs import LabelLogprobs
 
 
 class KernelConfig(NamedTuple):
-    """Tile sizes of ``_partial_lse_kernel``; ``tiles_per_split`` vocabulary tiles per program."""
+    """Tiling of ``_partial_lse_kernel``.
+
+    ``tiles_per_split`` vocabulary tiles per program (the online softmax runs across them);
+    ``swap_ab`` computes W_tile @ h^T instead of h @ W_tile^T, which puts the vocabulary on the
+    wide "M" side of the tensor-core instruction when B is narrow (swap-AB, as in skinny GEMMs).
+    """
 
     block_b: int
     block_v: int
@@ -34,23 +39,23 @@ class KernelConfig(NamedTuple):
     num_warps: int
     num_stages: int
     tiles_per_split: int
+    swap_ab: bool
 
 
 def default_config(n_rows: int) -> KernelConfig:
-    """Tile sizes by batch size (H200, H = 1024, V = 151669; see docs/benchmarks.md)."""
-    # Small B: memory-bound, one row block so W is read once; tl.dot needs at least 16 rows,
-    # padded rows are masked. The product is computed as W_tile @ h^T so the vocabulary is the
-    # large "M" side of the tensor-core instruction and B the narrow "N" side.
+    """Tiling by batch size (H200, H = 1024, V = 151669; see docs/benchmarks.md)."""
+    # Small B: memory-bound; one row block so W is read once. tl.dot needs at least 16 rows,
+    # padded rows are masked.
     if n_rows <= 16:
-        return KernelConfig(16, 64, 128, 4, 4, 2)
+        return KernelConfig(16, 64, 128, 4, 4, 2, True)
     if n_rows <= 32:
-        return KernelConfig(32, 64, 128, 4, 4, 2)
+        return KernelConfig(32, 64, 128, 4, 4, 2, True)
     if n_rows <= 64:
-        return KernelConfig(64, 64, 128, 4, 4, 2)
+        return KernelConfig(64, 64, 128, 4, 4, 2, True)
     if n_rows <= 128:
-        return KernelConfig(128, 64, 128, 8, 3, 2)
+        return KernelConfig(128, 64, 128, 8, 3, 2, False)
     # Large B: a compute-bound matmul with an online-softmax epilogue.
-    return KernelConfig(128, 128, 64, 8, 3, 4)
+    return KernelConfig(128, 128, 64, 8, 3, 4, False)
 
 
 @triton.jit
@@ -69,6 +74,7 @@ def _partial_lse_kernel(  # type: ignore[no-untyped-def]  # triton reads annotat
     w_stride,
     HAS_BIAS: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    SWAP_AB: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -89,34 +95,55 @@ def _partial_lse_kernel(  # type: ignore[no-untyped-def]  # triton reads annotat
     for t in range(0, tiles_per_split):
         cols = (first_tile + t).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
         col_ok = cols < n_vocab
-        # logits^T tile: [BLOCK_V, BLOCK_B], fp32 accumulation.
-        acc = tl.zeros([BLOCK_V, BLOCK_B], tl.float32)
+        # fp32 accumulation; acc is logits^T [BLOCK_V, BLOCK_B] when SWAP_AB, else [BLOCK_B, BLOCK_V].
+        if SWAP_AB:
+            acc = tl.zeros([BLOCK_V, BLOCK_B], tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_B, BLOCK_V], tl.float32)
         for k in range(0, hidden_size, BLOCK_H):
             hk = k + offs_h
             hk_ok = hk < hidden_size
-            w = tl.load(
-                w_ptr + cols[:, None] * w_stride + hk[None, :],
-                mask=col_ok[:, None] & hk_ok[None, :],
-                other=0.0,
-            )
-            h_t = tl.load(
-                h_ptr + rows[None, :] * h_stride + hk[:, None],
-                mask=row_ok[None, :] & hk_ok[:, None],
-                other=0.0,
-            )
+            if SWAP_AB:
+                a = tl.load(
+                    w_ptr + cols[:, None] * w_stride + hk[None, :],
+                    mask=col_ok[:, None] & hk_ok[None, :],
+                    other=0.0,
+                )
+                b = tl.load(
+                    h_ptr + rows[None, :] * h_stride + hk[:, None],
+                    mask=row_ok[None, :] & hk_ok[:, None],
+                    other=0.0,
+                )
+            else:
+                a = tl.load(
+                    h_ptr + rows[:, None] * h_stride + hk[None, :],
+                    mask=row_ok[:, None] & hk_ok[None, :],
+                    other=0.0,
+                )
+                b = tl.load(
+                    w_ptr + cols[None, :] * w_stride + hk[:, None],
+                    mask=col_ok[None, :] & hk_ok[:, None],
+                    other=0.0,
+                )
             if FP32_DOT:
                 # fp32 inputs: full precision, not TF32 (10-bit mantissa), tl.dot's default.
-                acc = tl.dot(w.to(tl.float32), h_t.to(tl.float32), acc, input_precision="ieee")
+                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
             else:
-                acc = tl.dot(w, h_t, acc)
+                acc = tl.dot(a, b, acc)
+        # The epilogue works on [BLOCK_B, BLOCK_V]; transposing a narrow tile once per vocabulary
+        # tile is cheap next to the H / BLOCK_H dot products before it.
+        if SWAP_AB:
+            logits = tl.trans(acc)
+        else:
+            logits = acc
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
-        acc = tl.where(col_ok[:, None], acc, float("-inf"))
-        new_max = tl.maximum(run_max, tl.max(acc, axis=0))
+            logits += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        logits = tl.where(col_ok[None, :], logits, float("-inf"))
+        new_max = tl.maximum(run_max, tl.max(logits, axis=1))
         # A split can start past the vocabulary only for the tail tiles; a row whose max is still
         # -inf must not produce exp(-inf - -inf) = NaN.
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp(run_max - safe_max) + tl.sum(tl.exp(acc - safe_max[None, :]), axis=0)
+        run_sum = run_sum * tl.exp(run_max - safe_max) + tl.sum(tl.exp(logits - safe_max[:, None]), axis=1)
         run_max = new_max
 
     out = rows * n_splits + pid_s
@@ -181,7 +208,9 @@ def _finish_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations 
         for k in range(0, hidden_size, BLOCK_H):
             hk = k + offs_h
             hk_ok = hk < hidden_size
-            w = tl.load(w_ptr + ids[:, None] * w_stride + hk[None, :], mask=valid[:, None] & hk_ok[None, :])
+            w = tl.load(
+                w_ptr + ids[:, None] * w_stride + hk[None, :], mask=valid[:, None] & hk_ok[None, :], other=0.0
+            )
             hv = tl.load(h_ptr + row * h_stride + hk, mask=hk_ok, other=0.0)
             dots += tl.sum(w.to(tl.float32) * hv.to(tl.float32)[None, :], axis=1)
         if HAS_BIAS:
@@ -257,6 +286,7 @@ def label_logprobs_triton(
         # The CPU interpreter multiplies bf16 bit patterns in tl.dot (it stores bf16 as uint16;
         # triton-lang/triton#11584), so there bf16 tiles are upcast first: exact, same result.
         FP32_DOT=weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and not weight.is_cuda),
+        SWAP_AB=cfg.swap_ab,
         BLOCK_B=cfg.block_b,
         BLOCK_V=cfg.block_v,
         BLOCK_H=cfg.block_h,
@@ -284,7 +314,7 @@ def label_logprobs_triton(
         logprobs.stride(0),
         HAS_BIAS=bias is not None,
         HAS_MASK=label_mask is not None,
-        BLOCK_S=min(triton.next_power_of_2(n_splits), 1024),
+        BLOCK_S=512,  # fixed, so that the split count does not trigger a recompile
         BLOCK_K=min(max(triton.next_power_of_2(n_labels), 16), 64),
         BLOCK_H=128,
         num_warps=4,

@@ -130,9 +130,12 @@ def test_kernel_matches_float64(
     [
         # 3 row blocks, H loop with a remainder (80 = 32 + 32 + 16), 3 tiles per split so the last
         # split runs past the vocabulary, single-stage pipeline.
-        lpt.KernelConfig(block_b=16, block_v=32, block_h=32, num_warps=4, num_stages=1, tiles_per_split=3),
-        lpt.KernelConfig(block_b=32, block_v=64, block_h=64, num_warps=4, num_stages=2, tiles_per_split=1),
+        lpt.KernelConfig(16, 32, 32, num_warps=4, num_stages=1, tiles_per_split=3, swap_ab=True),
+        lpt.KernelConfig(16, 32, 32, num_warps=4, num_stages=1, tiles_per_split=3, swap_ab=False),
+        lpt.KernelConfig(32, 64, 64, num_warps=4, num_stages=2, tiles_per_split=1, swap_ab=True),
+        lpt.KernelConfig(32, 64, 64, num_warps=4, num_stages=2, tiles_per_split=1, swap_ab=False),
     ],
+    ids=["swap-3rowblocks-3tiles", "noswap-3rowblocks-3tiles", "swap-2rowblocks", "noswap-2rowblocks"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_tilings(config: lpt.KernelConfig, dtype: torch.dtype) -> None:
@@ -142,10 +145,11 @@ def test_kernel_tilings(config: lpt.KernelConfig, dtype: torch.dtype) -> None:
 
 
 def test_default_configs_cover_large_batches() -> None:
-    # The large-B config (128-row blocks) on a tiny problem: several row blocks plus a ragged tail.
+    # The large-B config (128-row blocks, h @ W^T orientation) on a tiny problem: two row blocks,
+    # the second almost all padding.
     inputs = make_inputs(130, 32, 300, 2, torch.float16)
     out = lpt.label_logprobs_triton(**inputs, out=poisoned(130, 2))
-    assert lpt.default_config(130).block_b == 128
+    assert lpt.default_config(130).block_b == 128 and not lpt.default_config(130).swap_ab
     assert_matches(out, float64_expected(**inputs), torch.float16)
 
 
