@@ -62,12 +62,15 @@ class GenerativeScorer:
         self._setup(loaded, tokenizer, config)
 
     @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, **settings: Any) -> GenerativeScorer:
-        """Wrap a causal LM and tokenizer that are already loaded (no copy is made)."""
-        name = settings.pop("model", None) or getattr(model, "name_or_path", None) or DEFAULT_MODEL
+    def from_model(cls, causal_lm: Any, tokenizer: Any, **settings: Any) -> GenerativeScorer:
+        """Wrap a causal LM and tokenizer that are already loaded (no copy is made).
+
+        ``settings`` are :class:`ScorerConfig` fields; ``model`` only names the model in responses.
+        """
+        name = settings.pop("model", None) or getattr(causal_lm, "name_or_path", None) or DEFAULT_MODEL
         config = ScorerConfig(model=name, **settings)
         scorer = cls.__new__(cls)
-        scorer._setup(model.eval(), tokenizer, config)
+        scorer._setup(causal_lm.eval(), tokenizer, config)
         return scorer
 
     def _setup(self, model: Any, tokenizer: Any, config: ScorerConfig) -> None:

@@ -1,0 +1,243 @@
+"""Batching, forward and head behaviour of the engine, and the scorer's public API."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ValidationError
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
+from genscore_core.batching import left_pad, length_sorted_batches, run_splitting_on_oom
+from genscore_core.loading import resolve_device, resolve_dtype
+
+DOCS = [
+    "Paris is the capital and largest city of France.",
+    "Berlin is the capital of Germany.",
+    "x",
+    "The Eiffel Tower was built for the 1889 World's Fair in Paris, on the Champ de Mars. " * 6,
+    "Lyon is known for its cuisine.",
+    "",
+    "Quantum photons carry energy proportional to their frequency.",
+]
+
+
+def test_length_sorted_batches_respect_the_budget() -> None:
+    lengths = [5, 50, 7, 49, 3, 100, 8]
+    batches = length_sorted_batches(lengths, max_batch_tokens=100, max_batch_size=3)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        assert len(batch) <= 3
+        assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 100
+    widths = [max(lengths[i] for i in b) for b in batches]
+    assert widths == sorted(widths, reverse=True)
+
+
+def test_left_pad_positions_count_real_tokens() -> None:
+    ids, mask, positions = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert positions[:, -1].tolist() == [2, 0]
+    assert positions[0].tolist() == [0, 1, 2]
+
+
+def test_batch_composition_does_not_change_scores(tiny_model_dir: Path, scorer: GenerativeScorer) -> None:
+    one_at_a_time = GenerativeScorer.from_model(
+        scorer.model, scorer.tokenizer, model=str(tiny_model_dir), max_length=512, max_batch_size=1
+    )
+    reference = one_at_a_time.score_documents("capital of France", DOCS)
+    for tokens, size in [(64, 64), (400, 2), (100000, 64)]:
+        other = GenerativeScorer.from_model(
+            scorer.model, scorer.tokenizer, max_length=512, max_batch_tokens=tokens, max_batch_size=size
+        )
+        scores = other.score_documents("capital of France", DOCS)
+        assert max(abs(a - b) for a, b in zip(scores, reference, strict=True)) <= 1e-5
+
+
+def test_out_of_memory_splits_the_batch() -> None:
+    seen: list[int] = []
+
+    def run(batch: list[int]) -> list[torch.Tensor]:
+        seen.append(len(batch))
+        if len(batch) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return [torch.tensor(float(i)) for i in batch]
+
+    out = run_splitting_on_oom(run, list(range(7)))
+    assert [float(t) for t in out] == list(range(7))
+    assert seen == [7, 3, 1, 2, 4, 2, 2]  # halves until each piece fits
+
+
+def test_out_of_memory_on_one_prompt_is_raised() -> None:
+    def run(batch: list[int]) -> list[torch.Tensor]:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.OutOfMemoryError):
+        run_splitting_on_oom(run, [0])
+
+
+def test_other_errors_are_not_retried() -> None:
+    calls = []
+
+    def run(batch: list[int]) -> list[torch.Tensor]:
+        calls.append(batch)
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_splitting_on_oom(run, [0, 1, 2, 3])
+    assert len(calls) == 1
+
+
+class _ShapeRecorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[str, tuple[int, ...]]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(tensor, torch.Tensor):
+                self.shapes.append((str(func), tuple(tensor.shape)))
+        return out
+
+
+@pytest.mark.parametrize("apply_softmax", [True, False])
+def test_no_vocabulary_sized_activation_is_allocated(scorer: GenerativeScorer, apply_softmax: bool) -> None:
+    vocab = scorer.vocab_size
+    request = {"query": "capital", "items": DOCS, "label_token_ids": [9693, 2152], "apply_softmax": apply_softmax}
+    with _ShapeRecorder() as recorder:
+        scorer.score(request)
+        scorer.rerank("capital", DOCS)
+    assert recorder.shapes, "the recorder saw no operations"
+    offenders = [(op, shape) for op, shape in recorder.shapes if vocab in shape]
+    assert not offenders, f"vocabulary-sized tensors were created: {offenders[:5]}"
+
+
+def test_lm_head_module_is_never_called(scorer: GenerativeScorer) -> None:
+    calls = []
+    handle = scorer.model.get_output_embeddings().register_forward_hook(lambda *a: calls.append(1))
+    try:
+        scorer.rerank("capital", DOCS)
+        scorer.score({"query": "q", "items": ["a"], "label_token_ids": [1, 2], "apply_softmax": False})
+    finally:
+        handle.remove()
+    assert calls == []
+
+
+def test_threads_share_one_scorer(scorer: GenerativeScorer) -> None:
+    queries = [f"query number {i} about France" for i in range(8)]
+    sequential = [scorer.score_documents(q, DOCS) for q in queries]
+    results: dict[int, list[float]] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def work(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = scorer.score_documents(queries[i], DOCS)
+        except BaseException as error:  # collected and re-raised below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [results[i] for i in range(8)] == sequential
+
+
+def test_rerank_orders_and_filters(scorer: GenerativeScorer) -> None:
+    scores = scorer.score_documents("capital of France", DOCS)
+    ranked = scorer.rerank("capital of France", DOCS)
+    assert [r.index for r in ranked] == sorted(range(len(DOCS)), key=lambda i: -scores[i])
+    assert [r.score for r in ranked] == sorted(scores, reverse=True)
+    assert all(0.0 <= r.score <= 1.0 for r in ranked)
+    assert [r.index for r in scorer.rerank("capital of France", DOCS, top_n=2)] == [r.index for r in ranked][:2]
+    threshold = sorted(scores)[3]
+    kept = scorer.rerank("capital of France", DOCS, score_threshold=threshold)
+    assert {r.index for r in kept} == {i for i, s in enumerate(scores) if s >= threshold}
+
+
+def test_ties_keep_input_order(scorer: GenerativeScorer) -> None:
+    ranked = scorer.rerank("q", ["same", "other", "same", "same"])
+    same = [r.index for r in ranked if r.document == "same"]
+    assert same == [0, 2, 3]
+
+
+def test_empty_documents_give_no_results(scorer: GenerativeScorer) -> None:
+    assert len(scorer.rerank("q", [])) == 0
+    assert scorer.score_pairs([]) == []
+
+
+def test_pairs_with_different_queries(scorer: GenerativeScorer) -> None:
+    pairs = [("q one", "a"), ("q two", "b"), ("q one", "c")]
+    got = scorer.score_pairs(pairs)
+    assert got[0] == pytest.approx(scorer.score_documents("q one", ["a"])[0], abs=1e-6)
+    assert got[1] == pytest.approx(scorer.score_documents("q two", ["b"])[0], abs=1e-6)
+    assert got[2] == pytest.approx(scorer.score_documents("q one", ["c"])[0], abs=1e-6)
+
+
+def test_bad_arguments_name_the_item(scorer: GenerativeScorer) -> None:
+    with pytest.raises(InvalidRequestError, match=r"documents\[1\] must be a string, got int"):
+        scorer.rerank("q", ["a", 3])  # type: ignore[list-item]
+    with pytest.raises(InvalidRequestError, match="query must be a string"):
+        scorer.rerank(None, ["a"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="top_n must be a positive integer"):
+        scorer.rerank("q", ["a"], top_n=0)
+    with pytest.raises(ValueError, match="score_threshold must be within"):
+        scorer.rerank("q", ["a"], score_threshold=2.0)
+
+
+def test_unknown_settings_are_rejected(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValidationError, match="max_lenght"):
+        GenerativeScorer(str(tiny_model_dir), max_lenght=5)
+    with pytest.raises(ValidationError, match="max_batch_tokens"):
+        ScorerConfig(max_batch_tokens=0)
+    assert ScorerConfig().trust_remote_code is False
+
+
+def test_device_and_dtype_resolution() -> None:
+    assert resolve_device(None) == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_dtype(None, torch.device("cpu")) == torch.float32
+    assert resolve_dtype(None, torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        resolve_dtype("float8", torch.device("cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda")
+
+
+def test_dtype_override_loads_in_that_dtype(tiny_model_dir: Path) -> None:
+    bf16 = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="bfloat16", max_length=256)
+    assert bf16.model.dtype == torch.bfloat16
+    fp32 = GenerativeScorer(str(tiny_model_dir), device="cpu", max_length=256)
+    assert fp32.model.dtype == torch.float32
+    a = bf16.score_documents("capital", DOCS[:3])
+    b = fp32.score_documents("capital", DOCS[:3])
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 0.05
+
+
+async def test_arerank_does_not_block_the_event_loop(scorer: GenerativeScorer) -> None:
+    ticks = 0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    ranked = await scorer.arerank("capital of France", DOCS * 8)
+    stop.set()
+    await task
+    assert len(ranked) == len(DOCS) * 8
+    assert ticks > 10
