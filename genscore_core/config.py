@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from genscore_core.templates import PromptTemplate
 
@@ -39,3 +39,30 @@ class ScorerConfig(BaseModel):
     trust_remote_code: bool = False
     show_progress: bool = False
     """Show a progress bar on stderr while scoring."""
+
+    # -- scoring through a server (docs/scaling.md) -------------------------------------------------
+    server_url: str | None = None
+    """Score through the server at this URL (``http://host:port``) instead of loading the model here.
+    ``model`` then names the tokenizer (hub id or folder) that prompts are built with; the weights
+    stay on the server."""
+    server_kind: Literal["genscore", "vllm", "sglang", "rerank"] = "genscore"
+    """The server's protocol: ``"genscore"`` (``genscore serve``) or ``"vllm"``: generative scoring
+    (``/generative_scoring``); ``"sglang"``: SGLang's ``/v1/score``; ``"rerank"``: ``/v1/rerank``, which
+    carries text only, so the server applies its own template and raw ``score()`` requests are refused."""
+    server_model: str | None = None
+    """Model name sent to the server; ``None`` sends none and the server uses its default model."""
+    server_api_key: SecretStr | None = None
+    """Sent as ``Authorization: Bearer ...`` (the ``--api-key`` of vLLM and SGLang)."""
+    server_timeout: float = Field(default=60.0, gt=0)
+    """Seconds allowed for one HTTP request."""
+    server_max_retries: int = Field(default=3, ge=0)
+    """Retries after a connection error, a timeout or a 429/5xx answer, with exponential backoff."""
+    server_batch_size: int = Field(default=256, gt=0)
+    """Most items in one HTTP request; bigger jobs are split into requests sent in parallel."""
+
+    @field_validator("server_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"server_url must start with http:// or https://, got {url!r}")
+        return url.rstrip("/") if url is not None else None

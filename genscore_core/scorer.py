@@ -6,6 +6,7 @@ import asyncio
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -28,9 +29,77 @@ from genscore_core.protocol import (
     UsageInfo,
     check_request,
 )
+from genscore_core.remote.base import RemoteBackend, ScoringBackend
 from genscore_core.results import RankedResult, RankedResults
 from genscore_core.scoring import LabelHead
 from genscore_core.templates import get_template, resolve_label_ids
+
+
+@dataclass(frozen=True)
+class PreparedScore:
+    """A checked protocol request and its prompts: score :attr:`job`, then answer with :meth:`response`."""
+
+    prompts: list[EncodedPrompt]
+    job: ScoringJob
+    model: str
+
+    def response(self, scores: list[float]) -> GenerativeScoringResponse:
+        prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
+        return GenerativeScoringResponse(
+            model=self.model,
+            data=[ScoreData(index=i, score=s) for i, s in enumerate(scores)],
+            usage=UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens, completion_tokens=0),
+        )
+
+
+@dataclass(frozen=True)
+class PreparedPairs:
+    """(query, document) pairs and their prompts, grouped into one job per distinct query."""
+
+    queries: list[str]
+    documents: list[list[str]]
+    """The documents of each job, in job order."""
+    positions: list[list[int]]
+    """Input position of each document of each job."""
+    prompts: list[EncodedPrompt]
+    """The prompt of each pair, in input order."""
+    jobs: list[ScoringJob]
+
+    def assemble(self, scores: list[list[float]]) -> list[tuple[float, EncodedPrompt]]:
+        """(score, prompt) of each pair in input order, from the scores of :attr:`jobs`."""
+        results = [(0.0, prompt) for prompt in self.prompts]
+        for positions, job_scores in zip(self.positions, scores):
+            for position, score in zip(positions, job_scores):
+                results[position] = (score, self.prompts[position])
+        return results
+
+
+def rank_results(
+    query: str,
+    documents: Sequence[str],
+    scored: Sequence[tuple[float, EncodedPrompt]],
+    *,
+    top_n: int | None = None,
+    score_threshold: float | None = None,
+) -> RankedResults:
+    """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``."""
+    _check_rank_options(top_n, score_threshold)
+    results = [
+        RankedResult(
+            index=i,
+            score=score,
+            document=documents[i],
+            truncated=p.truncated,
+            prompt_tokens=len(p.token_ids),
+        )
+        for i, (score, p) in enumerate(scored)
+    ]
+    results.sort(key=lambda r: -r.score)  # stable: ties keep input order
+    if score_threshold is not None:
+        results = [r for r in results if r.score >= score_threshold]
+    if top_n is not None:
+        results = results[:top_n]
+    return RankedResults(query=query, results=results)
 
 
 class GenerativeScorer:
@@ -42,17 +111,27 @@ class GenerativeScorer:
         >>> ranked[0].index  # doctest: +SKIP
         1
 
+    With ``server_url=`` it scores through a server (``genscore serve``, vLLM, SGLang, ``/v1/rerank``)
+    instead of loading the weights; prompts are still built here, so ``model`` must name the tokenizer,
+    and the scores equal local ones (see ``docs/scaling.md``)::
+
+        scorer = GenerativeScorer("Qwen/Qwen3-Reranker-0.6B", server_url="http://127.0.0.1:8000")
+
     Args:
         model: Hub id or local folder of a causal LM (default ``Qwen/Qwen3-Reranker-0.6B``).
         config: A ready :class:`ScorerConfig`; or pass its fields as keyword arguments.
         **settings: Fields of :class:`ScorerConfig` (``template``, ``instruction``, ``max_length``,
-            ``device``, ``dtype``, ``max_batch_tokens``, ...). Unknown names are rejected.
+            ``device``, ``dtype``, ``max_batch_tokens``, ``server_url``, ``server_kind``, ...). Unknown
+            names are rejected.
     """
 
     def __init__(
         self, model: str | None = None, *, config: ScorerConfig | None = None, **settings: Any
     ) -> None:
         config = _make_config(model, config, settings)
+        if config.server_url is not None:
+            self._setup_remote(config)
+            return
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
         tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
@@ -74,12 +153,35 @@ class GenerativeScorer:
         return scorer
 
     def _setup(self, model: Any, tokenizer: Any, config: ScorerConfig) -> None:
-        self.config = config
         self.model = model
+        self._setup_prompts(tokenizer, config, config.max_length or model_max_length(model, tokenizer))
+        head = LabelHead(model)
+        self.vocab_size = head.vocab_size
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._engine: ScoringEngine | None = ScoringEngine(select_forward(model, config, pad_id or 0), head)
+        self.backend: ScoringBackend = self._engine
+        self._remote: RemoteBackend | None = None
+
+    def _setup_remote(self, config: ScorerConfig) -> None:
+        from genscore_core.remote import make_backend, model_limits
+
+        tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
+        vocab_size, max_length = model_limits(
+            config.model, tokenizer, trust_remote_code=config.trust_remote_code
+        )
+        self.model = None
+        self._setup_prompts(tokenizer, config, config.max_length or max_length)
+        self.vocab_size = vocab_size
+        self._engine = None
+        self._remote = make_backend(config)
+        self.backend = self._remote
+
+    def _setup_prompts(self, tokenizer: Any, config: ScorerConfig, max_length: int) -> None:
+        self.config = config
         self.tokenizer = tokenizer
         self.template = get_template(config.template, config.model)
         self.label_token_ids = resolve_label_ids(tokenizer, self.template.label_words)
-        self.max_length = config.max_length or model_max_length(model, tokenizer)
+        self.max_length = max_length
         self._tokenizer_lock = threading.Lock()
         self._builder = TemplatePromptBuilder(
             tokenizer,
@@ -89,30 +191,40 @@ class GenerativeScorer:
             query_share=config.query_share,
             tokenizer_lock=self._tokenizer_lock,
         )
-        head = LabelHead(model)
-        self.vocab_size = head.vocab_size
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.engine = ScoringEngine(select_forward(model, config, pad_id or 0), head)
+
+    @property
+    def engine(self) -> ScoringEngine:
+        """The local engine; a scorer that scores through a server has none."""
+        if self._engine is None:
+            raise AttributeError(
+                f"this scorer scores through {self.config.server_url} and has no local engine; "
+                "use scorer.backend"
+            )
+        return self._engine
 
     # -- the protocol -------------------------------------------------------------------------------
 
     def score(self, request: GenerativeScoringRequest | Mapping[str, Any]) -> GenerativeScoringResponse:
         """Answer a generative scoring request (vLLM's ``/generative_scoring`` semantics)."""
+        prepared = self.prepare_score(request)
+        [scores] = self._run([prepared.job])
+        return prepared.response(scores)
+
+    def prepare_score(self, request: GenerativeScoringRequest | Mapping[str, Any]) -> PreparedScore:
+        """Check a request and build its prompts without scoring them (a server batches the jobs).
+
+        Raises:
+            InvalidRequestError: What the protocol answers with HTTP 400.
+            pydantic.ValidationError: A mapping that is not a request (HTTP 422).
+        """
         if not isinstance(request, GenerativeScoringRequest):
             request = GenerativeScoringRequest.model_validate(request)
         check_request(request, self.vocab_size)
         prompts = build_raw_prompts(
             self.tokenizer, request, max_length=self.max_length, tokenizer_lock=self._tokenizer_lock
         )
-        [scores] = self._run(
-            [ScoringJob([p.token_ids for p in prompts], request.label_token_ids, request.apply_softmax)]
-        )
-        prompt_tokens = sum(len(p.token_ids) for p in prompts)
-        return GenerativeScoringResponse(
-            model=request.model or self.config.model,
-            data=[ScoreData(index=i, score=s) for i, s in enumerate(scores)],
-            usage=UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens, completion_tokens=0),
-        )
+        job = ScoringJob([p.token_ids for p in prompts], request.label_token_ids, request.apply_softmax)
+        return PreparedScore(prompts, job, request.model or self.config.model)
 
     # -- reranking with the template ----------------------------------------------------------------
 
@@ -131,23 +243,49 @@ class GenerativeScorer:
         """Score of each (query, document) pair, in input order; pairs may mix queries."""
         return [score for score, _ in self._score_pairs(pairs)]
 
-    def _score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, EncodedPrompt]]:
+    def prepare_pairs(self, pairs: Sequence[tuple[str, str]]) -> PreparedPairs:
+        """Build the templated prompts of (query, document) pairs without scoring them."""
         by_query: dict[str, list[int]] = {}
         for position, pair in enumerate(pairs):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise InvalidRequestError(f"pair {position} is not a (query, document) pair", index=position)
             by_query.setdefault(pair[0], []).append(position)
         encoded: dict[int, EncodedPrompt] = {}
+        documents: list[list[str]] = []
         jobs = []
         for query, positions in by_query.items():
-            prompts = self.encode(query, [pairs[p][1] for p in positions])
+            documents.append([pairs[p][1] for p in positions])
+            prompts = self.encode(query, documents[-1])
             encoded.update(zip(positions, prompts))
             jobs.append(ScoringJob([p.token_ids for p in prompts], self.label_token_ids))
-        results: list[tuple[float, EncodedPrompt]] = [(0.0, encoded[0])] * len(pairs) if pairs else []
-        for positions, scores in zip(by_query.values(), self._run(jobs)):
-            for position, score in zip(positions, scores):
-                results[position] = (score, encoded[position])
-        return results
+        return PreparedPairs(
+            queries=list(by_query),
+            documents=documents,
+            positions=list(by_query.values()),
+            prompts=[encoded[position] for position in range(len(pairs))],
+            jobs=jobs,
+        )
+
+    def _score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, EncodedPrompt]]:
+        prepared = self.prepare_pairs(pairs)
+        if self._remote is not None and not self._remote.accepts_token_ids:
+            # A text-only server applies its own template: send the texts, not the prompts.
+            remote = self._remote
+            scores = [remote.score_texts(q, d) for q, d in zip(prepared.queries, prepared.documents)]
+            return prepared.assemble(scores)
+        return prepared.assemble(self._run(prepared.jobs))
+
+    async def _ascore_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, EncodedPrompt]]:
+        remote = self._remote
+        if remote is None:
+            return await asyncio.to_thread(self._score_pairs, pairs)
+        prepared = await asyncio.to_thread(self.prepare_pairs, pairs)
+        if remote.accepts_token_ids:
+            return prepared.assemble(await remote.ascore_jobs(prepared.jobs))
+        scores = await asyncio.gather(
+            *(remote.ascore_texts(q, d) for q, d in zip(prepared.queries, prepared.documents))
+        )
+        return prepared.assemble(list(scores))
 
     def rerank(
         self,
@@ -160,32 +298,21 @@ class GenerativeScorer:
         """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``."""
         _check_rank_options(top_n, score_threshold)
         scored = self._score_pairs([(query, d) for d in documents])
-        results = [
-            RankedResult(
-                index=i,
-                score=score,
-                document=documents[i],
-                truncated=p.truncated,
-                prompt_tokens=len(p.token_ids),
-            )
-            for i, (score, p) in enumerate(scored)
-        ]
-        results.sort(key=lambda r: -r.score)  # stable: ties keep input order
-        if score_threshold is not None:
-            results = [r for r in results if r.score >= score_threshold]
-        if top_n is not None:
-            results = results[:top_n]
-        return RankedResults(query=query, results=results)
+        return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
 
     # -- async --------------------------------------------------------------------------------------
 
     async def ascore(
         self, request: GenerativeScoringRequest | Mapping[str, Any]
     ) -> GenerativeScoringResponse:
-        return await asyncio.to_thread(self.score, request)
+        if self._remote is None:
+            return await asyncio.to_thread(self.score, request)
+        prepared = await asyncio.to_thread(self.prepare_score, request)
+        [scores] = await self._remote.ascore_jobs([prepared.job])
+        return prepared.response(scores)
 
     async def ascore_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-        return await asyncio.to_thread(self.score_pairs, pairs)
+        return [score for score, _ in await self._ascore_pairs(pairs)]
 
     async def arerank(
         self,
@@ -195,10 +322,10 @@ class GenerativeScorer:
         top_n: int | None = None,
         score_threshold: float | None = None,
     ) -> RankedResults:
-        """:meth:`rerank` in a worker thread, so the event loop keeps running."""
-        return await asyncio.to_thread(
-            self.rerank, query, documents, top_n=top_n, score_threshold=score_threshold
-        )
+        """:meth:`rerank` without blocking the event loop (a worker thread, or async HTTP for a server)."""
+        _check_rank_options(top_n, score_threshold)
+        scored = await self._ascore_pairs([(query, d) for d in documents])
+        return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
 
     # -- internals ----------------------------------------------------------------------------------
 
@@ -207,9 +334,20 @@ class GenerativeScorer:
         with tqdm(
             total=total, disable=not self.config.show_progress, file=sys.stderr, desc="scoring", unit="doc"
         ) as bar:
-            return self.engine.score_jobs(jobs, on_progress=bar.update)
+            return self.backend.score_jobs(jobs, on_progress=bar.update)
+
+    def close(self) -> None:
+        """Close the connections of a server-backed scorer (nothing to do for a local model)."""
+        if self._remote is not None:
+            self._remote.close()
 
     def __repr__(self) -> str:
+        if self._remote is not None:
+            return (
+                f"GenerativeScorer(model={self.config.model!r}, server_url={self.config.server_url!r}, "
+                f"server_kind={self.config.server_kind!r}, template={self.template.name!r}, "
+                f"max_length={self.max_length})"
+            )
         return (
             f"GenerativeScorer(model={self.config.model!r}, template={self.template.name!r}, "
             f"max_length={self.max_length}, device={self.model.device}, dtype={self.model.dtype})"

@@ -1,0 +1,94 @@
+"""Remote scoring backends: score through ``genscore serve``, vLLM, SGLang or a ``/v1/rerank`` server.
+
+Use them through the scorer, which still builds prompts (templates, truncation, label ids) locally
+and so needs the model's tokenizer, but not its weights::
+
+    scorer = GenerativeScorer("Qwen/Qwen3-Reranker-0.6B", server_url="http://127.0.0.1:8000")
+
+``server_kind`` picks the protocol: ``"genscore"`` and ``"vllm"`` (``/generative_scoring``),
+``"sglang"`` (``/v1/score``) or ``"rerank"`` (``/v1/rerank``, text only). The HTTP clients need
+``httpx`` (``pip install "genscore[remote]"``) and are imported only when a backend is made.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from genscore_core.remote.base import (
+    SERVER_KINDS,
+    RemoteBackend,
+    RemoteScoringError,
+    ScoringBackend,
+    ServerKind,
+)
+
+if TYPE_CHECKING:
+    from genscore_core.config import ScorerConfig
+
+__all__ = [
+    "SERVER_KINDS",
+    "RemoteBackend",
+    "RemoteScoringError",
+    "ScoringBackend",
+    "ServerKind",
+    "make_backend",
+    "model_limits",
+]
+
+
+def make_backend(config: ScorerConfig, **transport_options: Any) -> RemoteBackend:
+    """The client of ``config.server_url`` for ``config.server_kind``.
+
+    ``transport_options`` go to :class:`~genscore_core.remote.client.HttpTransport` (``backoff``,
+    ``max_backoff``, test transports).
+    """
+    if config.server_url is None:
+        raise ValueError("config.server_url is not set")
+    from genscore_core.remote.client import HttpTransport
+
+    api_key = config.server_api_key.get_secret_value() if config.server_api_key is not None else None
+    http = HttpTransport(
+        config.server_url,
+        timeout=config.server_timeout,
+        max_retries=config.server_max_retries,
+        api_key=api_key,
+        **transport_options,
+    )
+    options: dict[str, Any] = {"model": config.server_model, "batch_size": config.server_batch_size}
+    if config.server_kind in ("genscore", "vllm"):
+        from genscore_core.remote.generative import GenerativeScoringClient
+
+        return GenerativeScoringClient(http, kind=config.server_kind, **options)
+    if config.server_kind == "sglang":
+        from genscore_core.remote.sglang import SGLangScoreClient
+
+        return SGLangScoreClient(http, **options)
+    from genscore_core.remote.rerank import RerankClient
+
+    return RerankClient(http, **options)
+
+
+def model_limits(name_or_path: str, tokenizer: Any, *, trust_remote_code: bool = False) -> tuple[int, int]:
+    """``(vocab_size, max_length)`` of a model whose weights stay on the server.
+
+    Read from the model's ``config.json`` when it can be loaded (the vocabulary of the LM head is
+    often larger than the tokenizer's), else from the tokenizer.
+    """
+    vocab_size = len(tokenizer)
+    max_length = getattr(tokenizer, "model_max_length", None)
+    try:
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        model_config = None
+    if model_config is not None:
+        text_config = getattr(model_config, "get_text_config", lambda: model_config)()
+        vocab_size = int(getattr(text_config, "vocab_size", None) or vocab_size)
+        positions = getattr(text_config, "max_position_embeddings", None)
+        if isinstance(positions, int) and positions > 0:
+            max_length = positions
+    # Tokenizers without a limit report a huge sentinel (1e30).
+    if not isinstance(max_length, int) or not 0 < max_length < 10**9:
+        raise ValueError(f"cannot tell the maximum length of {name_or_path!r}; pass max_length explicitly")
+    return vocab_size, max_length

@@ -1,0 +1,331 @@
+"""HTTP plumbing of the remote backends: timeouts, bounded retries with backoff, errors mapped to genscore's.
+
+* Connection errors, timeouts and 429/5xx answers are retried ``max_retries`` times, waiting
+  ``backoff * 2**(attempt - 1)`` seconds (at most ``max_backoff``, with jitter, at least what a
+  ``Retry-After`` header asks). Scoring requests are idempotent, so retrying them is safe.
+* A 4xx answer raises :class:`~genscore_core.InvalidRequestError` with the server's own message.
+* Anything else that goes wrong raises :class:`~genscore_core.remote.RemoteScoringError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from genscore_core.engine import ScoringJob, group_prompts
+from genscore_core.errors import InvalidRequestError
+from genscore_core.forward import ProgressCallback
+from genscore_core.remote.base import RemoteBackend, RemoteScoringError
+
+try:
+    import httpx
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        'genscore\'s remote backends need httpx; install it with: pip install "genscore[remote]"'
+    ) from exc
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def error_message(response: httpx.Response) -> str:
+    """The message a server put in its error body (OpenAI, FastAPI or plain text shapes)."""
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text.strip()
+        return text[:500] or f"HTTP {response.status_code}"
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        for key in ("message", "detail", "error"):
+            value = body.get(key)
+            if isinstance(value, str):
+                return value
+            if isinstance(value, list) and value:
+                return "; ".join(
+                    str(item.get("msg", item)) if isinstance(item, dict) else str(item) for item in value
+                )
+    return str(body)[:500]
+
+
+class HttpTransport:
+    """JSON POSTs to one server with retries; a sync client, and one async client per event loop.
+
+    Args:
+        base_url: ``http://host:port`` of the server (or of the load balancer in front of a fleet).
+        timeout: Seconds allowed for one HTTP request (connect, write, read).
+        max_retries: Retries after a connection error, a timeout or a 429/5xx answer.
+        backoff: First wait between attempts, in seconds; doubles each retry.
+        max_backoff: Longest wait between attempts.
+        api_key: Sent as ``Authorization: Bearer <api_key>``.
+        transport, async_transport: httpx transports to use instead of the network (for tests).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        backoff: float = 0.25,
+        max_backoff: float = 8.0,
+        api_key: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if max_retries < 0 or timeout <= 0 or backoff < 0:
+            raise ValueError("timeout must be positive, max_retries and backoff non-negative")
+        self.base_url = base_url.rstrip("/")
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._options: dict[str, Any] = {
+            "base_url": self.base_url,
+            "timeout": httpx.Timeout(timeout),
+            "headers": {"Authorization": f"Bearer {api_key}"} if api_key else {},
+        }
+        self._client = httpx.Client(transport=transport, **self._options)
+        self._async_transport = async_transport
+        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    # -- sync ---------------------------------------------------------------------------------------
+
+    def post_json(self, path: str, payload: dict[str, Any]) -> Any:
+        return self._with_retries(lambda: self._client.post(path, json=payload), path, time.sleep)
+
+    def get_json(self, path: str) -> Any:
+        return self._with_retries(lambda: self._client.get(path), path, time.sleep)
+
+    def _with_retries(
+        self, send: Callable[[], httpx.Response], path: str, sleep: Callable[[float], None]
+    ) -> Any:
+        failure = _Failure("no attempt made")
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                sleep(self._delay(attempt, failure.response))
+            try:
+                response = send()
+            except httpx.TransportError as error:
+                failure = _Failure(_describe_transport_error(error))
+                continue
+            if response.status_code in RETRY_STATUSES:
+                failure = _Failure.of(response)
+                continue
+            return self._decode(response, path)
+        raise self._gave_up(path, failure)
+
+    # -- async --------------------------------------------------------------------------------------
+
+    async def apost_json(self, path: str, payload: dict[str, Any]) -> Any:
+        client = self._async_client()
+        failure = _Failure("no attempt made")
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self._delay(attempt, failure.response))
+            try:
+                response = await client.post(path, json=payload)
+            except httpx.TransportError as error:
+                failure = _Failure(_describe_transport_error(error))
+                continue
+            if response.status_code in RETRY_STATUSES:
+                failure = _Failure.of(response)
+                continue
+            return self._decode(response, path)
+        raise self._gave_up(path, failure)
+
+    def _async_client(self) -> httpx.AsyncClient:
+        # An AsyncClient's connections belong to the loop that opened them: keep one per loop.
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._async_clients.get(loop)
+            if client is None or client.is_closed:
+                client = httpx.AsyncClient(transport=self._async_transport, **self._options)
+                self._async_clients[loop] = client
+            return client
+
+    # -- shared -------------------------------------------------------------------------------------
+
+    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
+        delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+        retry_after = response.headers.get("retry-after") if response is not None else None
+        if retry_after is not None:
+            try:
+                delay = max(delay, min(float(retry_after), self.max_backoff))
+            except ValueError:
+                pass
+        return delay
+
+    def _decode(self, response: httpx.Response, path: str) -> Any:
+        if 400 <= response.status_code < 500:
+            raise InvalidRequestError(
+                f"{self.base_url}{path} answered HTTP {response.status_code}: {error_message(response)}"
+            )
+        if response.status_code != 200:
+            raise RemoteScoringError(
+                f"{self.base_url}{path} answered HTTP {response.status_code}: {error_message(response)}",
+                status=response.status_code,
+            )
+        try:
+            return response.json()
+        except ValueError:
+            raise RemoteScoringError(
+                f"{self.base_url}{path} answered with a body that is not JSON", status=200
+            ) from None
+
+    def _gave_up(self, path: str, failure: _Failure) -> RemoteScoringError:
+        attempts = self.max_retries + 1
+        plural = "s" if attempts > 1 else ""
+        return RemoteScoringError(
+            f"{self.base_url}{path} failed after {attempts} attempt{plural}: {failure.message}",
+            status=failure.response.status_code if failure.response is not None else None,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+        with self._lock:
+            clients = list(self._async_clients.values())
+            self._async_clients.clear()
+        for client in clients:
+            # Closing needs the client's own loop; what cannot be closed here is dropped.
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is not None and not loop.is_closed():
+                loop.create_task(client.aclose())
+
+    async def aclose(self) -> None:
+        """Close the async client of the running loop (and the sync client)."""
+        self._client.close()
+        with self._lock:
+            client = self._async_clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """Why the last attempt failed: a transport error (no response) or a retryable status."""
+
+    message: str
+    response: httpx.Response | None = None
+
+    @classmethod
+    def of(cls, response: httpx.Response) -> _Failure:
+        return cls(f"HTTP {response.status_code}: {error_message(response)}", response)
+
+
+def _describe_transport_error(error: httpx.TransportError) -> str:
+    kind = type(error).__name__
+    detail = str(error).strip()
+    return f"{kind}: {detail}" if detail else kind
+
+
+@dataclass(frozen=True)
+class _Call:
+    job: int
+    """Index of the job the call scores part of."""
+    count: int
+    """Number of items (prompts) sent."""
+    payload: dict[str, Any]
+
+
+class TokenScoringClient(RemoteBackend):
+    """A backend that sends token-id prompts as ``query`` (their shared prefix) + ``items`` (the rests).
+
+    Prompts are concatenated at token level by every server that speaks these protocols, so the
+    server scores exactly the prompts built here. Jobs larger than ``batch_size`` items are split
+    into several requests, sent in parallel (at most ``max_concurrency`` at a time).
+    """
+
+    path: str
+
+    def __init__(
+        self,
+        http: HttpTransport,
+        *,
+        model: str | None = None,
+        batch_size: int = 256,
+        max_concurrency: int = 8,
+    ) -> None:
+        if batch_size < 1 or max_concurrency < 1:
+            raise ValueError("batch_size and max_concurrency must be positive")
+        self.http = http
+        self.model = model
+        self.batch_size = batch_size
+        self.max_concurrency = max_concurrency
+
+    def _payload(self, query: list[int], items: list[list[int]], job: ScoringJob) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _parse(self, body: Any, count: int) -> list[float]:
+        raise NotImplementedError
+
+    def _plan(self, jobs: Sequence[ScoringJob]) -> list[_Call]:
+        calls = []
+        for index, job in enumerate(jobs):
+            group = group_prompts(job.prompts)
+            for start in range(0, len(group.suffix_ids), self.batch_size):
+                items = group.suffix_ids[start : start + self.batch_size]
+                payload = self._payload(group.prefix_ids, items, job)
+                if self.model is not None:
+                    payload["model"] = self.model
+                calls.append(_Call(index, len(items), payload))
+        return calls
+
+    def _collect(
+        self, jobs: Sequence[ScoringJob], calls: list[_Call], answers: Iterable[Any]
+    ) -> list[list[float]]:
+        results: list[list[float]] = [[] for _ in jobs]
+        for call, body in zip(calls, answers):
+            results[call.job].extend(self._parse(body, call.count))
+        return results
+
+    def score_jobs(
+        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
+        calls = self._plan(jobs)
+
+        def send(call: _Call) -> Any:
+            body = self.http.post_json(self.path, call.payload)
+            if on_progress is not None:
+                on_progress(call.count)
+            return body
+
+        if len(calls) <= 1:
+            return self._collect(jobs, calls, [send(call) for call in calls])
+        with ThreadPoolExecutor(min(len(calls), self.max_concurrency), "genscore-remote") as pool:
+            return self._collect(jobs, calls, list(pool.map(send, calls)))
+
+    async def ascore_jobs(self, jobs: Sequence[ScoringJob]) -> list[list[float]]:
+        calls = self._plan(jobs)
+        limit = asyncio.Semaphore(self.max_concurrency)
+
+        async def send(call: _Call) -> Any:
+            async with limit:
+                return await self.http.apost_json(self.path, call.payload)
+
+        return self._collect(jobs, calls, await asyncio.gather(*(send(call) for call in calls)))
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _bad_answer(self, detail: str) -> RemoteScoringError:
+        return RemoteScoringError(f"{self.http.base_url}{self.path} answered {detail}", status=200)
+
+
+def as_probability(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)

@@ -1,0 +1,47 @@
+"""Client of the generative scoring protocol: ``genscore serve`` and vLLM's ``/generative_scoring``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genscore_core.engine import ScoringJob
+from genscore_core.remote.base import ServerKind
+from genscore_core.remote.client import HttpTransport, TokenScoringClient, as_probability
+
+
+class GenerativeScoringClient(TokenScoringClient):
+    """Sends ``{"query": ids, "items": [ids...], "label_token_ids", "apply_softmax"}`` and reads
+    ``data[i].score``. Both ``genscore serve`` and vLLM serve the protocol at ``/generative_scoring``.
+
+    vLLM checks ``model`` against its served model names: leave ``model`` as ``None`` (the server's
+    default model) unless the names are known to match.
+    """
+
+    path = "/generative_scoring"
+
+    def __init__(self, http: HttpTransport, *, kind: ServerKind = "genscore", **options: Any) -> None:
+        super().__init__(http, **options)
+        self.kind = kind
+
+    def _payload(self, query: list[int], items: list[list[int]], job: ScoringJob) -> dict[str, Any]:
+        return {
+            "query": query,
+            "items": items,
+            "label_token_ids": job.label_ids,
+            "apply_softmax": job.apply_softmax,
+        }
+
+    def _parse(self, body: Any, count: int) -> list[float]:
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list) or len(data) != count:
+            got = len(data) if isinstance(data, list) else "no"
+            raise self._bad_answer(f"{got} scores for {count} items")
+        scores: list[float | None] = [None] * count
+        try:
+            for entry in data:
+                scores[entry["index"]] = as_probability(entry["score"])
+        except (KeyError, TypeError, IndexError) as error:
+            raise self._bad_answer(f"a malformed score entry ({error})") from None
+        if any(score is None for score in scores):
+            raise self._bad_answer("duplicate score indices")
+        return [score for score in scores if score is not None]

@@ -1,0 +1,105 @@
+"""Client of the ``/v1/rerank`` shape (Cohere, Jina, vLLM, TEI, ``genscore serve``).
+
+The request carries text only, so the *server* applies its template and truncation: scores equal
+local ones only when the server uses the same template, instruction and length limit (as
+``genscore serve`` with the same settings does). Raw protocol requests (``GenerativeScorer.score``)
+cannot be expressed in this shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from genscore_core.engine import ScoringJob
+from genscore_core.errors import InvalidRequestError
+from genscore_core.forward import ProgressCallback
+from genscore_core.remote.base import RemoteBackend, RemoteScoringError
+from genscore_core.remote.client import HttpTransport, as_probability
+
+
+class RerankClient(RemoteBackend):
+    kind = "rerank"
+    accepts_token_ids = False
+    path = "/v1/rerank"
+
+    def __init__(
+        self,
+        http: HttpTransport,
+        *,
+        model: str | None = None,
+        batch_size: int = 256,
+        max_concurrency: int = 8,
+    ) -> None:
+        if batch_size < 1 or max_concurrency < 1:
+            raise ValueError("batch_size and max_concurrency must be positive")
+        self.http = http
+        self.model = model
+        self.batch_size = batch_size
+        self.max_concurrency = max_concurrency
+
+    def score_jobs(
+        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
+        raise InvalidRequestError(
+            "server_kind='rerank' sends text and lets the server apply its own template, so it cannot score "
+            "token-id prompts (GenerativeScorer.score); use server_kind 'genscore', 'vllm' or 'sglang'"
+        )
+
+    async def ascore_jobs(self, jobs: Sequence[ScoringJob]) -> list[list[float]]:
+        return self.score_jobs(jobs)
+
+    def _payloads(self, query: str, documents: Sequence[str]) -> list[dict[str, Any]]:
+        payloads = []
+        for start in range(0, len(documents), self.batch_size):
+            chunk = list(documents[start : start + self.batch_size])
+            payload: dict[str, Any] = {"query": query, "documents": chunk, "top_n": len(chunk)}
+            if self.model is not None:
+                payload["model"] = self.model
+            payloads.append(payload)
+        return payloads
+
+    def score_texts(self, query: str, documents: Sequence[str]) -> list[float]:
+        scores: list[float] = []
+        for payload in self._payloads(query, documents):
+            scores.extend(self._parse(self.http.post_json(self.path, payload), len(payload["documents"])))
+        return scores
+
+    async def ascore_texts(self, query: str, documents: Sequence[str]) -> list[float]:
+        limit = asyncio.Semaphore(self.max_concurrency)
+        payloads = self._payloads(query, documents)
+
+        async def send(payload: dict[str, Any]) -> list[float]:
+            async with limit:
+                body = await self.http.apost_json(self.path, payload)
+            return self._parse(body, len(payload["documents"]))
+
+        chunks = await asyncio.gather(*(send(payload) for payload in payloads))
+        return [score for chunk in chunks for score in chunk]
+
+    def _parse(self, body: Any, count: int) -> list[float]:
+        """Scores by input index from ``{"results": [{"index", "relevance_score"}]}``.
+
+        SGLang's own ``/v1/rerank`` answers a bare list of ``{"index", "score"}``; that is read too.
+        """
+        entries = body.get("results") if isinstance(body, dict) else body
+        if not isinstance(entries, list) or len(entries) != count:
+            got = len(entries) if isinstance(entries, list) else "no"
+            raise self._bad_answer(f"{got} results for {count} documents (top_n ignored?)")
+        scores: list[float | None] = [None] * count
+        try:
+            for entry in entries:
+                value = entry["relevance_score"] if "relevance_score" in entry else entry["score"]
+                scores[entry["index"]] = as_probability(value)
+        except (KeyError, TypeError, IndexError) as error:
+            raise self._bad_answer(f"a malformed result ({error})") from None
+        if any(score is None for score in scores):
+            raise self._bad_answer("duplicate result indices")
+        return [score for score in scores if score is not None]
+
+    def _bad_answer(self, detail: str) -> RemoteScoringError:
+        return RemoteScoringError(f"{self.http.base_url}{self.path} answered {detail}", status=200)
+
+    def close(self) -> None:
+        self.http.close()

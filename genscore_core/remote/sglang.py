@@ -1,0 +1,39 @@
+"""Client of SGLang's decoder-only scoring endpoint, ``/v1/score``.
+
+SGLang's request: ``query`` and ``items`` (text or token ids, concatenated at token level),
+``label_token_ids``, ``apply_softmax`` (default **false** there: this client always sends it),
+``item_first`` and ``model``. Its answer: ``{"scores": [[p(label_0), p(label_1), ...], ...],
+"model", "usage", "object": "scoring"}``, one probability per label in label order; the score of an
+item is the first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genscore_core.engine import ScoringJob
+from genscore_core.remote.client import TokenScoringClient, as_probability
+
+
+class SGLangScoreClient(TokenScoringClient):
+    kind = "sglang"
+    path = "/v1/score"
+
+    def _payload(self, query: list[int], items: list[list[int]], job: ScoringJob) -> dict[str, Any]:
+        return {
+            "query": query,
+            "items": items,
+            "label_token_ids": job.label_ids,
+            "apply_softmax": job.apply_softmax,
+            "item_first": False,
+        }
+
+    def _parse(self, body: Any, count: int) -> list[float]:
+        rows = body.get("scores") if isinstance(body, dict) else None
+        if not isinstance(rows, list) or len(rows) != count:
+            got = len(rows) if isinstance(rows, list) else "no"
+            raise self._bad_answer(f"{got} score rows for {count} items")
+        try:
+            return [as_probability(row[0]) for row in rows]
+        except (TypeError, IndexError, KeyError) as error:
+            raise self._bad_answer(f"a malformed score row ({error})") from None
