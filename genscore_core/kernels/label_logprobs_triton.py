@@ -4,12 +4,14 @@ Two launches:
 
 1. ``_partial_lse_kernel``, grid (row blocks, vocabulary splits). Each program multiplies tiles of W
    with a block of rows of h on the tensor cores and keeps a running max and sum of exponentials
-   (online softmax, Milakov & Gimelshein 2018, arXiv:1805.02867) in fp32. It writes only one
-   (max, sum) pair per (row, split) into a [B, n_splits] scratch: the split-vocabulary reduction of
-   flash-decoding. For small B the cost is reading W once (311 MB for Qwen3), so all rows of h
-   share each W tile; for large B it becomes a matmul and rows are tiled too.
-2. ``_finish_kernel``, one program per row: merges the splits into log Z and takes the K label
-   logits as dot products with the gathered rows W[label] (K x H reads, no [B, K, H] copy).
+   (online softmax, Milakov & Gimelshein 2018, arXiv:1805.02867) in fp32 over its
+   ``tiles_per_split`` tiles. It writes only one (max, sum) pair per (row, split) into a
+   [B, n_splits] scratch: the split-vocabulary reduction of flash-decoding. For small B the cost
+   is reading W once (311 MB for Qwen3), so all rows of h share each W tile; for large B it
+   becomes a matmul and rows are tiled too.
+2. ``_finish_kernel``, one program per row: merges the splits into log Z (the same running max and
+   sum, over splits) and takes the K label logits as dot products with the gathered rows W[label]
+   (K x H reads, no [B, K, H] copy).
 
 This module imports triton at the top; ``label_logprobs.py`` imports it only when it is needed.
 """
@@ -43,19 +45,27 @@ class KernelConfig(NamedTuple):
 
 
 def default_config(n_rows: int) -> KernelConfig:
-    """Tiling by batch size (H200, H = 1024, V = 151669; see docs/benchmarks.md)."""
-    # Small B: memory-bound; one row block so W is read once. tl.dot needs at least 16 rows,
-    # padded rows are masked.
+    """Tiling by batch size: the best of a sweep on one H200 (H = 1024, V = 151669, bf16).
+
+    See docs/benchmarks.md (K1). Only B = 1, 16, 64, 128 and 1024 were swept: B = 2..8 use the
+    tiling of B = 1, 17..32 that of B = 64 with 32-row blocks, and B > 128 that of B = 1024.
+    """
+    # Small B is memory-bound: one row block, so W is read once. tl.dot needs at least 16 rows;
+    # padded rows are masked. One vocabulary tile per program measured as fast as or faster
+    # than several: the GPU overlaps a new program's first loads with the others' work, while
+    # a program's own next tile waits for its epilogue.
+    if n_rows <= 8:
+        return KernelConfig(16, 64, 128, 4, 4, 1, True)
     if n_rows <= 16:
-        return KernelConfig(16, 64, 128, 4, 4, 2, True)
+        return KernelConfig(16, 128, 128, 4, 3, 1, False)
     if n_rows <= 32:
-        return KernelConfig(32, 64, 128, 4, 4, 2, True)
+        return KernelConfig(32, 128, 64, 4, 4, 1, False)
     if n_rows <= 64:
-        return KernelConfig(64, 64, 128, 4, 4, 2, True)
+        return KernelConfig(64, 128, 64, 4, 4, 1, False)
     if n_rows <= 128:
-        return KernelConfig(128, 64, 128, 8, 3, 2, False)
-    # Large B: a compute-bound matmul with an online-softmax epilogue.
-    return KernelConfig(128, 128, 64, 8, 3, 4, False)
+        return KernelConfig(128, 128, 64, 8, 3, 1, False)
+    # Large B: a compute-bound matmul with a max / sum-of-exp epilogue.
+    return KernelConfig(128, 256, 64, 8, 3, 1, False)
 
 
 @triton.jit
