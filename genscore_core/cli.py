@@ -1,4 +1,4 @@
-"""The ``genscore`` command line: rerank documents, make an offline test model."""
+"""The ``genscore`` command line: rerank documents, serve a model over HTTP, make an offline test model."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from genscore_core.config import DEFAULT_MODEL
 from genscore_core.errors import GenScoreError
+from genscore_core.server.cli import add_serve_command
 
 EXIT_BAD_INPUT = 2
 # Keys the output writes itself; a document field of the same name would be lost.
@@ -157,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("output_dir", metavar="DIR")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(handler=_make_tiny_model)
+
+    add_serve_command(commands)
     return parser
 
 

@@ -1,0 +1,263 @@
+"""The FastAPI application of ``genscore serve``.
+
+Endpoints:
+
+* ``POST /generative_scoring`` (and ``/generative_score``): the generative scoring protocol, answered
+  exactly as vLLM's endpoint answers it (the same request, response and error bodies);
+* ``POST /v1/rerank`` (and ``/rerank``, ``/v2/rerank``): ``query``, ``documents``, ``top_n`` in;
+  ``results`` of ``index``, ``relevance_score`` and, with ``return_documents``, ``document`` out;
+* ``GET /health``, ``GET /v1/models``, ``GET /stats`` (batching counters).
+
+Errors use the protocol's body ``{"error": {"message", "type", "param", "code"}}``: 400 for bad
+requests and exceeded limits, 413 for oversized bodies, 422 for malformed ones, 503 when the queue is
+full (with ``Retry-After``), 500 for anything unexpected (logged, never a traceback in the body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        'genscore\'s server needs fastapi and uvicorn; install them with: pip install "genscore[server]"'
+    ) from exc
+
+from genscore_core import __version__
+from genscore_core.engine import ScoringJob
+from genscore_core.errors import InvalidRequestError
+from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse
+from genscore_core.scorer import GenerativeScorer, rank_results
+from genscore_core.server.batcher import RequestBatcher, ServerBusyError
+from genscore_core.server.limits import ServerLimits
+from genscore_core.server.schemas import (
+    ModelCard,
+    ModelList,
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
+    RerankResult,
+    RerankUsage,
+    error_body,
+)
+
+logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyTooLargeError(StarletteHTTPException):
+    def __init__(self, max_bytes: int, size: int | None = None) -> None:
+        got = f"{size} bytes" if size is not None else "more"
+        super().__init__(
+            413, f"request body is {got}; this server accepts at most {max_bytes} bytes (--max-body-bytes)"
+        )
+
+
+class BodySizeLimitMiddleware:
+    """Answer 413 to a body over ``max_bytes``: at once from ``Content-Length``, else while reading it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            error = BodyTooLargeError(self.max_bytes, int(declared))
+            response = JSONResponse(error_body(error.detail, 413), status_code=413)
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # FastAPI re-raises HTTPExceptions from body reading; the handler answers 413.
+                    raise BodyTooLargeError(self.max_bytes)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def create_app(
+    scorer: GenerativeScorer, limits: ServerLimits | None = None, *, served_model_name: str | None = None
+) -> FastAPI:
+    """The server application for one scorer.
+
+    Args:
+        scorer: Scores the requests (its template, instruction and ``max_length`` apply to ``/v1/rerank``).
+        limits: Request limits and batching settings.
+        served_model_name: The model name answered in responses and ``/v1/models``; default the
+            scorer's model.
+    """
+    limits = limits or ServerLimits()
+    name = served_model_name or scorer.config.model
+    started = int(time.time())
+    batcher = RequestBatcher(
+        scorer.backend,
+        max_batch_tokens=limits.batch_max_tokens,
+        max_wait_ms=limits.batch_max_wait_ms,
+        max_queued=limits.max_queued_requests,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        batcher.start()
+        try:
+            yield
+        finally:
+            await batcher.close()
+
+    app = FastAPI(title="genscore", version=__version__, lifespan=lifespan)
+    app.state.scorer = scorer
+    app.state.batcher = batcher
+    app.state.limits = limits
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_body_bytes)
+    _add_error_handlers(app)
+
+    def check_items(count: int, param: str) -> None:
+        if count > limits.max_items_per_request:
+            raise InvalidRequestError(
+                f"{param} has {count} entries; this server accepts at most "
+                f"{limits.max_items_per_request} per request (--max-items); split the request",
+                param=param,
+            )
+
+    def check_tokens(jobs: list[ScoringJob]) -> int:
+        tokens = sum(len(prompt) for job in jobs for prompt in job.prompts)
+        if tokens > limits.max_prompt_tokens_per_request:
+            raise InvalidRequestError(
+                f"the request's prompts total {tokens} tokens; this server accepts at most "
+                f"{limits.max_prompt_tokens_per_request} per request (--max-prompt-tokens); split the request",
+            )
+        return tokens
+
+    @app.post("/generative_scoring", response_model=GenerativeScoringResponse)
+    @app.post("/generative_score", response_model=GenerativeScoringResponse)
+    async def generative_scoring(request: GenerativeScoringRequest) -> GenerativeScoringResponse:
+        check_items(len(request.items), "items")
+        if request.model is None:
+            request = request.model_copy(update={"model": name})
+        prepared = await run_in_threadpool(scorer.prepare_score, request)
+        check_tokens([prepared.job])
+        return prepared.response(await batcher.score(prepared.job))
+
+    @app.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True)
+    @app.post("/v2/rerank", response_model=RerankResponse, response_model_exclude_none=True)
+    @app.post("/rerank", response_model=RerankResponse, response_model_exclude_none=True)
+    async def rerank(request: RerankRequest) -> RerankResponse:
+        documents = request.texts()
+        check_items(len(documents), "documents")
+        prepared = await run_in_threadpool(scorer.prepare_pairs, [(request.query, d) for d in documents])
+        tokens = check_tokens(prepared.jobs)
+        scores = await asyncio.gather(*(batcher.score(job) for job in prepared.jobs))
+        ranked = rank_results(
+            request.query,
+            documents,
+            prepared.assemble(list(scores)),
+            top_n=request.top_n or None,
+            score_threshold=request.score_threshold,
+        )
+        results = [
+            RerankResult(
+                index=result.index,
+                relevance_score=result.score,
+                document=RerankDocument(text=result.document) if request.return_documents else None,
+            )
+            for result in ranked
+        ]
+        return RerankResponse(
+            model=request.model or name,
+            results=results,
+            usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens),
+        )
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not batcher.running:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        card = ModelCard(id=name, created=started, root=scorer.config.model, max_model_len=scorer.max_length)
+        return ModelList(data=[card])
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        counters = batcher.stats
+        return {
+            "queued": batcher.queued,
+            "requests": counters.requests,
+            "batches": counters.batches,
+            "largest_batch": counters.largest_batch,
+            "shared_batches": counters.shared_batches,
+            "failures": counters.failures,
+            "batch_sizes": {str(size): n for size, n in sorted(counters.batch_sizes.items())},
+        }
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(InvalidRequestError)
+    async def bad_request(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, InvalidRequestError)
+        return JSONResponse(error_body(error.message, 400), status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, RequestValidationError)
+        return JSONResponse(error_body(_describe_validation(error), 422), status_code=422)
+
+    @app.exception_handler(ServerBusyError)
+    async def busy(_: Request, error: Exception) -> JSONResponse:
+        return JSONResponse(error_body(str(error), 503), status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, StarletteHTTPException)
+        return JSONResponse(
+            error_body(str(error.detail), error.status_code),
+            status_code=error.status_code,
+            headers=getattr(error, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unexpected error answering %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("internal server error; see the server log", 500), status_code=500)
+
+
+def _describe_validation(error: RequestValidationError) -> str:
+    parts = []
+    for entry in error.errors():
+        if entry.get("type") == "json_invalid":
+            reason = (entry.get("ctx") or {}).get("error", "JSON decode error")
+            parts.append(f"the request body is not valid JSON: {reason}")
+            continue
+        location = ".".join(str(part) for part in entry.get("loc", ()) if part != "body")
+        message = entry.get("msg", "invalid")
+        parts.append(f"{location}: {message}" if location else message)
+    return "; ".join(parts) or "invalid request body"

@@ -1,0 +1,210 @@
+"""Dynamic batching: the jobs of concurrent requests go through the engine in one call.
+
+Requests queue their :class:`~genscore_core.engine.ScoringJob`; one worker task takes as many as fit
+in a token budget (waiting a few milliseconds for company when the queue is short) and scores them
+with a single ``score_jobs`` call on one worker thread, so the event loop keeps accepting requests
+while the model runs. A job's scores do not depend on what it is batched with, beyond float32
+rounding in the padded forward (observed differences are below 1e-6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from genscore_core.engine import ScoringJob
+from genscore_core.errors import GenScoreError
+from genscore_core.remote.base import ScoringBackend
+
+logger = logging.getLogger(__name__)
+
+
+class ServerBusyError(GenScoreError):
+    """The queue is full or the server is stopping: try again later (HTTP 503)."""
+
+
+@dataclass
+class _Entry:
+    job: ScoringJob
+    tokens: int
+    future: asyncio.Future[list[float]]
+
+
+@dataclass
+class BatchStats:
+    """Counters since start: how much batching actually happened."""
+
+    requests: int = 0
+    """Jobs scored."""
+    batches: int = 0
+    """Engine calls made."""
+    largest_batch: int = 0
+    """Most jobs in one engine call."""
+    shared_batches: int = 0
+    """Engine calls that served more than one job."""
+    failures: int = 0
+    """Jobs answered with an error."""
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+    """Number of engine calls per number of jobs in the call."""
+
+
+class RequestBatcher:
+    """Collects jobs from concurrent requests and scores them together.
+
+    Args:
+        backend: What scores the jobs (the scorer's engine, or a remote backend).
+        max_batch_tokens: Prompt tokens per engine call; a single larger job runs alone.
+        max_wait_ms: How long a short queue waits for more jobs before it is scored.
+        max_queued: Jobs allowed to wait; :meth:`score` raises :class:`ServerBusyError` beyond it.
+    """
+
+    def __init__(
+        self,
+        backend: ScoringBackend,
+        *,
+        max_batch_tokens: int = 32_768,
+        max_wait_ms: float = 2.0,
+        max_queued: int = 4096,
+    ) -> None:
+        self.backend = backend
+        self.max_batch_tokens = max_batch_tokens
+        self.max_wait = max_wait_ms / 1000.0
+        self.max_queued = max_queued
+        self.stats = BatchStats()
+        self._pending: deque[_Entry] = deque()
+        self._pending_tokens = 0
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        """Start the worker on the running event loop."""
+        if self.running:
+            return
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="genscore-forward")
+        self._task = asyncio.get_running_loop().create_task(self._work(), name="genscore-batcher")
+
+    async def close(self) -> None:
+        """Stop the worker; jobs still queued fail with :class:`ServerBusyError`."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        while self._pending:
+            entry = self._pending.popleft()
+            if not entry.future.done():
+                entry.future.set_exception(ServerBusyError("the server is shutting down"))
+        self._pending_tokens = 0
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    async def score(self, job: ScoringJob) -> list[float]:
+        """Scores of the job's prompts, once a batch containing it has run."""
+        if not job.prompts:
+            return []
+        if not self.running or self._wakeup is None:
+            raise ServerBusyError("the scoring worker is not running")
+        if len(self._pending) >= self.max_queued:
+            raise ServerBusyError(
+                f"{len(self._pending)} requests are already waiting (max_queued_requests={self.max_queued}); "
+                "retry shortly"
+            )
+        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
+        entry = _Entry(job, sum(len(prompt) for prompt in job.prompts), future)
+        self._pending.append(entry)
+        self._pending_tokens += entry.tokens
+        self._wakeup.set()
+        return await future
+
+    # -- the worker ---------------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._next_batch()
+            if not batch:
+                continue
+            outcomes = await loop.run_in_executor(
+                self._executor, self._score_isolated, [e.job for e in batch]
+            )
+            self._record(batch, outcomes)
+            for entry, outcome in zip(batch, outcomes):
+                if entry.future.done():  # the request was cancelled meanwhile
+                    continue
+                if isinstance(outcome, BaseException):
+                    entry.future.set_exception(outcome)
+                else:
+                    entry.future.set_result(outcome)
+
+    async def _next_batch(self) -> list[_Entry]:
+        assert self._wakeup is not None
+        while not self._pending:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        if self.max_wait > 0:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.max_wait
+            while self._pending_tokens < self.max_batch_tokens:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+        batch: list[_Entry] = []
+        tokens = 0
+        while self._pending:
+            entry = self._pending[0]
+            if batch and tokens + entry.tokens > self.max_batch_tokens:
+                break
+            self._pending.popleft()
+            self._pending_tokens -= entry.tokens
+            if entry.future.done():  # cancelled while queued
+                continue
+            batch.append(entry)
+            tokens += entry.tokens
+        return batch
+
+    def _score_isolated(self, jobs: list[ScoringJob]) -> list[list[float] | Exception]:
+        """Score the jobs together; if that fails, again one by one, so one bad job fails alone."""
+        try:
+            return list(self.backend.score_jobs(jobs))
+        except Exception as error:
+            if len(jobs) == 1:
+                return [error]
+            logger.warning("a batch of %d jobs failed (%s); scoring them one by one", len(jobs), error)
+        outcomes: list[list[float] | Exception] = []
+        for job in jobs:
+            try:
+                outcomes.append(self.backend.score_jobs([job])[0])
+            except Exception as error:
+                outcomes.append(error)
+        return outcomes
+
+    def _record(self, batch: list[_Entry], outcomes: list[list[float] | Exception]) -> None:
+        stats = self.stats
+        size = len(batch)
+        stats.requests += size
+        stats.batches += 1
+        stats.largest_batch = max(stats.largest_batch, size)
+        stats.shared_batches += size > 1
+        stats.failures += sum(isinstance(outcome, Exception) for outcome in outcomes)
+        stats.batch_sizes[size] = stats.batch_sizes.get(size, 0) + 1

@@ -1,0 +1,153 @@
+"""The ``genscore serve`` subcommand: arguments, and running the app on uvicorn.
+
+Kept free of fastapi and uvicorn imports, so the command line works without the server extra
+until ``serve`` is actually run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+from typing import Any
+
+from genscore_core.server.limits import ServerLimits
+
+_LIMIT_FLAGS = {
+    "max_items": "max_items_per_request",
+    "max_prompt_tokens": "max_prompt_tokens_per_request",
+    "max_body_bytes": "max_body_bytes",
+    "batch_max_tokens": "batch_max_tokens",
+    "batch_max_wait_ms": "batch_max_wait_ms",
+    "max_queued_requests": "max_queued_requests",
+}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number (1-65535), got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value
+
+
+def add_serve_command(commands: Any) -> None:
+    """Add ``serve`` to the subcommands of the ``genscore`` parser."""
+    defaults = ServerLimits()
+    serve = commands.add_parser(
+        "serve",
+        help="serve generative scoring and /v1/rerank over HTTP, batching concurrent requests",
+        description="Serve one model: POST /generative_scoring (/generative_score), /v1/rerank; "
+        "GET /health, /v1/models, /stats. Listens on loopback unless --host says otherwise.",
+    )
+    serve.add_argument("--model", required=True, metavar="NAME_OR_PATH", help="hub id or local folder")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument("--served-model-name", help="model name in responses (default: --model)")
+    serve.add_argument("--template", default="auto", help="qwen3-reranker, mxbai-rerank-v2 or auto")
+    serve.add_argument("--instruction", help="task instruction for /v1/rerank's template")
+    serve.add_argument("--max-length", type=_positive_int, help="longest prompt in tokens")
+    serve.add_argument("--device", help="cuda, cuda:1, cpu... (default: CUDA when available)")
+    serve.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bf16 on CUDA, fp32 on CPU)")
+    serve.add_argument("--batch-tokens", type=_positive_int, help="token budget of one forward batch")
+    limits = serve.add_argument_group("request limits and batching")
+    limits.add_argument(
+        "--max-items",
+        type=_positive_int,
+        default=defaults.max_items_per_request,
+        help="most items or documents per request (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-prompt-tokens",
+        type=_positive_int,
+        default=defaults.max_prompt_tokens_per_request,
+        help="most prompt tokens per request, all items together (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=defaults.max_body_bytes,
+        help="largest request body (default %(default)s)",
+    )
+    limits.add_argument(
+        "--batch-max-tokens",
+        type=_positive_int,
+        default=defaults.batch_max_tokens,
+        help="prompt tokens of concurrent requests scored in one engine call (default %(default)s)",
+    )
+    limits.add_argument(
+        "--batch-max-wait-ms",
+        type=_non_negative_float,
+        default=defaults.batch_max_wait_ms,
+        help="how long a request waits for others to batch with (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-queued-requests",
+        type=_positive_int,
+        default=defaults.max_queued_requests,
+        help="requests allowed to wait; more get 503 (default %(default)s)",
+    )
+    serve.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    serve.set_defaults(handler=run_serve)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from genscore_core.server.app import create_app
+    except ImportError as error:
+        print(f"genscore: error: {error}", file=sys.stderr)
+        return 2
+    from genscore_core.scorer import GenerativeScorer
+
+    limits = ServerLimits(**{field: getattr(args, flag) for flag, field in _LIMIT_FLAGS.items()})
+    settings: dict[str, Any] = {
+        "template": args.template,
+        "instruction": args.instruction,
+        "max_length": args.max_length,
+        "device": args.device,
+        "dtype": args.dtype,
+    }
+    if args.batch_tokens is not None:
+        settings["max_batch_tokens"] = args.batch_tokens
+    scorer = GenerativeScorer(args.model, **settings)
+    app = create_app(scorer, limits, served_model_name=args.served_model_name)
+    if not _is_loopback(args.host):
+        print(
+            f"genscore: listening on {args.host}: anyone who can reach port {args.port} can use the model; "
+            "genscore serve has no authentication, so put it behind a proxy or firewall",
+            file=sys.stderr,
+        )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

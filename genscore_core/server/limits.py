@@ -1,0 +1,26 @@
+"""What one server accepts and how it batches: every limit is a setting, and exceeding one is a 4xx."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ServerLimits(BaseModel):
+    """Request limits and batching settings of ``genscore serve``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_items_per_request: int = Field(default=1024, gt=0)
+    """Most items (``/generative_scoring``) or documents (``/v1/rerank``) in one request; more is a 400."""
+    max_prompt_tokens_per_request: int = Field(default=262_144, gt=0)
+    """Most prompt tokens of one request, all items together, after templating and truncation; more
+    is a 400. Each prompt is also cut to the scorer's ``max_length``."""
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    """Largest request body; more is a 413, answered before the body is parsed."""
+    batch_max_tokens: int = Field(default=32_768, gt=0)
+    """Prompt tokens gathered from concurrent requests into one engine call (one request larger than
+    this runs alone)."""
+    batch_max_wait_ms: float = Field(default=2.0, ge=0)
+    """How long the first request of a batch waits for others; 0 takes only what is already queued."""
+    max_queued_requests: int = Field(default=4096, gt=0)
+    """Requests waiting to be scored; beyond this new ones get a 503 (with ``Retry-After``)."""

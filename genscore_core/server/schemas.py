@@ -1,0 +1,93 @@
+"""Request and response bodies of the server besides the generative scoring protocol."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# The ``type`` of the error body for each status, as OpenAI-compatible servers name them.
+ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestTooLargeError",
+    422: "UnprocessableEntityError",
+    503: "ServiceUnavailableError",
+}
+
+
+def error_body(message: str, code: int) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param": null, "code"}}``, the body the seed answers errors with."""
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(code, "InternalServerError" if code >= 500 else "BadRequestError"),
+            "param": None,
+            "code": code,
+        }
+    }
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankRequest(BaseModel):
+    """The rerank shape of Cohere, Jina and vLLM (``/v1/rerank``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    query: str
+    documents: list[str | RerankDocument]
+    """Texts, or objects with a ``text`` field."""
+    top_n: int | None = Field(default=None, ge=0)
+    """Return the best N only; ``None`` or 0 returns all."""
+    return_documents: bool = False
+    """Put each document's text in its result."""
+    score_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Drop results scoring below this (a genscore extension)."""
+
+    def texts(self) -> list[str]:
+        return [doc if isinstance(doc, str) else doc.text for doc in self.documents]
+
+
+class RerankResult(BaseModel):
+    index: int
+    """Position of the document in the request."""
+    relevance_score: float
+    """Probability of the positive label, in [0, 1]."""
+    document: RerankDocument | None = None
+
+
+class RerankUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str = Field(default_factory=lambda: f"rerank-{uuid.uuid4().hex[:16]}")
+    model: str
+    results: list[RerankResult]
+    """Best first; ties keep request order."""
+    usage: RerankUsage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "genscore"
+    root: str
+    """The model's hub id or folder."""
+    max_model_len: int
+    """Longest prompt; longer ones are truncated, keeping the template's suffix."""
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
