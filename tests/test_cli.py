@@ -51,7 +51,17 @@ def test_rerank_json_lines_file_carries_fields_and_top_n(tiny_model_dir: Path, t
     path = tmp_path / "docs.jsonl"
     records = [{"text": f"document number {i}", "id": f"doc-{i}", "meta": {"n": i}} for i in range(40)]
     path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    result = _run("rerank", "--model", str(tiny_model_dir), "--query", "number", "--documents", str(path), "--top-n", "5")
+    result = _run(
+        "rerank",
+        "--model",
+        str(tiny_model_dir),
+        "--query",
+        "number",
+        "--documents",
+        str(path),
+        "--top-n",
+        "5",
+    )
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(lines) == 5
@@ -66,7 +76,10 @@ def test_rerank_json_lines_file_carries_fields_and_top_n(tiny_model_dir: Path, t
     [
         ("", "stdin: no documents to rerank"),
         ('{"text": "ok"}\n{"text": broken}\n', "stdin, line 2: invalid JSON"),
-        ('{"text": "ok"}\n\n{"title": "no text"}\n', "stdin, line 3: expected a JSON object with a string 'text' field"),
+        (
+            '{"text": "ok"}\n\n{"title": "no text"}\n',
+            "stdin, line 3: expected a JSON object with a string 'text' field",
+        ),
         ('{"text": "ok", "score": 3}\n', "stdin, line 1: field 'score' is reserved"),
     ],
 )
@@ -79,6 +92,14 @@ def test_bad_input_is_one_line_and_exit_2(tiny_model_dir: Path, stdin: str, mess
 
 
 def test_unreadable_file(tiny_model_dir: Path, tmp_path: Path) -> None:
-    result = _run("rerank", "--model", str(tiny_model_dir), "--query", "q", "--documents", str(tmp_path / "missing.jsonl"))
+    result = _run(
+        "rerank",
+        "--model",
+        str(tiny_model_dir),
+        "--query",
+        "q",
+        "--documents",
+        str(tmp_path / "missing.jsonl"),
+    )
     assert result.returncode == 2
     assert "cannot read" in result.stderr and "missing.jsonl" in result.stderr

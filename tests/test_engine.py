@@ -109,7 +109,12 @@ class _ShapeRecorder(TorchDispatchMode):
 @pytest.mark.parametrize("apply_softmax", [True, False])
 def test_no_vocabulary_sized_activation_is_allocated(scorer: GenerativeScorer, apply_softmax: bool) -> None:
     vocab = scorer.vocab_size
-    request = {"query": "capital", "items": DOCS, "label_token_ids": [9693, 2152], "apply_softmax": apply_softmax}
+    request = {
+        "query": "capital",
+        "items": DOCS,
+        "label_token_ids": [9693, 2152],
+        "apply_softmax": apply_softmax,
+    }
     with _ShapeRecorder() as recorder:
         scorer.score(request)
         scorer.rerank("capital", DOCS)
@@ -158,7 +163,9 @@ def test_rerank_orders_and_filters(scorer: GenerativeScorer) -> None:
     assert [r.index for r in ranked] == sorted(range(len(DOCS)), key=lambda i: -scores[i])
     assert [r.score for r in ranked] == sorted(scores, reverse=True)
     assert all(0.0 <= r.score <= 1.0 for r in ranked)
-    assert [r.index for r in scorer.rerank("capital of France", DOCS, top_n=2)] == [r.index for r in ranked][:2]
+    assert [r.index for r in scorer.rerank("capital of France", DOCS, top_n=2)] == [r.index for r in ranked][
+        :2
+    ]
     threshold = sorted(scores)[3]
     kept = scorer.rerank("capital of France", DOCS, score_threshold=threshold)
     assert {r.index for r in kept} == {i for i, s in enumerate(scores) if s >= threshold}

@@ -32,7 +32,9 @@ def _text(rng: random.Random, n_words: int) -> str:
     return " ".join(words) + rng.choice([".", "?", "!", "", "\n"])
 
 
-def test_official_recipe_parity_fp32(scorer: GenerativeScorer, reference_model: tuple[object, object]) -> None:
+def test_official_recipe_parity_fp32(
+    scorer: GenerativeScorer, reference_model: tuple[object, object]
+) -> None:
     rng = random.Random(7)
     queries = [_text(rng, n) for n in (3, 8, 15, 40, 1)]
     # Lengths from a word to far past max_length=512, so some pairs are truncated.
@@ -49,11 +51,15 @@ def test_official_recipe_parity_fp32(scorer: GenerativeScorer, reference_model: 
     assert worst <= 1e-5, f"max |score - official| = {worst:.3g}"
 
 
-def test_rerank_matches_official_order(scorer: GenerativeScorer, reference_model: tuple[object, object]) -> None:
+def test_rerank_matches_official_order(
+    scorer: GenerativeScorer, reference_model: tuple[object, object]
+) -> None:
     model, tokenizer = reference_model
     query = "What is the capital of France?"
     docs = ["Paris is the capital of France.", "Berlin is in Germany.", "The Thames flows through London."]
-    expected = official_qwen3_scores(model, tokenizer, [(query, d) for d in docs], max_length=scorer.max_length)
+    expected = official_qwen3_scores(
+        model, tokenizer, [(query, d) for d in docs], max_length=scorer.max_length
+    )
     ranked = scorer.rerank(query, docs)
     assert [r.index for r in ranked] == sorted(range(3), key=lambda i: -expected[i])
     for result in ranked:
@@ -79,16 +85,24 @@ def test_true_probability_against_float64_log_softmax(
         assert entry.score == pytest.approx(expected, rel=1e-4, abs=1e-9)
 
 
-def test_k_label_softmax_against_float64(scorer: GenerativeScorer, reference_model: tuple[object, object]) -> None:
+def test_k_label_softmax_against_float64(
+    scorer: GenerativeScorer, reference_model: tuple[object, object]
+) -> None:
     model, _ = reference_model
     labels = [9693, 2152, 9454, 2753, 16]
-    response = scorer.score({"query": [100, 200, 300], "items": [[400, 500], [600], [7, 8, 9, 10]], "label_token_ids": labels})
+    response = scorer.score(
+        {"query": [100, 200, 300], "items": [[400, 500], [600], [7, 8, 9, 10]], "label_token_ids": labels}
+    )
     for entry, item in zip(response.data, [[400, 500], [600], [7, 8, 9, 10]], strict=True):
-        assert entry.score == pytest.approx(label_softmax_prob(model, [100, 200, 300, *item], labels), abs=1e-6)
+        assert entry.score == pytest.approx(
+            label_softmax_prob(model, [100, 200, 300, *item], labels), abs=1e-6
+        )
 
 
 @pytest.mark.parametrize("item_first", [False, True])
-def test_seed_examples(scorer: GenerativeScorer, reference_model: tuple[object, object], item_first: bool) -> None:
+def test_seed_examples(
+    scorer: GenerativeScorer, reference_model: tuple[object, object], item_first: bool
+) -> None:
     model, tokenizer = reference_model
     text = scorer.score(
         {
@@ -106,8 +120,14 @@ def test_seed_examples(scorer: GenerativeScorer, reference_model: tuple[object, 
         prompt = item_ids + query_ids if item_first else query_ids + item_ids
         assert entry.score == pytest.approx(label_softmax_prob(model, prompt, [9454, 2753]), abs=1e-6)
 
-    ids = scorer.score({"query": [100, 200], "items": [[300, 400], [500, 600]], "label_token_ids": [9454, 2753]})
+    ids = scorer.score(
+        {"query": [100, 200], "items": [[300, 400], [500, 600]], "label_token_ids": [9454, 2753]}
+    )
     assert [d.index for d in ids.data] == [0, 1]
     assert all(0.0 < d.score < 1.0 for d in ids.data)
-    assert ids.data[0].score == pytest.approx(label_softmax_prob(model, [100, 200, 300, 400], [9454, 2753]), abs=1e-6)
-    assert ids.data[1].score == pytest.approx(label_softmax_prob(model, [100, 200, 500, 600], [9454, 2753]), abs=1e-6)
+    assert ids.data[0].score == pytest.approx(
+        label_softmax_prob(model, [100, 200, 300, 400], [9454, 2753]), abs=1e-6
+    )
+    assert ids.data[1].score == pytest.approx(
+        label_softmax_prob(model, [100, 200, 500, 600], [9454, 2753]), abs=1e-6
+    )

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from genscore_core import MXBAI_RERANK_V2, QWEN3_RERANKER, GenerativeScorer, PromptTemplate, PromptTooLongError
+from genscore_core import (
+    MXBAI_RERANK_V2,
+    QWEN3_RERANKER,
+    GenerativeScorer,
+    PromptTemplate,
+    PromptTooLongError,
+)
 from genscore_core.prompts import TemplatePromptBuilder, build_raw_prompts, shared_prefix_length
 from genscore_core.protocol import GenerativeScoringRequest
 from genscore_core.templates import get_template, resolve_label_ids
@@ -39,14 +45,19 @@ def test_unknown_template_and_bad_bodies() -> None:
 
 
 def test_instruction_without_placeholder_is_rejected(scorer: GenerativeScorer) -> None:
-    template = PromptTemplate(name="plain", body="Q: {query}\nD: {document}\nRelevant:", label_words=(" yes", " no"))
+    template = PromptTemplate(
+        name="plain", body="Q: {query}\nD: {document}\nRelevant:", label_words=(" yes", " no")
+    )
     with pytest.raises(ValueError, match="no \\{instruction\\} placeholder"):
         TemplatePromptBuilder(scorer.tokenizer, template, max_length=64, instruction="do it")
 
 
 def test_user_template_builds_exact_prompt(scorer: GenerativeScorer) -> None:
     template = PromptTemplate(
-        name="plain", prefix="<|im_start|>", body="Q: {query}\nD: {document}\nRelevant:", label_words=(" yes", " no")
+        name="plain",
+        prefix="<|im_start|>",
+        body="Q: {query}\nD: {document}\nRelevant:",
+        label_words=(" yes", " no"),
     )
     tokenizer = scorer.tokenizer
     builder = TemplatePromptBuilder(tokenizer, template, max_length=64)
@@ -95,7 +106,9 @@ def test_max_length_smaller_than_template(scorer: GenerativeScorer) -> None:
 
 
 def test_raw_mode_shortens_the_item_not_the_tail(scorer: GenerativeScorer) -> None:
-    request = GenerativeScoringRequest(query=[1, 2, 3], items=[[10, 11, 12, 13, 14, 15], [20]], label_token_ids=[5])
+    request = GenerativeScoringRequest(
+        query=[1, 2, 3], items=[[10, 11, 12, 13, 14, 15], [20]], label_token_ids=[5]
+    )
     [long, short] = build_raw_prompts(scorer.tokenizer, request, max_length=6)
     assert long.token_ids == [1, 2, 3, 10, 11, 12] and long.truncated
     assert short.token_ids == [1, 2, 3, 20] and not short.truncated
@@ -107,7 +120,9 @@ def test_raw_mode_shortens_the_item_not_the_tail(scorer: GenerativeScorer) -> No
 
 
 def test_raw_mode_special_tokens_apply_to_the_query_only(scorer: GenerativeScorer) -> None:
-    request = GenerativeScoringRequest(query="hi", items=["there"], label_token_ids=[5], add_special_tokens=False)
+    request = GenerativeScoringRequest(
+        query="hi", items=["there"], label_token_ids=[5], add_special_tokens=False
+    )
     [prompt] = build_raw_prompts(scorer.tokenizer, request, max_length=64)
     tokenizer = scorer.tokenizer
     assert prompt.token_ids == tokenizer.encode("hi", add_special_tokens=False) + tokenizer.encode(
