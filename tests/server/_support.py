@@ -1,0 +1,97 @@
+"""Helpers of the server tests: the seed's requests, limits, and uvicorn on a free loopback port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import uvicorn
+
+from genscore_core.server import ServerLimits
+
+# Limits small enough that tests can cross them cheaply.
+TEST_LIMITS = ServerLimits(
+    max_items_per_request=64,
+    max_prompt_tokens_per_request=20_000,
+    max_body_bytes=256 * 1024,
+    batch_max_tokens=8192,
+    batch_max_wait_ms=2.0,
+)
+
+# The seed's curl examples and error cases, verbatim.
+SEED_TEXT_REQUEST: dict[str, Any] = {
+    "query": "Is this city the capital of France?",
+    "items": ["Paris", "London", "New York", "Dublin", "Berlin"],
+    "label_token_ids": [9454, 2753],
+}
+SEED_TOKEN_REQUEST: dict[str, Any] = {
+    "query": [100, 200],
+    "items": [[300, 400], [500, 600]],
+    "label_token_ids": [9454, 2753],
+}
+SEED_EMPTY_ITEMS_REQUEST: dict[str, Any] = {
+    "query": "test",
+    "items": [],
+    "label_token_ids": [9454, 2753],
+}
+SEED_EMPTY_ITEMS_ERROR = {
+    "error": {
+        "message": "items must contain at least one item.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+}
+
+
+@dataclass
+class LiveServer:
+    url: str
+    app: Any
+    server: uvicorn.Server
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_healthy(url: str, timeout: float = 60.0, alive: Any = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if alive is not None and not alive():
+            raise RuntimeError(f"the server at {url} died while starting")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"no healthy server at {url} after {timeout} s")
+
+
+@contextmanager
+def serve_in_thread(app: Any) -> Iterator[LiveServer]:
+    """Run ``app`` on uvicorn in a background thread, on a socket bound to a free loopback port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_healthy(url, alive=thread.is_alive)
+        yield LiveServer(url, app, server)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()

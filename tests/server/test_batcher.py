@@ -1,0 +1,130 @@
+"""The request batcher with a recording backend: batching by token budget, isolation, back-pressure."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from genscore_core.engine import ScoringJob
+from genscore_core.forward import ProgressCallback
+from genscore_core.server import RequestBatcher, ServerBusyError
+
+
+class RecordingBackend:
+    """Scores each prompt by its first token; records the jobs of every call."""
+
+    def __init__(self, fail_on: int | None = None, delay: float = 0.0) -> None:
+        self.calls: list[list[int]] = []
+        self.fail_on = fail_on
+        self.delay = delay
+        self.release = threading.Event()
+        self.release.set()
+
+    def score_jobs(
+        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
+        self.release.wait(5)
+        self.calls.append([job.prompts[0][0] for job in jobs])
+        if self.fail_on is not None and any(job.prompts[0][0] == self.fail_on for job in jobs):
+            raise RuntimeError(f"cannot score job {self.fail_on}")
+        return [[float(prompt[0]) for prompt in job.prompts] for job in jobs]
+
+
+def job(tag: int, tokens: int = 4, prompts: int = 1) -> ScoringJob:
+    return ScoringJob([[tag] * tokens for _ in range(prompts)], [1, 2])
+
+
+async def test_concurrent_jobs_share_one_call() -> None:
+    backend = RecordingBackend()
+    batcher = RequestBatcher(backend, max_batch_tokens=1000, max_wait_ms=50)
+    batcher.start()
+    try:
+        results = await asyncio.gather(*(batcher.score(job(tag, prompts=2)) for tag in range(5)))
+    finally:
+        await batcher.close()
+    assert results == [[float(tag)] * 2 for tag in range(5)]
+    assert backend.calls == [[0, 1, 2, 3, 4]]
+    assert (
+        batcher.stats.batches == 1 and batcher.stats.largest_batch == 5 and batcher.stats.shared_batches == 1
+    )
+
+
+async def test_token_budget_splits_batches_and_a_big_job_runs_alone() -> None:
+    backend = RecordingBackend()
+    backend.release.clear()  # hold the worker so that every job is queued before the first batch
+    batcher = RequestBatcher(backend, max_batch_tokens=10, max_wait_ms=0)
+    batcher.start()
+    try:
+        tasks = [asyncio.ensure_future(batcher.score(job(tag))) for tag in range(1, 6)]
+        tasks.append(asyncio.ensure_future(batcher.score(job(9, tokens=50))))
+        await asyncio.sleep(0.05)
+        backend.release.set()
+        results = await asyncio.gather(*tasks)
+    finally:
+        await batcher.close()
+    assert results == [[1.0], [2.0], [3.0], [4.0], [5.0], [9.0]]
+    # 4-token jobs pair up within 10 tokens; the 50-token job runs alone rather than being refused.
+    assert backend.calls == [[1, 2], [3, 4], [5], [9]]
+
+
+async def test_a_failing_job_fails_alone() -> None:
+    backend = RecordingBackend(fail_on=3)
+    batcher = RequestBatcher(backend, max_batch_tokens=1000, max_wait_ms=50)
+    batcher.start()
+    try:
+        results = await asyncio.gather(
+            *(batcher.score(job(tag)) for tag in range(1, 5)), return_exceptions=True
+        )
+    finally:
+        await batcher.close()
+    assert results[0] == [1.0] and results[1] == [2.0] and results[3] == [4.0]
+    assert isinstance(results[2], RuntimeError)
+    assert batcher.stats.failures == 1
+
+
+async def test_full_queue_and_shutdown_answer_busy() -> None:
+    backend = RecordingBackend()
+    backend.release.clear()
+    batcher = RequestBatcher(backend, max_batch_tokens=4, max_wait_ms=0, max_queued=2)
+    batcher.start()
+    first = asyncio.ensure_future(batcher.score(job(1)))
+    await asyncio.sleep(0.05)  # taken by the worker, which is held
+    queued = [asyncio.ensure_future(batcher.score(job(tag))) for tag in (2, 3)]
+    await asyncio.sleep(0)
+    with pytest.raises(ServerBusyError, match="already waiting"):
+        await batcher.score(job(4))
+    await batcher.close()
+    backend.release.set()
+    for task in queued:
+        with pytest.raises(ServerBusyError, match="shutting down"):
+            await task
+    first.cancel()
+    with pytest.raises(ServerBusyError, match="not running"):
+        await batcher.score(job(5))
+
+
+async def test_cancelled_requests_are_skipped() -> None:
+    backend = RecordingBackend()
+    backend.release.clear()
+    batcher = RequestBatcher(backend, max_batch_tokens=1000, max_wait_ms=0)
+    batcher.start()
+    try:
+        first = asyncio.ensure_future(batcher.score(job(1)))
+        await asyncio.sleep(0.05)
+        gone = asyncio.ensure_future(batcher.score(job(2)))
+        kept = asyncio.ensure_future(batcher.score(job(3)))
+        await asyncio.sleep(0)
+        gone.cancel()
+        backend.release.set()
+        assert await first == [1.0] and await kept == [3.0]
+    finally:
+        await batcher.close()
+    assert backend.calls == [[1], [3]]
+
+
+async def test_empty_job_needs_no_batch() -> None:
+    batcher = RequestBatcher(RecordingBackend())
+    assert await batcher.score(ScoringJob([], [1])) == []

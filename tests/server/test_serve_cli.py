@@ -1,0 +1,90 @@
+"""``genscore serve`` as users start it (the console script, in a subprocess), answering the seed's curls."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from genscore_core import GenerativeScorer
+
+from ._support import (
+    SEED_EMPTY_ITEMS_ERROR,
+    SEED_EMPTY_ITEMS_REQUEST,
+    SEED_TEXT_REQUEST,
+    SEED_TOKEN_REQUEST,
+    free_port,
+    wait_healthy,
+)
+
+GENSCORE = shutil.which("genscore")
+CURL = shutil.which("curl")
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path) -> Iterator[str]:
+    assert GENSCORE is not None, "the genscore console script is not installed"
+    port = free_port()
+    command = [
+        GENSCORE, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--max-length", "512",
+        "--device", "cpu", "--dtype", "float32", "--log-level", "warning",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout=120, alive=lambda: process.poll() is None)
+        yield url
+    finally:
+        process.send_signal(signal.SIGINT)  # uvicorn shuts down gracefully on Ctrl-C
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def curl(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The seed's curl command line, verbatim apart from host and port."""
+    assert CURL is not None
+    result = subprocess.run(
+        [CURL, "-s", "-w", "\n%{http_code}", "-X", "POST", f"{url}{path}",
+         "-H", "Content-Type: application/json", "-d", json.dumps(body)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    text, _, status = result.stdout.rpartition("\n")
+    return int(status), json.loads(text)
+
+
+@pytest.mark.skipif(CURL is None, reason="curl is not installed")
+def test_seed_curl_examples_against_genscore_serve(served: str, scorer: GenerativeScorer) -> None:
+    for request in (SEED_TEXT_REQUEST, SEED_TOKEN_REQUEST):
+        status, body = curl(served, "/generative_score", request)
+        assert status == 200, body
+        assert body["object"] == "list" and body["id"].startswith("generative-score-")
+        assert [d["index"] for d in body["data"]] == list(range(len(request["items"])))
+        expected = [d.score for d in scorer.score(request).data]
+        # Another process, same model and kernels: the same numbers.
+        assert [d["score"] for d in body["data"]] == pytest.approx(expected, abs=1e-6)
+    status, body = curl(served, "/generative_score", SEED_EMPTY_ITEMS_REQUEST)
+    assert (status, body) == (400, SEED_EMPTY_ITEMS_ERROR)
+    missing = {k: v for k, v in SEED_TEXT_REQUEST.items() if k != "label_token_ids"}
+    status, body = curl(served, "/generative_scoring", missing)
+    assert status == 422 and "label_token_ids" in body["error"]["message"]
+
+
+def test_serve_rejects_bad_arguments() -> None:
+    assert GENSCORE is not None
+    result = subprocess.run(
+        [GENSCORE, "serve", "--port", "8000"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and "--model" in result.stderr
+    result = subprocess.run(
+        [GENSCORE, "serve", "--model", "x", "--port", "70000"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and "port" in result.stderr

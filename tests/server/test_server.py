@@ -1,0 +1,233 @@
+"""``genscore serve`` on a real uvicorn socket: the seed's examples and errors, limits, rerank, health."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from genscore_core import GenerativeScorer
+
+from ._support import (
+    SEED_EMPTY_ITEMS_ERROR,
+    SEED_EMPTY_ITEMS_REQUEST,
+    SEED_TEXT_REQUEST,
+    SEED_TOKEN_REQUEST,
+    TEST_LIMITS,
+)
+
+PATHS = ["/generative_score", "/generative_scoring"]
+DOCUMENTS = [
+    "Paris is the capital and largest city of France.",
+    "Berlin is the capital of Germany.",
+    "The Eiffel Tower is in Paris.",
+    "Lyon is known for its cuisine.",
+]
+
+
+def _assert_error(response: httpx.Response, code: int, message_start: str = "") -> dict[str, Any]:
+    assert response.status_code == code, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code and error["param"] is None
+    assert error["message"].startswith(message_start), error["message"]
+    return dict(error)
+
+
+def _assert_response_shape(body: dict[str, Any], count: int, model: str) -> None:
+    assert set(body) == {"id", "object", "created", "model", "data", "usage"}
+    assert body["id"].startswith("generative-score-")
+    assert body["object"] == "list" and isinstance(body["created"], int) and body["model"] == model
+    assert [entry["index"] for entry in body["data"]] == list(range(count))
+    for entry in body["data"]:
+        assert set(entry) == {"index", "object", "score"} and entry["object"] == "score"
+        assert 0.0 <= entry["score"] <= 1.0
+    usage = body["usage"]
+    assert set(usage) == {"prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details"}
+    assert usage["completion_tokens"] == 0 and usage["prompt_tokens_details"] is None
+    assert usage["total_tokens"] == usage["prompt_tokens"] > 0
+
+
+def _scores(body: dict[str, Any]) -> list[float]:
+    return [entry["score"] for entry in body["data"]]
+
+
+# -- the seed's examples ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_seed_text_example(client: httpx.Client, scorer: GenerativeScorer, path: str) -> None:
+    response = client.post(path, json=SEED_TEXT_REQUEST)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    _assert_response_shape(body, 5, scorer.config.model)
+    # Exactly what the library answers for the same request (a batch of one either way).
+    assert _scores(body) == [d.score for d in scorer.score(SEED_TEXT_REQUEST).data]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_seed_pretokenized_example(client: httpx.Client, scorer: GenerativeScorer, path: str) -> None:
+    response = client.post(path, json=SEED_TOKEN_REQUEST)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    _assert_response_shape(body, 2, scorer.config.model)
+    assert body["usage"]["prompt_tokens"] == 8  # as in the seed: 2 prompts of 2 + 2 tokens
+    assert _scores(body) == [d.score for d in scorer.score(SEED_TOKEN_REQUEST).data]
+
+
+def test_model_name_is_echoed(client: httpx.Client) -> None:
+    body = client.post("/generative_scoring", json={**SEED_TOKEN_REQUEST, "model": "my-reranker"}).json()
+    assert body["model"] == "my-reranker"
+
+
+def test_identical_requests_give_identical_scores(client: httpx.Client) -> None:
+    answers = [_scores(client.post("/generative_score", json=SEED_TEXT_REQUEST).json()) for _ in range(3)]
+    assert answers[0] == answers[1] == answers[2]
+
+
+def test_options_change_the_scores_as_the_protocol_says(
+    client: httpx.Client, scorer: GenerativeScorer
+) -> None:
+    for options in ({"apply_softmax": False}, {"item_first": True}, {"add_special_tokens": False}):
+        request = {**SEED_TEXT_REQUEST, **options}
+        body = client.post("/generative_scoring", json=request).json()
+        assert _scores(body) == [d.score for d in scorer.score(request).data], options
+
+
+# -- the seed's errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_empty_items_is_the_seeds_400(client: httpx.Client, path: str) -> None:
+    response = client.post(path, json=SEED_EMPTY_ITEMS_REQUEST)
+    assert response.status_code == 400
+    assert response.json() == SEED_EMPTY_ITEMS_ERROR
+
+
+def test_out_of_vocabulary_label_is_400(client: httpx.Client, scorer: GenerativeScorer) -> None:
+    response = client.post("/generative_score", json={**SEED_TEXT_REQUEST, "label_token_ids": [9454, 10**6]})
+    error = _assert_error(
+        response, 400, f"label_token_id 1000000 is out of vocabulary range [0, {scorer.vocab_size})."
+    )
+    assert error["type"] == "BadRequestError"
+
+
+def test_empty_label_ids_is_400(client: httpx.Client) -> None:
+    response = client.post("/generative_score", json={**SEED_TEXT_REQUEST, "label_token_ids": []})
+    error = _assert_error(response, 400, "label_token_ids must contain at least one token ID.")
+    assert error["type"] == "BadRequestError"
+
+
+def test_missing_label_ids_is_422(client: httpx.Client) -> None:
+    request = {key: value for key, value in SEED_TEXT_REQUEST.items() if key != "label_token_ids"}
+    error = _assert_error(client.post("/generative_score", json=request), 422)
+    assert "label_token_ids" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b"[1, 2]", json.dumps({**SEED_TEXT_REQUEST, "items": 5}).encode()],
+    ids=["invalid-json", "not-an-object", "wrong-type"],
+)
+def test_malformed_bodies_are_422(client: httpx.Client, content: bytes) -> None:
+    response = client.post(
+        "/generative_scoring", content=content, headers={"content-type": "application/json"}
+    )
+    _assert_error(response, 422)
+
+
+def test_mixed_item_kinds_are_400(client: httpx.Client) -> None:
+    response = client.post("/generative_scoring", json={**SEED_TEXT_REQUEST, "items": ["Paris", [1, 2]]})
+    _assert_error(response, 400, "items must be all text or all token-id lists")
+
+
+def test_unknown_path_uses_the_error_body(client: httpx.Client) -> None:
+    error = _assert_error(client.post("/v1/nothing", json={}), 404)
+    assert error["type"] == "NotFoundError"
+
+
+# -- limits -----------------------------------------------------------------------------------------
+
+
+def test_too_many_items_is_a_clear_400(client: httpx.Client) -> None:
+    count = TEST_LIMITS.max_items_per_request + 1
+    request = {"query": [1, 2], "items": [[3]] * count, "label_token_ids": [9454, 2753]}
+    _assert_error(client.post("/generative_scoring", json=request), 400, f"items has {count} entries")
+    rerank = {"query": "q", "documents": ["d"] * count}
+    _assert_error(client.post("/v1/rerank", json=rerank), 400, f"documents has {count} entries")
+
+
+def test_too_many_prompt_tokens_is_a_clear_400(client: httpx.Client) -> None:
+    # 50 prompts of 401 tokens: under the item limit, over the 20,000-token limit.
+    request = {"query": [7] * 400, "items": [[8]] * 50, "label_token_ids": [9454, 2753]}
+    error = _assert_error(
+        client.post("/generative_scoring", json=request), 400, "the request's prompts total"
+    )
+    assert "at most 20000" in error["message"]
+
+
+def test_oversized_body_is_413_declared_or_streamed(client: httpx.Client) -> None:
+    big = json.dumps({**SEED_TEXT_REQUEST, "query": "x" * (TEST_LIMITS.max_body_bytes + 10)}).encode()
+    declared = client.post("/generative_scoring", content=big, headers={"content-type": "application/json"})
+    _assert_error(declared, 413, "request body is")
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit is enforced while reading
+        for start in range(0, len(big), 16384):
+            yield big[start : start + 16384]
+
+    streamed = client.post(
+        "/generative_scoring", content=chunks(), headers={"content-type": "application/json"}
+    )
+    _assert_error(streamed, 413, "request body is more")
+    assert client.get("/health").status_code == 200  # and the server carries on
+
+
+# -- rerank, health, models -------------------------------------------------------------------------
+
+
+def test_rerank_endpoint_matches_the_library(client: httpx.Client, scorer: GenerativeScorer) -> None:
+    query = "What is the capital of France?"
+    response = client.post(
+        "/v1/rerank", json={"query": query, "documents": DOCUMENTS, "top_n": 2, "return_documents": True}
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["id"].startswith("rerank-") and body["model"] == scorer.config.model
+    expected = scorer.rerank(query, DOCUMENTS, top_n=2)
+    assert [(r["index"], r["relevance_score"]) for r in body["results"]] == [
+        (r.index, r.score) for r in expected
+    ]
+    assert [r["document"] for r in body["results"]] == [{"text": DOCUMENTS[r.index]} for r in expected]
+    assert body["usage"]["total_tokens"] == sum(p.prompt_tokens for p in scorer.rerank(query, DOCUMENTS))
+
+
+def test_rerank_endpoint_defaults_and_variants(client: httpx.Client) -> None:
+    query = "capital of France"
+    every = client.post("/rerank", json={"query": query, "documents": DOCUMENTS}).json()["results"]
+    assert sorted(r["index"] for r in every) == list(range(len(DOCUMENTS)))
+    assert all("document" not in r for r in every)  # only when asked for
+    assert [r["relevance_score"] for r in every] == sorted(
+        (r["relevance_score"] for r in every), reverse=True
+    )
+    objects = [{"text": doc} for doc in DOCUMENTS]
+    as_objects = client.post("/v1/rerank", json={"query": query, "documents": objects, "top_n": 0}).json()
+    assert as_objects["results"] == every  # top_n 0 keeps all, as vLLM reads it
+    assert client.post("/v1/rerank", json={"query": query, "documents": []}).json()["results"] == []
+    _assert_error(client.post("/v1/rerank", json={"query": query, "documents": DOCUMENTS, "top_n": -1}), 422)
+
+
+def test_health_and_models(client: httpx.Client, scorer: GenerativeScorer) -> None:
+    health = client.get("/health")
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list"
+    [card] = models["data"]
+    assert card["id"] == scorer.config.model and card["object"] == "model"
+    assert card["max_model_len"] == scorer.max_length == 512
+    stats = client.get("/stats").json()
+    assert stats["requests"] >= 1 and stats["queued"] == 0
