@@ -1,0 +1,6 @@
+"""Framework adapters for genscore's engine.
+
+Each adapter lives in its own module and imports its framework only when that module is imported:
+``genscore_integrations.langchain`` (``pip install "genscore[langchain]"``) and
+``genscore_integrations.llama_index`` (``pip install "genscore[llama-index]"``).
+"""

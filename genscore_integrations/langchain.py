@@ -1,0 +1,245 @@
+"""LangChain adapters: rerank retrieved documents with a causal-LM reranker (Qwen3-Reranker style).
+
+* :class:`GenerativeReranker` is a ``BaseDocumentCompressor``: put it in a
+  ``ContextualCompressionRetriever`` (``langchain-classic``) behind any retriever.
+* :class:`GenerativeCrossEncoder` is a ``BaseCrossEncoder``, for LangChain's own ``CrossEncoderReranker``.
+
+Both are thin: they turn documents into strings, call a :class:`~genscore_core.GenerativeScorer`
+and copy the documents with the scores attached. All scoring happens in ``genscore_core``.
+
+Example:
+    >>> from langchain_classic.retrievers import ContextualCompressionRetriever  # doctest: +SKIP
+    >>> reranker = GenerativeReranker(model="Qwen/Qwen3-Reranker-0.6B", top_n=3)  # doctest: +SKIP
+    >>> retriever = ContextualCompressionRetriever(
+    ...     base_compressor=reranker, base_retriever=vector_store.as_retriever(search_kwargs={"k": 20})
+    ... )  # doctest: +SKIP
+    >>> retriever.invoke("What is the capital of France?")[0].metadata["relevance_score"]  # doctest: +SKIP
+    0.97...
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from copy import deepcopy
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from genscore_core import GenerativeScorer, RankedResult, RankedResults, ScorerConfig
+
+try:
+    from langchain_core.callbacks import Callbacks
+    from langchain_core.cross_encoders import BaseCrossEncoder
+    from langchain_core.documents import BaseDocumentCompressor, Document
+except ImportError as exc:
+    raise ImportError(
+        "genscore_integrations.langchain needs langchain-core; install it with: "
+        'pip install "genscore[langchain]"'
+    ) from exc
+
+__all__ = ["RELEVANCE_SCORE_KEY", "TRUNCATED_KEY", "GenerativeCrossEncoder", "GenerativeReranker"]
+
+RELEVANCE_SCORE_KEY = "relevance_score"
+"""Metadata key of the score, a probability in [0, 1] (LangChain's convention for rerankers)."""
+TRUNCATED_KEY = "genscore_truncated"
+"""Metadata key of the flag telling whether the document was shortened to fit the prompt length."""
+
+
+def _scorer_setting_names() -> frozenset[str]:
+    """Names that configure a new scorer: the fields of ScorerConfig and the scorer's keyword arguments."""
+    names = set(ScorerConfig.model_fields)
+    for name, param in inspect.signature(GenerativeScorer.__init__).parameters.items():
+        if name != "self" and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            names.add(name)
+    return frozenset(names)
+
+
+_SCORER_SETTINGS = _scorer_setting_names()
+
+
+def _build_scorer(data: Any, owner: type[BaseModel]) -> Any:
+    """Replace model settings in a constructor's input by a ``scorer`` built from them.
+
+    Unknown names are rejected here, before a model is loaded for nothing.
+    """
+    if not isinstance(data, dict):
+        return data
+    unknown = [key for key in data if key not in owner.model_fields and key not in _SCORER_SETTINGS]
+    if unknown:
+        raise ValueError(
+            f"{owner.__name__} got unknown argument(s) {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(owner.model_fields)} or the settings of a new scorer: "
+            f"{', '.join(sorted(_SCORER_SETTINGS))}"
+        )
+    settings = {key: value for key, value in data.items() if key in _SCORER_SETTINGS}
+    rest = {key: value for key, value in data.items() if key not in _SCORER_SETTINGS}
+    if "scorer" in rest:
+        if settings:
+            raise ValueError(
+                f"{owner.__name__} takes either a ready scorer= or the settings to build one "
+                f"({', '.join(sorted(settings))}), not both; put the settings on the scorer instead"
+            )
+        return data
+    model = settings.pop("model", None)
+    rest["scorer"] = GenerativeScorer(model, **settings)
+    return rest
+
+
+class GenerativeReranker(BaseDocumentCompressor):
+    """Reranks documents by a causal LM's probability of the "yes" label (Qwen3-Reranker style).
+
+    Build it from a ready :class:`~genscore_core.GenerativeScorer`, so that several adapters share
+    one loaded model, or from the settings a scorer takes (``model``, ``template``, ``instruction``,
+    ``device``, ``dtype``, ``max_length``, ... or ``config``); passing both is an error, and so is
+    any unknown name.
+
+    The returned documents are copies, best first (ties keep input order). Each keeps its ``id``
+    and a deep copy of its metadata, plus ``metadata["relevance_score"]`` (a probability in [0, 1])
+    and ``metadata["genscore_truncated"]`` (whether the document was shortened to fit
+    ``max_length``). The input documents are never changed.
+
+    Example:
+        >>> from genscore_core import GenerativeScorer  # doctest: +SKIP
+        >>> scorer = GenerativeScorer("Qwen/Qwen3-Reranker-0.6B", device="cuda")  # doctest: +SKIP
+        >>> reranker = GenerativeReranker(scorer=scorer, top_n=2)  # doctest: +SKIP
+        >>> from langchain_core.documents import Document
+        >>> docs = [Document("Berlin is in Germany."), Document("Paris is the capital of France.")]
+        >>> best = reranker.compress_documents(docs, "capital of France")  # doctest: +SKIP
+        >>> best[0].page_content, round(best[0].metadata["relevance_score"], 2)  # doctest: +SKIP
+        ('Paris is the capital of France.', 0.99)
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    scorer: GenerativeScorer
+    """The engine that scores; built from the model settings when not given."""
+    top_n: Annotated[int, Field(ge=1, strict=True)] | None = 3
+    """Most documents to return (3, as in LangChain's other rerankers); ``None`` keeps them all."""
+    score_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    """Drop documents scoring below this probability; ``None`` keeps every score."""
+
+    if TYPE_CHECKING:  # the signature type checkers see: a scorer, or the settings to build one
+
+        def __init__(
+            self,
+            *,
+            scorer: GenerativeScorer = ...,
+            top_n: int | None = 3,
+            score_threshold: float | None = None,
+            model: str | None = None,
+            config: ScorerConfig | None = None,
+            **settings: Any,
+        ) -> None: ...
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scorer_from_settings(cls, data: Any) -> Any:
+        return _build_scorer(data, cls)
+
+    def compress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> list[Document]:
+        """Rerank ``documents`` for ``query``.
+
+        Args:
+            documents: The retrieved documents; their ``page_content`` is scored.
+            query: The query to score the documents against.
+            callbacks: Accepted for LangChain's interface; the reranker emits no events of its own
+                (a ``ContextualCompressionRetriever`` reports the run around it).
+
+        Returns:
+            Copies of at most ``top_n`` documents scoring at least ``score_threshold``, best first.
+        """
+        documents = list(documents)
+        if not documents:
+            return []
+        ranked = self.scorer.rerank(
+            query,
+            [doc.page_content for doc in documents],
+            top_n=self.top_n,
+            score_threshold=self.score_threshold,
+        )
+        return _ranked_documents(documents, ranked)
+
+    async def acompress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> list[Document]:
+        """Async :meth:`compress_documents`: scoring runs off the event loop, which keeps running."""
+        documents = list(documents)
+        if not documents:
+            return []
+        ranked = await self.scorer.arerank(
+            query,
+            [doc.page_content for doc in documents],
+            top_n=self.top_n,
+            score_threshold=self.score_threshold,
+        )
+        return _ranked_documents(documents, ranked)
+
+
+def _ranked_documents(documents: list[Document], ranked: RankedResults) -> list[Document]:
+    return [_with_score(documents[result.index], result) for result in ranked]
+
+
+def _with_score(document: Document, result: RankedResult) -> Document:
+    """A copy of ``document`` (same class, ``id`` and fields) with deep-copied, annotated metadata."""
+    metadata = deepcopy(document.metadata)
+    metadata[RELEVANCE_SCORE_KEY] = result.score
+    metadata[TRUNCATED_KEY] = result.truncated
+    return document.model_copy(update={"metadata": metadata})
+
+
+class GenerativeCrossEncoder(BaseCrossEncoder, BaseModel):
+    """A causal-LM reranker behind LangChain's ``BaseCrossEncoder`` interface.
+
+    Takes a ready ``scorer=`` or the settings to build one, like :class:`GenerativeReranker`.
+
+    Example:
+        >>> from langchain_classic.retrievers.document_compressors import (  # doctest: +SKIP
+        ...     CrossEncoderReranker,
+        ... )
+        >>> encoder = GenerativeCrossEncoder(model="Qwen/Qwen3-Reranker-0.6B")  # doctest: +SKIP
+        >>> encoder.score([("capital of France", "Paris is the capital of France.")])  # doctest: +SKIP
+        [0.99...]
+        >>> reranker = CrossEncoderReranker(model=encoder, top_n=3)  # doctest: +SKIP
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    scorer: GenerativeScorer
+    """The engine that scores; built from the model settings when not given."""
+
+    if TYPE_CHECKING:  # the signature type checkers see: a scorer, or the settings to build one
+
+        def __init__(
+            self,
+            *,
+            scorer: GenerativeScorer = ...,
+            model: str | None = None,
+            config: ScorerConfig | None = None,
+            **settings: Any,
+        ) -> None: ...
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scorer_from_settings(cls, data: Any) -> Any:
+        return _build_scorer(data, cls)
+
+    def score(self, text_pairs: list[tuple[str, str]]) -> list[float]:
+        """Probability in [0, 1] that each (query, document) pair is relevant, in input order."""
+        if not text_pairs:
+            return []
+        return self.scorer.score_pairs(text_pairs)
+
+    async def ascore(self, text_pairs: list[tuple[str, str]]) -> list[float]:
+        """Async :meth:`score`: scoring runs off the event loop."""
+        if not text_pairs:
+            return []
+        return await self.scorer.ascore_pairs(text_pairs)

@@ -1,0 +1,527 @@
+"""LangChain adapters on the tiny random Qwen3: mapping, contracts, async, and real retrieval pipelines.
+
+Random weights carry no relevance signal, so every expectation is computed independently with the
+engine itself (``scorer.rerank`` / ``scorer.score_pairs``) rather than assumed from the texts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from unittest import mock
+from uuid import UUID
+
+import pytest
+from langchain_classic.retrievers import ContextualCompressionRetriever
+from langchain_classic.retrievers.document_compressors import CrossEncoderReranker
+from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager, Callbacks
+from langchain_core.cross_encoders import BaseCrossEncoder
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_core.vectorstores import InMemoryVectorStore
+from pydantic import PrivateAttr, ValidationError
+
+import genscore_integrations.langchain as lc
+from genscore_core import GenerativeScorer, InvalidRequestError, RankedResult, RankedResults, ScorerConfig
+from genscore_integrations.langchain import GenerativeCrossEncoder, GenerativeReranker
+
+QUERY = "Which river flows through Paris?"
+
+TEXTS = [
+    "The Seine flows through Paris before reaching the English Channel.",
+    "Berlin is the capital of Germany and lies on the Spree.",
+    "The Loire is the longest river in France.",
+    "Paris hosted the Summer Olympics in 1900, 1924 and 2024.",
+    "The Thames flows through London.",
+    "Croissants are a staple of French bakeries.",
+    "The Rhône rises in the Swiss Alps and flows into the Mediterranean.",
+]
+
+
+@pytest.fixture
+def docs() -> list[Document]:
+    return [
+        Document(
+            page_content=text,
+            id=f"doc-{i}",
+            metadata={"source": f"wiki/{i}", "tags": ["geo", str(i)], "nested": {"rank": i}},
+        )
+        for i, text in enumerate(TEXTS)
+    ]
+
+
+def ids(documents: Iterable[Document]) -> list[str | None]:
+    return [d.id for d in documents]
+
+
+def expected(scorer: GenerativeScorer, documents: Sequence[Document], **options: Any) -> RankedResults:
+    """The engine's own ranking of the documents' texts: what the adapter must reproduce."""
+    return scorer.rerank(QUERY, [d.page_content for d in documents], **options)
+
+
+def mock_scorer() -> Any:
+    """A stand-in that passes the ``scorer`` field's isinstance check."""
+    return mock.create_autospec(GenerativeScorer, instance=True)
+
+
+# -- public surface and construction -----------------------------------------------------------------
+
+
+def test_public_api() -> None:
+    assert lc.__all__ == [
+        "RELEVANCE_SCORE_KEY",
+        "TRUNCATED_KEY",
+        "GenerativeCrossEncoder",
+        "GenerativeReranker",
+    ]
+    assert issubclass(GenerativeReranker, BaseDocumentCompressor)
+    assert issubclass(GenerativeCrossEncoder, BaseCrossEncoder)
+    assert GenerativeReranker.model_fields["top_n"].default == 3
+    assert GenerativeReranker.model_fields["score_threshold"].default is None
+
+
+def test_missing_langchain_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in sys.modules if n == "langchain_core" or n.startswith("langchain_core.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.delitem(sys.modules, "genscore_integrations.langchain")
+    with pytest.raises(ImportError, match=r'pip install "genscore\[langchain\]"') as info:
+        importlib.import_module("genscore_integrations.langchain")
+    assert isinstance(info.value.__cause__, ImportError)
+
+
+def test_package_import_does_not_load_frameworks() -> None:
+    code = "import sys, genscore_integrations; print(sorted(m for m in sys.modules if m.startswith('langchain')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_built_from_model_settings(
+    tiny_model_dir: Path, scorer: GenerativeScorer, docs: list[Document]
+) -> None:
+    reranker = GenerativeReranker(
+        model=str(tiny_model_dir),
+        template="qwen3-reranker",
+        instruction="Given a question, find passages that answer it",
+        device="cpu",
+        dtype="float32",
+        max_length=512,
+        top_n=2,
+    )
+    config = reranker.scorer.config
+    assert (config.model, config.template, config.max_length, config.device, config.dtype) == (
+        str(tiny_model_dir),
+        "qwen3-reranker",
+        512,
+        "cpu",
+        "float32",
+    )
+    assert config.instruction == "Given a question, find passages that answer it"
+    independent = GenerativeScorer(config=config)
+    out = reranker.compress_documents(docs, QUERY)
+    want = expected(independent, docs, top_n=2)
+    assert ids(out) == [docs[r.index].id for r in want]
+    assert [d.metadata["relevance_score"] for d in out] == pytest.approx([r.score for r in want], abs=1e-6)
+
+
+@pytest.mark.parametrize("cls", [GenerativeReranker, GenerativeCrossEncoder])
+def test_settings_are_forwarded_to_the_scorer(cls: Any) -> None:
+    with mock.patch.object(lc, "GenerativeScorer", return_value=mock_scorer()) as factory:
+        adapter = cls(
+            model="some/model", instruction="Judge it", device="cuda:1", dtype="bfloat16", max_length=64
+        )
+    factory.assert_called_once_with(
+        "some/model", instruction="Judge it", device="cuda:1", dtype="bfloat16", max_length=64
+    )
+    assert adapter.scorer is factory.return_value
+
+
+@pytest.mark.parametrize("cls", [GenerativeReranker, GenerativeCrossEncoder])
+def test_every_scorer_setting_is_accepted(cls: Any) -> None:
+    """Settings come from ScorerConfig, so new ones (e.g. the server settings) need no adapter change."""
+    settings = {"server_url": "http://127.0.0.1:8000", "server_kind": "vllm", "query_share": 0.5}
+    assert set(settings) <= set(ScorerConfig.model_fields)
+    with mock.patch.object(lc, "GenerativeScorer", return_value=mock_scorer()) as factory:
+        cls(model="some/model", **settings)
+    factory.assert_called_once_with("some/model", **settings)
+
+
+def test_config_is_forwarded_to_the_scorer() -> None:
+    config = ScorerConfig(model="some/model", max_length=64)
+    with mock.patch.object(lc, "GenerativeScorer", return_value=mock_scorer()) as factory:
+        GenerativeReranker(config=config, top_n=None)
+    factory.assert_called_once_with(None, config=config)
+
+
+def test_one_scorer_shared_by_several_adapters(scorer: GenerativeScorer) -> None:
+    first = GenerativeReranker(scorer=scorer)
+    second = GenerativeReranker(scorer=scorer, top_n=None, score_threshold=0.1)
+    encoder = GenerativeCrossEncoder(scorer=scorer)
+    assert first.scorer is second.scorer is encoder.scorer is scorer
+
+
+@pytest.mark.parametrize("cls", [GenerativeReranker, GenerativeCrossEncoder])
+def test_scorer_and_model_settings_together_are_rejected(cls: Any, scorer: GenerativeScorer) -> None:
+    with pytest.raises(ValidationError, match="either a ready scorer= or the settings"):
+        cls(scorer=scorer, max_length=128)
+
+
+@pytest.mark.parametrize("cls", [GenerativeReranker, GenerativeCrossEncoder])
+@pytest.mark.parametrize("with_scorer", [True, False])
+def test_unknown_fields_are_rejected_before_loading(
+    cls: Any, with_scorer: bool, scorer: GenerativeScorer
+) -> None:
+    given: dict[str, Any] = {"scorer": scorer} if with_scorer else {"model": "some/model"}
+    with mock.patch.object(lc, "GenerativeScorer") as factory:
+        with pytest.raises(ValidationError, match=r"unknown argument.*'topn'"):
+            cls(**given, topn=3)
+    factory.assert_not_called()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"top_n": 0},
+        {"top_n": -1},
+        {"top_n": True},
+        {"top_n": 2.5},
+        {"score_threshold": 1.5},
+        {"score_threshold": -0.1},
+    ],
+)
+def test_invalid_options_are_rejected(options: dict[str, Any], scorer: GenerativeScorer) -> None:
+    with pytest.raises(ValidationError):
+        GenerativeReranker(scorer=scorer, **options)
+
+
+def test_wrong_scorer_type_is_rejected() -> None:
+    with pytest.raises(ValidationError, match="instance of GenerativeScorer"):
+        GenerativeReranker(scorer="Qwen/Qwen3-Reranker-0.6B")  # type: ignore[arg-type]
+
+
+# -- compress_documents ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("top_n", [None, 1, 3, 50])
+def test_matches_the_engine_ranking(
+    scorer: GenerativeScorer, docs: list[Document], top_n: int | None
+) -> None:
+    out = GenerativeReranker(scorer=scorer, top_n=top_n).compress_documents(docs, QUERY)
+    want = expected(scorer, docs, top_n=top_n)
+    assert len(out) == min(top_n or len(docs), len(docs))
+    assert ids(out) == [docs[r.index].id for r in want]
+    assert [d.page_content for d in out] == [r.document for r in want]
+    scores = [d.metadata["relevance_score"] for d in out]
+    assert scores == pytest.approx([r.score for r in want], abs=1e-6)
+    assert scores == sorted(scores, reverse=True)
+    assert all(0.0 <= s <= 1.0 for s in scores)
+
+
+def test_score_threshold_with_and_without_top_n(scorer: GenerativeScorer, docs: list[Document]) -> None:
+    scores = sorted(scorer.score_documents(QUERY, [d.page_content for d in docs]))
+    threshold = (scores[2] + scores[3]) / 2  # strictly between two scores: exactly 4 pass
+    out = GenerativeReranker(scorer=scorer, top_n=None, score_threshold=threshold).compress_documents(
+        docs, QUERY
+    )
+    assert len(out) == 4
+    assert all(d.metadata["relevance_score"] >= threshold for d in out)
+    assert ids(out) == [docs[r.index].id for r in expected(scorer, docs, score_threshold=threshold)]
+    capped = GenerativeReranker(scorer=scorer, top_n=2, score_threshold=threshold).compress_documents(
+        docs, QUERY
+    )
+    assert ids(capped) == ids(out)[:2]
+    assert GenerativeReranker(scorer=scorer, score_threshold=1.0).compress_documents(docs, QUERY) == []
+
+
+def test_metadata_and_ids_kept_inputs_untouched(scorer: GenerativeScorer, docs: list[Document]) -> None:
+    snapshot = copy.deepcopy(docs)
+    out = GenerativeReranker(scorer=scorer, top_n=None).compress_documents(docs, QUERY)
+    assert docs == snapshot  # no relevance_score leaked into the inputs
+    by_id = {d.id: d for d in docs}
+    for result in out:
+        original = by_id[result.id]
+        assert result is not original
+        assert result.page_content == original.page_content
+        assert result.metadata == {
+            **original.metadata,
+            "relevance_score": result.metadata["relevance_score"],
+            "genscore_truncated": False,
+        }
+        assert result.metadata["nested"] is not original.metadata["nested"]  # deep copy
+        assert result.metadata["tags"] is not original.metadata["tags"]
+    out[0].metadata["nested"]["rank"] = -1
+    out[0].metadata["tags"].append("changed")
+    assert docs == snapshot
+
+
+def test_document_subclass_and_existing_score_are_handled(scorer: GenerativeScorer) -> None:
+    class MyDocument(Document):
+        pass
+
+    docs = [MyDocument(page_content=t, metadata={"relevance_score": 42.0}) for t in TEXTS[:3]]
+    out = GenerativeReranker(scorer=scorer, top_n=None).compress_documents(docs, QUERY)
+    assert all(type(d) is MyDocument and d.id is None for d in out)
+    assert all(d.metadata["relevance_score"] != 42.0 for d in out)  # the new score replaces an old one
+    assert all(d.metadata["relevance_score"] == 42.0 for d in docs)
+
+
+def test_truncated_flag(scorer: GenerativeScorer) -> None:
+    short = GenerativeScorer.from_model(
+        scorer.model, scorer.tokenizer, device="cpu", dtype="float32", max_length=96
+    )
+    docs = [
+        Document(page_content="The Seine flows through Paris.", id="short"),
+        Document(page_content=" ".join(["The Seine flows through Paris."] * 40), id="long"),
+    ]
+    out = GenerativeReranker(scorer=short, top_n=None).compress_documents(docs, QUERY)
+    flags = {d.id: d.metadata["genscore_truncated"] for d in out}
+    assert flags == {"short": False, "long": True}
+    want = {docs[r.index].id: r.truncated for r in expected(short, docs)}
+    assert flags == want
+
+
+def test_ties_keep_input_order(scorer: GenerativeScorer) -> None:
+    docs = [Document(page_content=TEXTS[i % 2], id=str(i)) for i in range(6)]  # three copies of two texts
+    out = GenerativeReranker(scorer=scorer, top_n=None).compress_documents(docs, QUERY)
+    scores = [d.metadata["relevance_score"] for d in out]
+    assert scores[0] == scores[1] == scores[2] and scores[3] == scores[4] == scores[5]
+    order = [int(d.id or "") for d in out]
+    assert order[:3] == sorted(order[:3]) and order[3:] == sorted(order[3:])
+
+
+async def test_empty_input_gives_empty_list_without_scoring() -> None:
+    fake = mock_scorer()
+    reranker = GenerativeReranker(scorer=fake)
+    assert reranker.compress_documents([], QUERY) == []
+    assert await reranker.acompress_documents([], QUERY) == []
+    encoder = GenerativeCrossEncoder(scorer=fake)
+    assert encoder.score([]) == []
+    assert await encoder.ascore([]) == []
+    assert fake.mock_calls == []
+
+
+def test_options_and_texts_are_forwarded() -> None:
+    fake = mock_scorer()
+    fake.rerank.return_value = RankedResults(
+        query=QUERY,
+        results=[RankedResult(index=1, score=0.9, document="b", truncated=True, prompt_tokens=7)],
+    )
+    out = GenerativeReranker(scorer=fake, top_n=1, score_threshold=0.5).compress_documents(
+        (Document(page_content="a", id="a"), Document(page_content="b", id="b")), QUERY
+    )
+    fake.rerank.assert_called_once_with(QUERY, ["a", "b"], top_n=1, score_threshold=0.5)
+    assert [(d.id, d.metadata) for d in out] == [("b", {"relevance_score": 0.9, "genscore_truncated": True})]
+
+
+def test_engine_errors_reach_the_caller(scorer: GenerativeScorer, docs: list[Document]) -> None:
+    with pytest.raises(InvalidRequestError, match="query must be a string"):
+        GenerativeReranker(scorer=scorer).compress_documents(docs, 123)  # type: ignore[arg-type]
+
+
+# -- async ------------------------------------------------------------------------------------------------
+
+
+async def test_acompress_matches_sync(scorer: GenerativeScorer, docs: list[Document]) -> None:
+    reranker = GenerativeReranker(scorer=scorer, top_n=4)
+    assert await reranker.acompress_documents(docs, QUERY) == reranker.compress_documents(docs, QUERY)
+
+
+async def test_acompress_awaits_the_scorer_async_api() -> None:
+    fake = mock_scorer()
+    fake.arerank.return_value = RankedResults(query=QUERY, results=[])
+    await GenerativeReranker(scorer=fake, top_n=2).acompress_documents([Document(page_content="a")], QUERY)
+    fake.arerank.assert_awaited_once_with(QUERY, ["a"], top_n=2, score_threshold=None)
+    fake.rerank.assert_not_called()
+
+
+class ModelGate:
+    """Holds the model's forward pass (wherever it runs) until a coroutine on the event loop opens the gate.
+
+    A rerank that blocked the event loop would wait for the gate until the timeout instead of finishing.
+    """
+
+    def __init__(self, scorer: GenerativeScorer) -> None:
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.thread_ids: set[int] = set()
+        self._handle = scorer.model.get_input_embeddings().register_forward_pre_hook(self._hold)
+
+    def _hold(self, module: Any, args: Any) -> None:
+        self.thread_ids.add(threading.get_ident())
+        self.entered.set()
+        if not self.gate.wait(timeout=5):
+            raise TimeoutError("the event loop made no progress while the model ran")
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+async def test_acompress_does_not_block_the_event_loop(
+    scorer: GenerativeScorer, docs: list[Document]
+) -> None:
+    want = ids(docs[r.index] for r in expected(scorer, docs, top_n=3))
+    reranker = GenerativeReranker(scorer=scorer, top_n=3)
+    gate = ModelGate(scorer)
+    ticks = 0
+
+    async def other_work() -> None:
+        nonlocal ticks
+        while not gate.entered.is_set():  # the model has started scoring...
+            await asyncio.sleep(0.001)
+        for _ in range(3):  # ...and this coroutine keeps making progress while it runs
+            await asyncio.sleep(0.001)
+            ticks += 1
+        gate.gate.set()
+
+    try:
+        rerank = asyncio.create_task(reranker.acompress_documents(docs, QUERY))
+        out, _ = await asyncio.wait_for(asyncio.gather(rerank, other_work()), timeout=60)
+    finally:
+        gate.gate.set()
+        gate.remove()
+    assert ticks == 3
+    assert threading.get_ident() not in gate.thread_ids
+    assert ids(out) == want
+
+
+# -- cross encoder ----------------------------------------------------------------------------------------
+
+
+async def test_cross_encoder_scores_match_the_engine(scorer: GenerativeScorer) -> None:
+    pairs = [(QUERY, TEXTS[0]), ("Where is Berlin?", TEXTS[1]), (QUERY, TEXTS[2])]
+    encoder = GenerativeCrossEncoder(scorer=scorer)
+    want = scorer.score_pairs(pairs)
+    assert encoder.score(pairs) == pytest.approx(want, abs=1e-6)
+    assert await encoder.ascore(pairs) == pytest.approx(want, abs=1e-6)
+
+
+def test_cross_encoder_reranker(scorer: GenerativeScorer, docs: list[Document]) -> None:
+    reranker = CrossEncoderReranker(model=GenerativeCrossEncoder(scorer=scorer), top_n=3)
+    out = reranker.compress_documents(docs, QUERY)
+    assert ids(out) == [docs[r.index].id for r in expected(scorer, docs, top_n=3)]
+
+
+# -- real pipelines: vector store retriever, ContextualCompressionRetriever, LCEL, callbacks -------------
+
+
+@pytest.fixture
+def base_retriever(docs: list[Document]) -> Any:
+    store = InMemoryVectorStore(DeterministicFakeEmbedding(size=32))
+    store.add_documents(docs)
+    return store.as_retriever(search_kwargs={"k": 5})
+
+
+def pipeline_expectation(scorer: GenerativeScorer, base_retriever: Any, top_n: int) -> list[str | None]:
+    candidates = base_retriever.invoke(QUERY)
+    assert len(candidates) == 5
+    return [candidates[r.index].id for r in expected(scorer, candidates, top_n=top_n)]
+
+
+@pytest.mark.parametrize("flavour", ["reranker", "cross-encoder"])
+async def test_contextual_compression_retriever(
+    scorer: GenerativeScorer, base_retriever: Any, docs: list[Document], flavour: str
+) -> None:
+    compressor: BaseDocumentCompressor = (
+        GenerativeReranker(scorer=scorer, top_n=3)
+        if flavour == "reranker"
+        else CrossEncoderReranker(model=GenerativeCrossEncoder(scorer=scorer), top_n=3)
+    )
+    retriever = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=base_retriever)
+    want = pipeline_expectation(scorer, base_retriever, top_n=3)
+    assert ids(retriever.invoke(QUERY)) == want
+    out = await retriever.ainvoke(QUERY)
+    assert ids(out) == want
+    originals = {d.id: d for d in docs}
+    for doc in out:  # what the vector store returned, with the score beside the original metadata
+        assert doc.page_content == originals[doc.id].page_content
+        assert doc.metadata.items() >= originals[doc.id].metadata.items()
+    if flavour == "reranker":
+        assert [d.metadata["relevance_score"] for d in out] == pytest.approx(
+            [scorer.rerank(QUERY, [d.page_content for d in out]).score_of(i) for i in range(3)], abs=1e-6
+        )
+
+
+def format_docs(documents: list[Document]) -> str:
+    return "\n".join(f"[{d.id}] {d.page_content}" for d in documents)
+
+
+async def test_lcel_chain(scorer: GenerativeScorer, base_retriever: Any, docs: list[Document]) -> None:
+    retriever = ContextualCompressionRetriever(
+        base_compressor=GenerativeReranker(scorer=scorer, top_n=2), base_retriever=base_retriever
+    )
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Answer from the context.\n{context}"), ("human", "{question}")]
+    )
+    chain = {"context": retriever | RunnableLambda(format_docs), "question": RunnablePassthrough()} | prompt
+    by_id = {d.id: d for d in docs}
+    context = format_docs([by_id[i] for i in pipeline_expectation(scorer, base_retriever, top_n=2)])
+    for value in (chain.invoke(QUERY), await chain.ainvoke(QUERY)):
+        system, human = value.to_messages()
+        assert system.content == f"Answer from the context.\n{context}"
+        assert human.content == QUERY
+
+
+class SpyReranker(GenerativeReranker):
+    """Records the ``callbacks`` each call receives."""
+
+    _seen: list[Callbacks] = PrivateAttr(default_factory=list)
+
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> list[Document]:
+        self._seen.append(callbacks)
+        return super().compress_documents(documents, query, callbacks)
+
+    async def acompress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> list[Document]:
+        self._seen.append(callbacks)
+        return await super().acompress_documents(documents, query, callbacks)
+
+
+class RetrieverRuns(BaseCallbackHandler):
+    """Records each retriever run as run id -> (parent run id, query)."""
+
+    def __init__(self) -> None:
+        self.runs: dict[UUID, tuple[UUID | None, str]] = {}
+        self.ended: set[UUID] = set()
+
+    def on_retriever_start(
+        self, serialized: Any, query: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
+        self.runs[run_id] = (parent_run_id, query)
+
+    def on_retriever_end(self, documents: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.ended.add(run_id)
+
+
+@pytest.mark.parametrize("how", ["invoke", "ainvoke", "chain"])
+async def test_callbacks_reach_the_reranker(scorer: GenerativeScorer, base_retriever: Any, how: str) -> None:
+    reranker = SpyReranker(scorer=scorer, top_n=2)
+    retriever = ContextualCompressionRetriever(base_compressor=reranker, base_retriever=base_retriever)
+    handler = RetrieverRuns()
+    config: Any = {"callbacks": [handler]}
+    if how == "invoke":
+        retriever.invoke(QUERY, config=config)
+    elif how == "ainvoke":
+        await retriever.ainvoke(QUERY, config=config)
+    else:
+        await (retriever | RunnableLambda(format_docs)).ainvoke(QUERY, config=config)
+    # two retriever runs: the compression retriever and, as its child, the vector store's
+    [outer] = [run for run, (parent, _) in handler.runs.items() if parent not in handler.runs]
+    [inner] = [run for run, (parent, _) in handler.runs.items() if parent == outer]
+    assert handler.ended == {outer, inner}
+    assert {query for _, query in handler.runs.values()} == {QUERY}
+    # the reranker got the compression retriever's child callback manager, with the user's handler
+    [callbacks] = reranker._seen
+    assert isinstance(callbacks, BaseCallbackManager)
+    assert handler in callbacks.handlers
+    assert callbacks.parent_run_id == outer
