@@ -79,11 +79,6 @@ def _rerank(args: argparse.Namespace) -> int:
 
     from genscore_core.scorer import GenerativeScorer
 
-    if args.no_progress:
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
-
     settings: dict[str, Any] = {
         "template": args.template,
         "instruction": args.instruction,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -55,14 +57,35 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any
 
 
 def load_causal_lm(
-    name_or_path: str, *, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False
+    name_or_path: str,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    trust_remote_code: bool = False,
+    show_progress: bool = True,
 ) -> Any:
     from transformers import AutoModelForCausalLM
 
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        name_or_path, dtype=dtype, trust_remote_code=trust_remote_code
-    )
+    with transformers_progress_bars(show_progress):
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=dtype, trust_remote_code=trust_remote_code
+        )
     return model.to(device).eval()
+
+
+@contextlib.contextmanager
+def transformers_progress_bars(enabled: bool) -> Iterator[None]:
+    """Turn transformers' loading and saving bars off for a block (it is a process-wide switch)."""
+    from transformers.utils import logging as transformers_logging
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    if not enabled:
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers_logging.enable_progress_bar()
 
 
 def model_max_length(model: Any, tokenizer: Any) -> int:

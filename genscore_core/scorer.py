@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn on import
 
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine, ScoringJob, select_forward
@@ -136,7 +136,11 @@ class GenerativeScorer:
         dtype = resolve_dtype(config.dtype, device)
         tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
         loaded = load_causal_lm(
-            config.model, device=device, dtype=dtype, trust_remote_code=config.trust_remote_code
+            config.model,
+            device=device,
+            dtype=dtype,
+            trust_remote_code=config.trust_remote_code,
+            show_progress=config.show_progress,
         )
         self._setup(loaded, tokenizer, config)
 
@@ -340,6 +344,12 @@ class GenerativeScorer:
         """Close the connections of a server-backed scorer (nothing to do for a local model)."""
         if self._remote is not None:
             self._remote.close()
+
+    def __enter__(self) -> GenerativeScorer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         if self._remote is not None:

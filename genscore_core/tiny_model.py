@@ -59,6 +59,8 @@ def make_tiny_model(
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
+    from genscore_core.loading import transformers_progress_bars
+
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
@@ -79,8 +81,9 @@ def make_tiny_model(
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).eval()
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
+    with transformers_progress_bars(False):
+        model.save_pretrained(str(out))
+        tokenizer.save_pretrained(str(out))
     (out / "GENSCORE_RANDOM_WEIGHTS.txt").write_text(RANDOM_WEIGHTS_NOTICE + "\n")
     (out / "README.md").write_text(
         "# genscore tiny random Qwen3\n\n"
