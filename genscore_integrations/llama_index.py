@@ -1,0 +1,274 @@
+"""LlamaIndex node postprocessor that reranks retrieved nodes with a :class:`GenerativeScorer`.
+
+The adapter is thin: it reads each node's text, asks the engine to rerank, and returns copies of the
+nodes with ``score`` set to the generative score. All scoring happens in :mod:`genscore_core`.
+
+Example:
+    >>> from genscore_integrations.llama_index import GenerativeRerank
+    >>> rerank = GenerativeRerank("Qwen/Qwen3-Reranker-0.6B", top_n=3)  # doctest: +SKIP
+    >>> engine = index.as_query_engine(node_postprocessors=[rerank])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+try:
+    from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+    from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+    from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+except ImportError as exc:
+    raise ImportError(
+        "genscore_integrations.llama_index needs llama-index-core; install it with: "
+        'pip install "genscore[llama-index]"'
+    ) from exc
+
+from genscore_core import DEFAULT_MODEL, GenerativeScorer, InvalidRequestError, RankedResults, ScorerConfig
+
+__all__ = ["RETRIEVAL_SCORE_KEY", "GenerativeRerank"]
+
+RETRIEVAL_SCORE_KEY = "retrieval_score"
+"""Metadata key that holds a node's retrieval score when ``keep_retrieval_score`` is on."""
+
+dispatcher = get_dispatcher(__name__)
+
+
+def _setting_names() -> frozenset[str]:
+    """Keyword settings a new scorer takes: ScorerConfig's fields and the scorer's own keywords."""
+    names = set(ScorerConfig.model_fields)
+    for name, param in inspect.signature(GenerativeScorer.__init__).parameters.items():
+        if param.kind is param.KEYWORD_ONLY:
+            names.add(name)
+    return frozenset(names - {"model", "config"})  # explicit parameters of GenerativeRerank
+
+
+_SETTING_NAMES = _setting_names()
+
+
+class GenerativeRerank(BaseNodePostprocessor):
+    """Rerank nodes by a causal LM's probability that a document answers the query (Qwen3-Reranker style).
+
+    Build it from a loaded :class:`~genscore_core.GenerativeScorer` (which can serve several adapters at
+    once) or from model settings, which load one. The returned nodes are copies, best first, with
+    ``score`` set to the generative score in [0, 1]; the input nodes are never changed.
+
+    Example:
+        >>> from genscore_core import GenerativeScorer
+        >>> scorer = GenerativeScorer("Qwen/Qwen3-Reranker-0.6B")  # doctest: +SKIP
+        >>> rerank = GenerativeRerank(scorer=scorer, top_n=3, score_threshold=0.2)  # doctest: +SKIP
+        >>> engine = index.as_query_engine(similarity_top_k=20, node_postprocessors=[rerank])  # doctest: +SKIP
+        >>> rerank.postprocess_nodes(nodes, query_str="what is genscore?")  # doctest: +SKIP
+
+    Args:
+        model: Hub id or local folder of the model to load; recorded from the scorer when ``scorer`` is
+            given.
+        scorer: A ready scorer to use instead of loading one.
+        config: A ready :class:`~genscore_core.ScorerConfig` to load a scorer from.
+        top_n: Keep at most this many nodes; ``None`` keeps all.
+        score_threshold: Drop nodes whose generative score is below this value (in [0, 1]).
+        keep_retrieval_score: Store each node's incoming score in ``metadata["retrieval_score"]``.
+        metadata_mode: Which metadata goes into the text that is scored (default: what embeddings see).
+        callback_manager: Legacy callback manager; query engines set their own.
+        **settings: Fields of :class:`~genscore_core.ScorerConfig` (``device``, ``dtype``,
+            ``max_length``, ``instruction``, ...) used to load the scorer. Unknown names are rejected.
+
+    Raises:
+        TypeError: On unknown settings, or when ``scorer`` is combined with settings that would load a
+            different one.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="Hub id or local folder of the scoring model.")
+    """Hub id or local folder of the scoring model (what ``to_dict`` records)."""
+    top_n: Annotated[int, Field(ge=1, strict=True)] | None = Field(
+        default=None, description="Number of nodes to keep; None keeps all."
+    )
+    """Number of nodes to keep, best first; ``None`` keeps all."""
+    score_threshold: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Nodes scoring below this are dropped."
+    )
+    """Nodes whose generative score is below this are dropped; ``None`` keeps all."""
+    keep_retrieval_score: bool = Field(
+        default=False, description="Whether to keep the retrieval score in metadata."
+    )
+    """Store the incoming (retrieval) score in ``metadata["retrieval_score"]`` of the returned nodes."""
+    metadata_mode: MetadataMode = Field(
+        default=MetadataMode.EMBED, description="Metadata mode of the node text that is scored."
+    )
+    """Metadata mode used to read each node's text (``node.get_content(metadata_mode=...)``)."""
+
+    _scorer: GenerativeScorer = PrivateAttr()
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        scorer: GenerativeScorer | None = None,
+        config: ScorerConfig | None = None,
+        top_n: int | None = None,
+        score_threshold: float | None = None,
+        keep_retrieval_score: bool = False,
+        metadata_mode: MetadataMode | str = MetadataMode.EMBED,
+        callback_manager: CallbackManager | None = None,
+        **settings: Any,
+    ) -> None:
+        unknown = sorted(set(settings) - _SETTING_NAMES)
+        if unknown:
+            raise TypeError(
+                f"GenerativeRerank got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+                f"model settings are: {', '.join(sorted(_SETTING_NAMES))}"
+            )
+        if scorer is not None:
+            _check_scorer(scorer)
+            if config is not None or settings:
+                raise TypeError("pass either scorer= or model settings (config=, device=, ...), not both")
+            name = _model_name(scorer)
+            if model is not None and model != name:
+                raise TypeError(f"model={model!r} does not match the given scorer's model {name!r}")
+        else:
+            name = model or (config.model if config is not None else DEFAULT_MODEL)
+        fields: dict[str, Any] = {
+            "model": name,
+            "top_n": top_n,
+            "score_threshold": score_threshold,
+            "keep_retrieval_score": keep_retrieval_score,
+            "metadata_mode": metadata_mode,
+        }
+        if callback_manager is not None:
+            fields["callback_manager"] = callback_manager
+        super().__init__(**fields)  # validates the cheap fields before a model is loaded
+        if scorer is None:
+            scorer = GenerativeScorer(model, config=config, **settings)
+        self._scorer = scorer
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "GenerativeRerank"
+
+    @property
+    def scorer(self) -> GenerativeScorer:
+        """The scorer this postprocessor ranks with (shareable with other adapters)."""
+        return self._scorer
+
+    # -- LlamaIndex hooks ---------------------------------------------------------------------------
+
+    def _postprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
+        """Rerank ``nodes`` for the query (called by ``postprocess_nodes``).
+
+        Args:
+            nodes: The retrieved nodes; their text is read with ``metadata_mode``.
+            query_bundle: The query; required.
+
+        Returns:
+            Copies of at most ``top_n`` nodes scoring at least ``score_threshold``, best first, with
+            ``score`` set to the generative score.
+
+        Raises:
+            InvalidRequestError: No query was given (raised before any event is emitted).
+        """
+        query = _require_query(query_bundle)
+        if not nodes:
+            return []
+        texts = self._texts(nodes)
+        self._emit_start(nodes, query_bundle)
+        with self.callback_manager.event(
+            CBEventType.RERANKING, payload=self._callback_payload(nodes, query)
+        ) as event:
+            ranked = self._scorer.rerank(query, texts, top_n=self.top_n, score_threshold=self.score_threshold)
+            reranked = self._reranked_nodes(nodes, ranked)
+            event.on_end(payload={EventPayload.NODES: reranked})
+        dispatcher.event(ReRankEndEvent(nodes=reranked))
+        return reranked
+
+    @dispatcher.span
+    async def _apostprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
+        """Async :meth:`_postprocess_nodes`: scoring runs in a worker thread, the event loop keeps running."""
+        query = _require_query(query_bundle)
+        if not nodes:
+            return []
+        texts = self._texts(nodes)
+        self._emit_start(nodes, query_bundle)
+        with self.callback_manager.event(
+            CBEventType.RERANKING, payload=self._callback_payload(nodes, query)
+        ) as event:
+            ranked = await self._scorer.arerank(
+                query, texts, top_n=self.top_n, score_threshold=self.score_threshold
+            )
+            reranked = self._reranked_nodes(nodes, ranked)
+            event.on_end(payload={EventPayload.NODES: reranked})
+        dispatcher.event(ReRankEndEvent(nodes=reranked))
+        return reranked
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _texts(self, nodes: Sequence[NodeWithScore]) -> list[str]:
+        return [n.node.get_content(metadata_mode=self.metadata_mode) for n in nodes]
+
+    def _emit_start(self, nodes: Sequence[NodeWithScore], query_bundle: QueryBundle | None) -> None:
+        dispatcher.event(
+            ReRankStartEvent(
+                query=query_bundle,
+                nodes=list(nodes),
+                top_n=self._effective_top_n(nodes),
+                model_name=self.model,
+            )
+        )
+
+    def _effective_top_n(self, nodes: Sequence[NodeWithScore]) -> int:
+        return self.top_n if self.top_n is not None else len(nodes)
+
+    def _callback_payload(self, nodes: Sequence[NodeWithScore], query: str) -> dict[str, Any]:
+        return {
+            EventPayload.NODES: nodes,
+            EventPayload.MODEL_NAME: self.model,
+            EventPayload.QUERY_STR: query,
+            EventPayload.TOP_K: self._effective_top_n(nodes),
+        }
+
+    def _reranked_nodes(self, nodes: Sequence[NodeWithScore], ranked: RankedResults) -> list[NodeWithScore]:
+        """Copies of the ranked nodes, best first, scored; the inputs stay as they were."""
+        reranked = []
+        for result in ranked:
+            source = nodes[result.index]
+            node = source.node.model_copy(deep=True)
+            if self.keep_retrieval_score:
+                node.metadata[RETRIEVAL_SCORE_KEY] = source.score
+                # Bookkeeping, not content: keep it out of the text embedders and LLMs see.
+                for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
+                    if RETRIEVAL_SCORE_KEY not in excluded:
+                        excluded.append(RETRIEVAL_SCORE_KEY)
+            reranked.append(NodeWithScore(node=node, score=result.score))
+        return reranked
+
+
+def _require_query(query_bundle: QueryBundle | None) -> str:
+    if query_bundle is None:
+        raise InvalidRequestError(
+            "GenerativeRerank needs the query: call postprocess_nodes(nodes, query_str=...) or pass "
+            "query_bundle=QueryBundle(...)",
+            param="query",
+        )
+    return query_bundle.query_str
+
+
+def _check_scorer(scorer: object) -> None:
+    if not (callable(getattr(scorer, "rerank", None)) and callable(getattr(scorer, "arerank", None))):
+        raise TypeError(
+            f"scorer must be a genscore_core.GenerativeScorer (with rerank and arerank), "
+            f"got {type(scorer).__name__}"
+        )
+
+
+def _model_name(scorer: object) -> str:
+    name = getattr(getattr(scorer, "config", None), "model", None)
+    return name if isinstance(name, str) else type(scorer).__name__

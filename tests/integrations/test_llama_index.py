@@ -1,0 +1,503 @@
+"""GenerativeRerank, the LlamaIndex node postprocessor, on the tiny random Qwen3 (and a fake engine).
+
+The weights are random, so every check compares against the engine's own ``rerank`` on the same
+texts instead of expecting relevant documents first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import re
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from llama_index.core import Settings, VectorStoreIndex
+from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload, LlamaDebugHandler
+from llama_index.core.embeddings import MockEmbedding
+from llama_index.core.instrumentation import root_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
+from llama_index.core.llms import MockLLM
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
+from pydantic import Field, ValidationError
+
+import genscore_integrations.llama_index as li
+from genscore_core import GenerativeScorer, InvalidRequestError, RankedResult, RankedResults, ScorerConfig
+from genscore_integrations.llama_index import RETRIEVAL_SCORE_KEY, GenerativeRerank
+
+QUERY = "How do generative rerankers score documents?"
+TEXTS = [
+    "A generative reranker reads the query and document, then the probability of 'yes' is the score.",
+    "Paris is the capital of France and sits on the Seine.",
+    "Cross-encoders put a classification head on top of a bidirectional encoder.",
+    "The recipe for pancakes needs flour, eggs, milk and a pinch of salt.",
+    "Qwen3-Reranker compares the logits of the yes and no tokens at the last position.",
+    "Vector stores return the nearest neighbours of the query embedding.",
+]
+
+
+def make_nodes() -> list[NodeWithScore]:
+    """Retrieved nodes with metadata (one key hidden from embeddings) and retrieval scores."""
+    nodes = []
+    for i, text in enumerate(TEXTS):
+        node = TextNode(
+            text=text,
+            id_=f"node-{i}",
+            metadata={"source": f"doc{i}.md", "secret": f"internal-{i}"},
+            excluded_embed_metadata_keys=["secret"],
+        )
+        nodes.append(NodeWithScore(node=node, score=round(0.9 - 0.1 * i, 2)))
+    return nodes
+
+
+def expected(
+    scorer: GenerativeScorer,
+    nodes: Sequence[NodeWithScore],
+    mode: MetadataMode = MetadataMode.EMBED,
+    **options: Any,
+) -> list[tuple[str, float]]:
+    ranked = scorer.rerank(QUERY, [n.node.get_content(metadata_mode=mode) for n in nodes], **options)
+    return [(nodes[r.index].node.node_id, r.score) for r in ranked]
+
+
+def ids_scores(nodes: Sequence[NodeWithScore]) -> list[tuple[str, float | None]]:
+    return [(n.node.node_id, n.score) for n in nodes]
+
+
+def assert_same_ranking(got: Sequence[NodeWithScore], want: list[tuple[str, float]]) -> None:
+    assert [node_id for node_id, _ in ids_scores(got)] == [node_id for node_id, _ in want]
+    for (_, got_score), (_, want_score) in zip(ids_scores(got), want):
+        assert got_score == pytest.approx(want_score, abs=1e-6)
+
+
+class FakeScorer:
+    """Engine stand-in: records what the adapter asks, answers with fixed scores per text."""
+
+    def __init__(self, scores: dict[str, float] | None = None) -> None:
+        self.config = ScorerConfig(model="fake/model")
+        self.scores = scores or {}
+        self.calls: list[tuple[str, str, list[str], dict[str, Any]]] = []
+
+    def _rank(self, query: str, documents: Sequence[str], **options: Any) -> RankedResults:
+        results = [
+            RankedResult(index=i, score=self.scores.get(d, 0.5), document=d, truncated=False, prompt_tokens=1)
+            for i, d in enumerate(documents)
+        ]
+        results.sort(key=lambda r: -r.score)
+        if options.get("score_threshold") is not None:
+            results = [r for r in results if r.score >= options["score_threshold"]]
+        if options.get("top_n") is not None:
+            results = results[: options["top_n"]]
+        return RankedResults(query=query, results=results)
+
+    def rerank(self, query: str, documents: Sequence[str], **options: Any) -> RankedResults:
+        self.calls.append(("rerank", query, list(documents), options))
+        return self._rank(query, documents, **options)
+
+    async def arerank(self, query: str, documents: Sequence[str], **options: Any) -> RankedResults:
+        self.calls.append(("arerank", query, list(documents), options))
+        return self._rank(query, documents, **options)
+
+
+def fake_rerank(fake: FakeScorer, **options: Any) -> GenerativeRerank:
+    return GenerativeRerank(scorer=fake, **options)  # type: ignore[arg-type]
+
+
+class Collector(BaseEventHandler):
+    """Instrumentation handler that keeps every rerank event it sees."""
+
+    events: list[BaseEvent] = Field(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Collector"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        if isinstance(event, (ReRankStartEvent, ReRankEndEvent)):
+            self.events.append(event)
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    handler = Collector()
+    root_dispatcher.add_event_handler(handler)
+    try:
+        yield handler
+    finally:
+        root_dispatcher.event_handlers.remove(handler)
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail loudly if a test would load a model through the adapter."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("GenerativeRerank loaded a model")
+
+    monkeypatch.setattr(li, "GenerativeScorer", refuse)
+
+
+# -- packaging --------------------------------------------------------------------------------------
+
+
+def test_missing_llama_index_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [name for name in sys.modules if name == "llama_index" or name.startswith("llama_index.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # makes "import llama_index..." fail
+    monkeypatch.delitem(sys.modules, "genscore_integrations.llama_index")
+    with pytest.raises(ImportError, match=re.escape('pip install "genscore[llama-index]"')) as info:
+        importlib.import_module("genscore_integrations.llama_index")
+    assert isinstance(info.value.__cause__, ImportError)
+
+
+# -- 1. construction ----------------------------------------------------------------------------------
+
+
+def test_is_a_node_postprocessor_built_from_a_ready_scorer(scorer: GenerativeScorer) -> None:
+    rerank = GenerativeRerank(scorer=scorer, top_n=2)
+    assert isinstance(rerank, BaseNodePostprocessor)
+    assert rerank.scorer is scorer
+    assert rerank.model == scorer.config.model
+    assert GenerativeRerank.class_name() == "GenerativeRerank"
+    assert rerank.to_dict()["class_name"] == "GenerativeRerank"
+    assert (rerank.top_n, rerank.score_threshold, rerank.keep_retrieval_score, rerank.metadata_mode) == (
+        2,
+        None,
+        False,
+        MetadataMode.EMBED,
+    )
+
+
+def test_built_from_model_settings(tiny_model_dir: Any, scorer: GenerativeScorer) -> None:
+    rerank = GenerativeRerank(
+        str(tiny_model_dir), device="cpu", dtype="float32", max_length=512, instruction=None, top_n=3
+    )
+    assert isinstance(rerank.scorer, GenerativeScorer)
+    assert rerank.scorer is not scorer
+    assert rerank.scorer.config.model == rerank.model == str(tiny_model_dir)
+    assert rerank.scorer.max_length == 512
+    nodes = make_nodes()
+    assert_same_ranking(rerank.postprocess_nodes(nodes, query_str=QUERY), expected(scorer, nodes, top_n=3))
+
+
+def test_settings_and_config_are_forwarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[Any, dict[str, Any]]] = []
+
+    def record(model: str | None = None, **kwargs: Any) -> FakeScorer:
+        seen.append((model, kwargs))
+        return FakeScorer()
+
+    monkeypatch.setattr(li, "GenerativeScorer", record)
+    GenerativeRerank("some/model", device="cpu", max_batch_size=4)
+    config = ScorerConfig(model="other/model", dtype="float32")
+    rerank = GenerativeRerank(config=config)
+    assert seen == [
+        ("some/model", {"config": None, "device": "cpu", "max_batch_size": 4}),
+        (None, {"config": config}),
+    ]
+    assert rerank.model == "other/model"
+
+
+@pytest.mark.usefixtures("no_model_loading")
+def test_scorer_and_model_settings_conflict(scorer: GenerativeScorer) -> None:
+    with pytest.raises(TypeError, match="either scorer= or model settings"):
+        GenerativeRerank(scorer=scorer, device="cpu")
+    with pytest.raises(TypeError, match="either scorer= or model settings"):
+        GenerativeRerank(scorer=scorer, config=ScorerConfig())
+    with pytest.raises(TypeError, match="does not match"):
+        GenerativeRerank("another/model", scorer=scorer)
+    # The scorer's own model name is no conflict (this is how from_dict(..., scorer=...) round-trips).
+    data = GenerativeRerank(scorer=scorer, top_n=2).to_dict()
+    again = GenerativeRerank.from_dict(data, scorer=scorer)
+    assert again.scorer is scorer and again.top_n == 2
+
+
+@pytest.mark.usefixtures("no_model_loading")
+def test_unknown_arguments_and_bad_values_are_rejected_before_loading(scorer: GenerativeScorer) -> None:
+    with pytest.raises(TypeError, match="'topn'"):
+        GenerativeRerank(scorer=scorer, topn=3)
+    with pytest.raises(TypeError, match="'topn'"):
+        GenerativeRerank("some/model", topn=3)
+    with pytest.raises(TypeError, match=r"must be a genscore_core\.GenerativeScorer"):
+        GenerativeRerank(scorer="not a scorer")  # type: ignore[arg-type]
+    for bad in ({"top_n": 0}, {"top_n": True}, {"top_n": 2.5}, {"score_threshold": 1.5}):
+        with pytest.raises(ValidationError):
+            GenerativeRerank("some/model", **bad)
+    with pytest.raises(ValidationError):
+        GenerativeRerank(scorer=scorer, metadata_mode="everything")
+
+
+# -- 1. reranking -------------------------------------------------------------------------------------
+
+
+def test_scores_and_order_match_the_engine(scorer: GenerativeScorer) -> None:
+    nodes = make_nodes()
+    out = GenerativeRerank(scorer=scorer).postprocess_nodes(nodes, query_str=QUERY)
+    assert len(out) == len(nodes)  # top_n=None keeps all
+    assert_same_ranking(out, expected(scorer, nodes))
+    assert all(isinstance(n.score, float) and 0.0 <= n.score <= 1.0 for n in out)
+
+
+def test_top_n_and_score_threshold(scorer: GenerativeScorer) -> None:
+    nodes = make_nodes()
+    scores = sorted(score for _, score in expected(scorer, nodes))
+    threshold = scores[len(scores) // 2]
+    for options in ({"top_n": 2}, {"score_threshold": threshold}, {"top_n": 1, "score_threshold": threshold}):
+        out = GenerativeRerank(scorer=scorer, **options).postprocess_nodes(nodes, query_str=QUERY)
+        assert_same_ranking(out, expected(scorer, nodes, **options))
+    out = GenerativeRerank(scorer=scorer, score_threshold=threshold).postprocess_nodes(nodes, query_str=QUERY)
+    assert len(out) == len(scores) - len(scores) // 2
+    assert all(n.score is not None and n.score >= threshold for n in out)
+
+
+def test_query_bundle_is_accepted(scorer: GenerativeScorer) -> None:
+    nodes = make_nodes()
+    out = GenerativeRerank(scorer=scorer, top_n=3).postprocess_nodes(nodes, QueryBundle(QUERY))
+    assert_same_ranking(out, expected(scorer, nodes, top_n=3))
+
+
+@pytest.mark.parametrize("mode", list(MetadataMode))
+def test_metadata_mode_chooses_the_scored_text(mode: MetadataMode, scorer: GenerativeScorer) -> None:
+    nodes = make_nodes()
+    fake = FakeScorer()
+    fake_rerank(fake, metadata_mode=mode).postprocess_nodes(nodes, query_str=QUERY)
+    [(_, query, documents, _)] = fake.calls
+    assert query == QUERY
+    assert documents == [n.node.get_content(metadata_mode=mode) for n in nodes]
+    # And with the real engine the scores are those of that text.
+    out = GenerativeRerank(scorer=scorer, metadata_mode=mode).postprocess_nodes(nodes, query_str=QUERY)
+    assert_same_ranking(out, expected(scorer, nodes, mode))
+
+
+def test_default_mode_is_embed_which_hides_excluded_metadata() -> None:
+    fake = FakeScorer()
+    fake_rerank(fake).postprocess_nodes(make_nodes(), query_str=QUERY)
+    documents = fake.calls[0][2]
+    assert "source: doc0.md" in documents[0] and "internal-0" not in documents[0]
+
+
+def test_keep_retrieval_score(scorer: GenerativeScorer) -> None:
+    nodes = make_nodes()
+    retrieval = {n.node.node_id: n.score for n in nodes}
+    out = GenerativeRerank(scorer=scorer, keep_retrieval_score=True).postprocess_nodes(nodes, query_str=QUERY)
+    assert_same_ranking(out, expected(scorer, nodes))
+    for node in out:
+        assert node.node.metadata[RETRIEVAL_SCORE_KEY] == retrieval[node.node.node_id]
+        # Bookkeeping stays out of what embedders and the LLM read.
+        assert RETRIEVAL_SCORE_KEY not in node.node.get_content(metadata_mode=MetadataMode.LLM)
+        assert RETRIEVAL_SCORE_KEY not in node.node.get_content(metadata_mode=MetadataMode.EMBED)
+    plain = GenerativeRerank(scorer=scorer).postprocess_nodes(nodes, query_str=QUERY)
+    assert all(RETRIEVAL_SCORE_KEY not in n.node.metadata for n in plain)
+
+
+async def test_inputs_are_never_mutated(scorer: GenerativeScorer) -> None:
+    nodes = make_nodes()
+    before = copy.deepcopy(nodes)
+    rerank = GenerativeRerank(scorer=scorer, top_n=4, keep_retrieval_score=True)
+    outputs = [
+        rerank.postprocess_nodes(nodes, query_str=QUERY),
+        await rerank.apostprocess_nodes(nodes, query_str=QUERY),
+    ]
+    assert [n.model_dump() for n in nodes] == [n.model_dump() for n in before]
+    inputs = {id(n) for n in nodes} | {id(n.node) for n in nodes}
+    for out in outputs:
+        assert all(id(n) not in inputs and id(n.node) not in inputs for n in out)
+        # Ids, text and metadata survive on the copies; editing a copy leaves the input alone.
+        by_id = {n.node.node_id: n for n in nodes}
+        for n in out:
+            source = by_id[n.node.node_id].node
+            assert n.node.get_content() == source.get_content()
+            assert {k: v for k, v in n.node.metadata.items() if k != RETRIEVAL_SCORE_KEY} == source.metadata
+            n.node.metadata["edited"] = True
+    assert [n.model_dump() for n in nodes] == [n.model_dump() for n in before]
+
+
+async def test_empty_input_gives_empty_output(collector: Collector) -> None:
+    fake = FakeScorer()
+    rerank = fake_rerank(fake, top_n=3)
+    assert rerank.postprocess_nodes([], query_str=QUERY) == []
+    assert await rerank.apostprocess_nodes([], query_str=QUERY) == []
+    assert fake.calls == [] and collector.events == []
+
+
+async def test_missing_query_is_a_clear_error(collector: Collector) -> None:
+    fake = FakeScorer()
+    cb = LlamaDebugHandler()
+    rerank = fake_rerank(fake, callback_manager=CallbackManager([cb]))
+    for nodes in (make_nodes(), []):
+        with pytest.raises(InvalidRequestError, match=r"needs the query.*query_str=") as info:
+            rerank.postprocess_nodes(nodes)
+        assert isinstance(info.value, ValueError) and info.value.param == "query"
+        with pytest.raises(InvalidRequestError, match="needs the query"):
+            await rerank.apostprocess_nodes(nodes)
+    # Checked before anything happens: no scoring, no events of either kind.
+    assert fake.calls == [] and collector.events == []
+    assert cb.get_event_pairs(CBEventType.RERANKING) == []
+
+
+# -- 2. events ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_instrumentation_events(
+    use_async: bool, scorer: GenerativeScorer, collector: Collector
+) -> None:
+    nodes = make_nodes()
+    rerank = GenerativeRerank(scorer=scorer, top_n=2)
+    if use_async:
+        out = await rerank.apostprocess_nodes(nodes, query_str=QUERY)
+    else:
+        out = rerank.postprocess_nodes(nodes, query_str=QUERY)
+    start, end = collector.events
+    assert isinstance(start, ReRankStartEvent) and isinstance(end, ReRankEndEvent)
+    assert isinstance(start.query, QueryBundle) and start.query.query_str == QUERY
+    assert ids_scores(start.nodes) == ids_scores(nodes)
+    assert start.top_n == 2 and start.model_name == scorer.config.model
+    assert ids_scores(end.nodes) == ids_scores(out)
+    # Both inside the postprocessor's own span (the async path is decorated, the sync one by the mixin).
+    method = "_apostprocess_nodes" if use_async else "_postprocess_nodes"
+    assert start.span_id is not None and start.span_id.startswith(f"GenerativeRerank.{method}-")
+    assert end.span_id == start.span_id
+
+
+def test_start_event_reports_all_nodes_kept_when_top_n_is_none(
+    scorer: GenerativeScorer, collector: Collector
+) -> None:
+    GenerativeRerank(scorer=scorer).postprocess_nodes(make_nodes(), query_str=QUERY)
+    start, _ = collector.events
+    assert isinstance(start, ReRankStartEvent) and start.top_n == len(TEXTS)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_legacy_reranking_callback_event(use_async: bool, scorer: GenerativeScorer) -> None:
+    handler = LlamaDebugHandler()
+    rerank = GenerativeRerank(scorer=scorer, top_n=3, callback_manager=CallbackManager([handler]))
+    nodes = make_nodes()
+    if use_async:
+        out = await rerank.apostprocess_nodes(nodes, query_str=QUERY)
+    else:
+        out = rerank.postprocess_nodes(nodes, query_str=QUERY)
+    [(start, end)] = handler.get_event_pairs(CBEventType.RERANKING)
+    assert start.payload is not None and end.payload is not None
+    assert start.payload[EventPayload.QUERY_STR] == QUERY
+    assert start.payload[EventPayload.MODEL_NAME] == scorer.config.model
+    assert start.payload[EventPayload.TOP_K] == 3
+    assert ids_scores(start.payload[EventPayload.NODES]) == ids_scores(nodes)
+    assert ids_scores(end.payload[EventPayload.NODES]) == ids_scores(out)
+
+
+# -- 3. async -----------------------------------------------------------------------------------------
+
+
+async def test_async_path_uses_the_engines_async_method() -> None:
+    nodes = make_nodes()
+    fake = FakeScorer({nodes[3].node.get_content(metadata_mode=MetadataMode.EMBED): 0.9})
+    out = await fake_rerank(fake, top_n=1, score_threshold=0.1).apostprocess_nodes(nodes, query_str=QUERY)
+    assert [call[0] for call in fake.calls] == ["arerank"]
+    assert fake.calls[0][3] == {"top_n": 1, "score_threshold": 0.1}
+    assert ids_scores(out) == [("node-3", 0.9)]
+
+
+async def test_async_does_not_block_the_event_loop(scorer: GenerativeScorer) -> None:
+    nodes = [
+        NodeWithScore(node=TextNode(text=f"{TEXTS[i % len(TEXTS)]} Passage {i}. " * 3, id_=f"n{i}"))
+        for i in range(24)
+    ]
+    rerank = GenerativeRerank(scorer=scorer)
+    ticks: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0.001)
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0)  # let the ticker start
+    began = time.perf_counter()
+    out = await rerank.apostprocess_nodes(nodes, query_str=QUERY)
+    ended = time.perf_counter()
+    done.set()
+    await ticking
+    # Had the scoring run on the loop, no tick could fall strictly inside the call.
+    during = [t for t in ticks if began < t < ended]
+    assert len(during) >= 2, f"{len(during)} ticks during {ended - began:.3f}s of scoring"
+    assert len(out) == len(nodes)
+
+
+# -- 4. query engines, and one scorer shared with the LangChain adapter ---------------------------------
+
+
+def make_query_engine(rerank: GenerativeRerank) -> Any:
+    index = VectorStoreIndex([n.node for n in make_nodes()], embed_model=MockEmbedding(embed_dim=8))
+    return index.as_query_engine(llm=MockLLM(), similarity_top_k=len(TEXTS), node_postprocessors=[rerank])
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_query_engine_postprocessing(
+    use_async: bool, scorer: GenerativeScorer, collector: Collector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handler = LlamaDebugHandler()
+    monkeypatch.setattr(Settings, "callback_manager", CallbackManager([handler]))
+    engine = make_query_engine(GenerativeRerank(scorer=scorer, top_n=3))
+    response = await engine.aquery(QUERY) if use_async else engine.query(QUERY)
+    want = expected(scorer, make_nodes(), top_n=3)
+    assert_same_ranking(response.source_nodes, want)
+    # The mock LLM echoes its prompt: the context is the reranked nodes, best first.
+    positions = [response.response.index(n.node.get_content()) for n in response.source_nodes]
+    assert positions == sorted(positions)
+    assert [type(e) for e in collector.events] == [ReRankStartEvent, ReRankEndEvent]
+    assert len(handler.get_event_pairs(CBEventType.RERANKING)) == 1
+
+
+async def test_one_scorer_serves_both_frameworks_at_once(scorer: GenerativeScorer) -> None:
+    from langchain_core.documents import Document
+
+    from genscore_integrations.langchain import GenerativeReranker
+
+    nodes = make_nodes()
+    documents = [Document(page_content=n.node.get_content(metadata_mode=MetadataMode.EMBED)) for n in nodes]
+    llama = GenerativeRerank(scorer=scorer)
+    chain = GenerativeReranker(scorer=scorer, top_n=None)
+    assert llama.scorer is chain.scorer is scorer
+    want = expected(scorer, nodes)
+    text_of = {n.node.node_id: n.node.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes}
+
+    def check_llama(out: Sequence[NodeWithScore]) -> None:
+        assert_same_ranking(out, want)
+
+    def check_chain(out: Sequence[Document]) -> None:
+        assert [d.page_content for d in out] == [text_of[node_id] for node_id, _ in want]
+        for document, (_, score) in zip(out, want):
+            assert document.metadata["relevance_score"] == pytest.approx(score, abs=1e-6)
+
+    # From threads: both adapters, several calls each, at the same time.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        llama_runs = [pool.submit(llama.postprocess_nodes, nodes, None, QUERY) for _ in range(2)]
+        chain_runs = [pool.submit(chain.compress_documents, documents, QUERY) for _ in range(2)]
+        for llama_run in llama_runs:
+            check_llama(llama_run.result())
+        for chain_run in chain_runs:
+            check_chain(chain_run.result())
+    # From one event loop: both async paths interleaved.
+    llama_out, chain_out = await asyncio.gather(
+        llama.apostprocess_nodes(nodes, query_str=QUERY), chain.acompress_documents(documents, QUERY)
+    )
+    check_llama(llama_out)
+    check_chain(chain_out)
+
+
+def test_threads_share_one_postprocessor(scorer: GenerativeScorer) -> None:
+    nodes = make_nodes()
+    rerank = GenerativeRerank(scorer=scorer, top_n=2)
+    want = expected(scorer, nodes, top_n=2)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for out in pool.map(lambda _: rerank.postprocess_nodes(nodes, query_str=QUERY), range(3)):
+            assert_same_ranking(out, want)
