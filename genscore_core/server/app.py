@@ -100,6 +100,37 @@ class BodySizeLimitMiddleware:
         await self.app(scope, limited_receive, send)
 
 
+class InternalErrorMiddleware:
+    """Answer an unexpected exception with a 500 error body, and keep the connection usable.
+
+    (An ``Exception`` handler would run in Starlette's outermost middleware, which re-raises after
+    answering, and the server then drops the keep-alive connection the client is reusing.)
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            logger.exception("unexpected error answering %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            body = error_body("internal server error; see the server log", 500)
+            await JSONResponse(body, status_code=500)(scope, receive, send)
+
+
 def create_app(
     scorer: GenerativeScorer, limits: ServerLimits | None = None, *, served_model_name: str | None = None
 ) -> FastAPI:
@@ -133,6 +164,7 @@ def create_app(
     app.state.scorer = scorer
     app.state.batcher = batcher
     app.state.limits = limits
+    app.add_middleware(InternalErrorMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_body_bytes)
     _add_error_handlers(app)
 
@@ -243,11 +275,6 @@ def _add_error_handlers(app: FastAPI) -> None:
             status_code=error.status_code,
             headers=getattr(error, "headers", None),
         )
-
-    @app.exception_handler(Exception)
-    async def internal(request: Request, error: Exception) -> JSONResponse:
-        logger.exception("unexpected error answering %s %s", request.method, request.url.path)
-        return JSONResponse(error_body("internal server error; see the server log", 500), status_code=500)
 
 
 def _describe_validation(error: RequestValidationError) -> str:

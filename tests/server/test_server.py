@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from genscore_core import GenerativeScorer
+from genscore_core.server import create_app
 
 from ._support import (
     SEED_EMPTY_ITEMS_ERROR,
@@ -17,6 +18,7 @@ from ._support import (
     SEED_TEXT_REQUEST,
     SEED_TOKEN_REQUEST,
     TEST_LIMITS,
+    serve_in_thread,
 )
 
 PATHS = ["/generative_score", "/generative_scoring"]
@@ -231,3 +233,24 @@ def test_health_and_models(client: httpx.Client, scorer: GenerativeScorer) -> No
     assert card["max_model_len"] == scorer.max_length == 512
     stats = client.get("/stats").json()
     assert stats["requests"] >= 1 and stats["queued"] == 0
+
+
+# -- failures inside the server ---------------------------------------------------------------------
+
+
+class _BrokenBackend:
+    def score_jobs(self, jobs: object, on_progress: object = None) -> list[list[float]]:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_engine_failure_is_a_500_and_a_full_queue_a_503(scorer: GenerativeScorer) -> None:
+    app = create_app(scorer, TEST_LIMITS)
+    app.state.batcher.backend = _BrokenBackend()
+    with serve_in_thread(app) as live, httpx.Client(base_url=live.url, timeout=60.0) as http:
+        error = _assert_error(http.post("/generative_scoring", json=SEED_TOKEN_REQUEST), 500)
+        assert error["type"] == "InternalServerError" and "CUDA" not in error["message"]
+        assert http.get("/health").status_code == 200  # the server carries on
+        app.state.batcher.max_queued = 0
+        busy = http.post("/generative_scoring", json=SEED_TOKEN_REQUEST)
+        assert _assert_error(busy, 503)["type"] == "ServiceUnavailableError"
+        assert busy.headers["retry-after"] == "1"
