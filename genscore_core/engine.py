@@ -43,15 +43,20 @@ def select_forward(model: Any, config: ScorerConfig, pad_token_id: int) -> Forwa
 
     ``"packed"`` (and ``"auto"`` on CUDA) uses the packed forward where the architecture supports
     it; anything else, or an unsupported model, gets the padded forward of the model's own code.
+    Packed batches hold no padding, so unless ``max_batch_tokens`` was set they take the packed
+    forward's own, larger default.
     """
     if config.forward != "padded":
-        from genscore_core.packed import PackedForward, unsupported_reason
+        from genscore_core.packed import DEFAULT_MAX_BATCH_TOKENS, PackedForward, unsupported_reason
 
         on_cuda = next(model.parameters()).device.type == "cuda"
         if config.forward == "packed" or on_cuda:
             reason = unsupported_reason(model)
             if reason is None:
-                return PackedForward(model, max_batch_tokens=config.max_batch_tokens)
+                budget = config.max_batch_tokens
+                if "max_batch_tokens" not in config.model_fields_set:
+                    budget = DEFAULT_MAX_BATCH_TOKENS
+                return PackedForward(model, max_batch_tokens=budget)
             if config.forward == "packed":
                 logger.warning("forward='packed' unavailable (%s); using the padded forward", reason)
     return PaddedForward(

@@ -22,7 +22,14 @@ from genscore_core import GenerativeScorer
 from genscore_core.config import ScorerConfig
 from genscore_core.engine import select_forward
 from genscore_core.forward import PaddedForward, PrefixGroup
-from genscore_core.packed import PackedForward, build_batch, plan_batches, supports, unsupported_reason
+from genscore_core.packed import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    PackedForward,
+    build_batch,
+    plan_batches,
+    supports,
+    unsupported_reason,
+)
 
 ATOL = 1e-5
 
@@ -200,7 +207,11 @@ def test_unsupported_architecture_falls_back() -> None:
 
 
 def test_selection(qwen3: Any) -> None:
-    assert isinstance(select_forward(qwen3, ScorerConfig(forward="packed"), 0), PackedForward)
+    packed = select_forward(qwen3, ScorerConfig(forward="packed"), 0)
+    assert isinstance(packed, PackedForward) and packed.max_batch_tokens == DEFAULT_MAX_BATCH_TOKENS
+    chosen = select_forward(qwen3, ScorerConfig(forward="packed", max_batch_tokens=1000), 0)
+    assert isinstance(chosen, PackedForward) and chosen.max_batch_tokens == 1000
+    assert isinstance(select_forward(qwen3, ScorerConfig(), 0), PaddedForward)  # "auto" on the CPU
     assert isinstance(select_forward(qwen3, ScorerConfig(forward="padded"), 0), PaddedForward)
 
 

@@ -99,8 +99,8 @@ def segment_attention(
             ks = ks.repeat_interleave(groups, dim=0)
             vs = vs.repeat_interleave(groups, dim=0)
         mask = None
-        if n > 1:
-            mask = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
+        if n > 1:  # -inf above the bottom-right-aligned diagonal (an additive mask is the CPU fast path)
+            mask = torch.full((n, m), float("-inf"), dtype=q.dtype, device=q.device).triu_(m - n + 1)
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
         out[q0:q1] = o.transpose(0, 1)
     return out

@@ -172,6 +172,10 @@ class DeviceBatch:
 class PackedDecoder:
     """Runs packed batches through a Qwen3/Qwen2/Llama causal LM's decoder layers."""
 
+    trim_last_layer: bool = True
+    """Compute the last layer's queries, attention and MLP only where the output is read (benchmarks
+    turn it off to measure what it saves)."""
+
     def __init__(self, model: Any) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
@@ -252,7 +256,7 @@ class PackedDecoder:
         h = ops.add_rmsnorm(residual, None, self.layers[0].ln1, self.eps, self.dtype)
         positions_q = dev.positions
         for index, layer in enumerate(self.layers):
-            last = index == n_layers - 1
+            last = self.trim_last_layer and index == n_layers - 1
             k_buf = torch.empty(self.kv_shape(batch.kv_len), dtype=self.dtype, device=self.device)
             v_buf = torch.empty_like(k_buf)
             k_raw = F.linear(h, *layer.k)
@@ -303,7 +307,11 @@ class PackedDecoder:
             act = ops.silu_mul(F.linear(h, *layer.gate), F.linear(h, *layer.up))
             mlp_out = F.linear(act, *layer.down)
             del act
-            if last:
+            if index == n_layers - 1:
+                if not last:
+                    rows = dev.segment_last.index_select(0, dev.prompt_segments)
+                    residual = residual.index_select(0, rows)
+                    mlp_out = mlp_out.index_select(0, rows)
                 h = ops.add_rmsnorm(residual, mlp_out, self.final_norm, self.eps, torch.float32)
             else:
                 h = ops.add_rmsnorm(residual, mlp_out, self.layers[index + 1].ln1, self.eps, self.dtype)
