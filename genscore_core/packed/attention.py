@@ -104,3 +104,79 @@ def segment_attention(
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
         out[q0:q1] = o.transpose(0, 1)
     return out
+
+
+def square_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seq: torch.Tensor,
+    max_len: int,
+    scale: float,
+    *,
+    host_cu_seq: list[int] | None = None,
+) -> torch.Tensor:
+    """Causal attention over square segments (queries laid out like the keys): [Tk, Hq, D] out.
+
+    On CUDA this is cuDNN's ragged fused attention (faster than FlashAttention 2 on Hopper; see
+    docs/benchmarks.md), used when :func:`cudnn_ragged_ok` says it runs and matches here.
+    """
+    if q.is_cuda and cudnn_ragged_ok(q.device, q.dtype, q.shape[1], k.shape[1], q.shape[2]):
+        if _CUDNN_EXPAND_KV.get((q.device, q.dtype, q.shape[1], k.shape[1], q.shape[2]), False):
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        return _cudnn_ragged(q, k, v, cu_seq, max_len, scale)
+    cu = host_cu_seq if host_cu_seq is not None else cu_seq.tolist()
+    return segment_attention(q, k, v, cu, cu, scale)
+
+
+def _cudnn_ragged(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq: torch.Tensor, max_len: int, scale: float
+) -> torch.Tensor:
+    out = torch.ops.aten._cudnn_attention_forward(
+        q, k, v, None, cu_seq, cu_seq, max_len, max_len, False, 0.0, True, False, scale=scale
+    )[0]
+    return out  # type: ignore[no-any-return]
+
+
+_CUDNN_OK: dict[tuple[Any, ...], bool] = {}
+_CUDNN_EXPAND_KV: dict[tuple[Any, ...], bool] = {}
+
+
+def cudnn_ragged_ok(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> bool:
+    """Whether cuDNN's ragged attention runs here and matches the reference (checked once per shape).
+
+    Tries grouped K/V heads first, then K/V expanded to the query heads.
+    """
+    key = (device, dtype, heads, kv_heads, dim)
+    if key in _CUDNN_OK:
+        return _CUDNN_OK[key]
+    ok = False
+    if (
+        device.type == "cuda"
+        and dtype in (torch.float16, torch.bfloat16)
+        and hasattr(torch.ops.aten, "_cudnn_attention_forward")
+    ):
+        generator = torch.Generator(device=device).manual_seed(0)
+        lengths = [37, 129, 5, 64, 1, 200]
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        q = torch.randn(cu[-1], heads, dim, device=device, dtype=dtype, generator=generator)
+        k = torch.randn(cu[-1], kv_heads, dim, device=device, dtype=dtype, generator=generator)
+        v = torch.randn(cu[-1], kv_heads, dim, device=device, dtype=dtype, generator=generator)
+        expected = segment_attention(q, k, v, cu, cu, dim**-0.5).float()
+        cu_seq = torch.tensor(cu, dtype=torch.int32, device=device)
+        for expand in [False, True] if kv_heads != heads else [False]:
+            try:
+                kk = k.repeat_interleave(heads // kv_heads, dim=1) if expand else k
+                vv = v.repeat_interleave(heads // kv_heads, dim=1) if expand else v
+                got = _cudnn_ragged(q, kk, vv, cu_seq, max(lengths), dim**-0.5).float()
+                if bool(((got - expected).abs().max() < 3e-2).item()):
+                    ok = True
+                    _CUDNN_EXPAND_KV[key] = expand
+                    break
+            except RuntimeError:
+                continue
+    _CUDNN_OK[key] = ok
+    return ok
