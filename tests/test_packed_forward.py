@@ -24,7 +24,6 @@ from genscore_core.engine import select_forward
 from genscore_core.forward import PaddedForward, PrefixGroup
 from genscore_core.packed import (
     DEFAULT_MAX_BATCH_TOKENS,
-    PackedDecoder,
     PackedForward,
     build_batch,
     plan_batches,
@@ -139,17 +138,9 @@ def test_plan_rejects_bad_budget() -> None:
 # -- numerics against Hugging Face ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("square", [True, False], ids=["square-segments", "bottom-right"])
 @pytest.mark.parametrize("budget", [8, 30, 100_000])
-def test_matches_hf_forward_fp32(
-    qwen3: Any, budget: int, square: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Small budgets split groups over batches, so prefixes go through the cross-batch KV cache.
-
-    Both attention layouts: queries at their KV slots (cuDNN's square segments) and suffix queries
-    only, aligned bottom-right on [prefix ; own] keys (FlashAttention's).
-    """
-    monkeypatch.setattr(PackedDecoder, "square_attention", square)
+def test_matches_hf_forward_fp32(qwen3: Any, budget: int) -> None:
+    """Small budgets split groups over batches, so prefixes go through the cross-batch KV cache."""
     groups = _random_groups(random.Random(2), qwen3.config.vocab_size, SPEC)
     got = PackedForward(qwen3, max_batch_tokens=budget).last_hidden_states(groups)
     assert got.dtype == torch.float32

@@ -501,9 +501,6 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
     PackedDecoder.trim_last_layer = False
     steps["without the trimmed last layer"] = w1_forward_rate(base, groups)
     PackedDecoder.trim_last_layer = True
-    PackedDecoder.square_attention = False
-    steps["flash varlen (bottom-right) instead of cuDNN ragged (square)"] = w1_forward_rate(base, groups)
-    PackedDecoder.square_attention = True
     for budget in sorted({16384, 32768, 65536, 131072} - {best_budget}):
         forward = PackedForward(model, max_batch_tokens=budget)
         rate = w1_forward_rate(forward, groups)
@@ -546,7 +543,6 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
                 key = ev.key.lower()
                 cat = (
                     "attention (flash varlen)" if "flash" in key else
-                    "attention (cuDNN)" if "cudnn" in key or "fmha" in key or "sdpa" in key else
                     "matmul" if any(s in key for s in ("gemm", "nvjet", "cutlass", "sm90", "xmma")) else
                     "triton: add+rmsnorm" if "add_rmsnorm" in key else
                     "triton: norm+rope(+kv scatter)" if "rope" in key else
@@ -616,18 +612,6 @@ def attention_probe(report: Report, w1: Workload, device: torch.device) -> None:
     report.note(
         f"attention probe, flash varlen on the W1 layout: {t * 1e3:.2f} ms/layer, {work / t / 1e12:.0f} TFLOP/s"
     )
-    from genscore_core.packed.attention import cudnn_ragged_ok, square_attention
-
-    ok = cudnn_ragged_ok(device, bf16, heads, kv_heads, dim)
-    report.note(f"cuDNN ragged attention usable here: {ok}")
-    if ok:
-        qs = torch.randn(batch.kv_len, heads, dim, device=device, dtype=bf16)
-        t = bench(lambda: square_attention(qs, k, v, cu_k, batch.max_k, dim**-0.5))
-        square_work = 4 * heads * dim * sum(m * (m + 1) // 2 for m in k_lens)
-        report.note(
-            f"attention probe, cuDNN ragged on the W1 square layout: {t * 1e3:.2f} ms/layer, "
-            f"{square_work / t / 1e12:.0f} TFLOP/s ({work / t / 1e12:.0f} on the needed work)"
-        )
     length = round(w1.prompt_tokens() / w1.pairs)
     qd = torch.randn(w1.pairs, heads, length, dim, device=device, dtype=bf16)
     kd = torch.randn(w1.pairs, heads, length, dim, device=device, dtype=bf16)

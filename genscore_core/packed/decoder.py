@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from genscore_core.forward import decoder_of
 from genscore_core.packed import ops
-from genscore_core.packed.attention import cudnn_ragged_ok, square_attention, varlen_attention
+from genscore_core.packed.attention import varlen_attention
 from genscore_core.packed.plan import PackedBatch
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
@@ -172,11 +172,6 @@ class DeviceBatch:
 class PackedDecoder:
     """Runs packed batches through a Qwen3/Qwen2/Llama causal LM's decoder layers."""
 
-    square_attention: bool = True
-    """Lay queries out like the keys (square segments) for cuDNN's ragged attention where it runs and
-    matches here (``attention.cudnn_ragged_ok``); otherwise, and in the last layer, FlashAttention's
-    variable-length kernel with bottom-right causal alignment. On the CPU both are exact."""
-
     trim_last_layer: bool = True
     """Compute the last layer's queries, attention and MLP only where the output is read (benchmarks
     turn it off to measure what it saves)."""
@@ -260,10 +255,6 @@ class PackedDecoder:
         residual = F.embedding(dev.input_ids, self.embed).float()  # [T, H]
         h = ops.add_rmsnorm(residual, None, self.layers[0].ln1, self.eps, self.dtype)
         positions_q = dev.positions
-        square = self.square_attention and (
-            self.device.type != "cuda"
-            or cudnn_ragged_ok(self.device, self.dtype, self.num_heads, self.num_kv_heads, self.head_dim)
-        )
         for index, layer in enumerate(self.layers):
             last = self.trim_last_layer and index == n_layers - 1
             k_buf = torch.empty(self.kv_shape(batch.kv_len), dtype=self.dtype, device=self.device)
@@ -290,38 +281,21 @@ class PackedDecoder:
                 residual = residual.index_select(0, dev.segment_last)
                 positions_q = dev.positions.index_select(0, dev.segment_last)
             q_raw = F.linear(h, *layer.q)
-            if square and not last:
-                # Queries at their tokens' KV slots (square segments); a prompt's prefix slots get
-                # zero queries whose outputs nobody reads.
-                q = torch.empty(
-                    (batch.kv_len, self.num_heads, self.head_dim),
-                    dtype=self.dtype,
-                    device=self.device,
-                )
-                ops.rope(q_raw, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q, dev.kv_slot)
-                del q_raw
-                if batch.rep_dst.numel():
-                    q.index_fill_(0, dev.rep_dst, 0.0)
-                attn = square_attention(
-                    q, k_buf, v_buf, dev.cu_seq_k, batch.max_k, self.scale, host_cu_seq=host_cu[1]
-                )
-                attn = attn.index_select(0, dev.kv_slot)
+            q = torch.empty(
+                (q_raw.shape[0], self.num_heads, self.head_dim), dtype=self.dtype, device=self.device
+            )
+            ops.rope(q_raw, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q)
+            del q_raw
+            if last:
+                attn = varlen_attention(
+                    q, k_buf, v_buf, dev.cu_seq_last, dev.cu_seq_k, 1, batch.max_k, self.scale,
+                    host_cu_seq=host_cu_last,
+                )  # fmt: skip
             else:
-                q = torch.empty(
-                    (q_raw.shape[0], self.num_heads, self.head_dim), dtype=self.dtype, device=self.device
-                )
-                ops.rope(q_raw, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q)
-                del q_raw
-                if last:
-                    attn = varlen_attention(
-                        q, k_buf, v_buf, dev.cu_seq_last, dev.cu_seq_k, 1, batch.max_k, self.scale,
-                        host_cu_seq=host_cu_last,
-                    )  # fmt: skip
-                else:
-                    attn = varlen_attention(
-                        q, k_buf, v_buf, dev.cu_seq_q, dev.cu_seq_k, batch.max_q, batch.max_k, self.scale,
-                        host_cu_seq=host_cu,
-                    )  # fmt: skip
+                attn = varlen_attention(
+                    q, k_buf, v_buf, dev.cu_seq_q, dev.cu_seq_k, batch.max_q, batch.max_k, self.scale,
+                    host_cu_seq=host_cu,
+                )  # fmt: skip
             del q, k_buf, v_buf
             if last:
                 attn = attn.index_select(0, dev.prompt_segments)
