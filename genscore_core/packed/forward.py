@@ -28,7 +28,8 @@ class PackedForward:
     Args:
         model: The causal LM.
         max_batch_tokens: Tokens computed per forward batch (no padding; a shared prefix counts once).
-            Memory grows with it, about 26 KB a token for a Qwen3-0.6B shape in bf16.
+            Memory grows with it: about 24 KB a token for a Qwen3-0.6B shape in bf16 (0.97 GiB
+            at 64k on W1, docs/benchmarks.md).
     """
 
     def __init__(self, model: Any, *, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> None:
