@@ -31,11 +31,13 @@ class ScorerConfig(BaseModel):
     dtype: str | None = None
     """``"bfloat16"``, ``"float16"``, ``"float32"``; ``None`` is bf16 on CUDA and fp32 on the CPU."""
     max_batch_tokens: int = Field(default=16384, gt=0)
-    """Token budget of one forward batch (padded tokens count)."""
+    """Token budget of one forward batch: padded tokens count in the padded forward; the packed
+    forward counts computed tokens and, when this is left unset, uses its own default (65536)."""
     max_batch_size: int = Field(default=64, gt=0)
     forward: Literal["auto", "padded", "packed"] = "auto"
-    """``"packed"``: variable-length batches with shared-prefix reuse; ``"auto"`` picks it on CUDA when
-    the architecture supports it."""
+    """``"packed"``: variable-length batches without padding, each query's shared prefix computed once
+    (Qwen3, Qwen2 and Llama-style models); ``"padded"``: left-padded batches through the model's own
+    forward (any causal LM); ``"auto"``: packed where the architecture supports it, else padded."""
     trust_remote_code: bool = False
     show_progress: bool = False
     """Show a progress bar on stderr while scoring."""

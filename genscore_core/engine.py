@@ -41,24 +41,22 @@ def group_prompts(prompts: Sequence[list[int]]) -> PrefixGroup:
 def select_forward(model: Any, config: ScorerConfig, pad_token_id: int) -> ForwardStrategy:
     """Pick how prompts go through the model (the one place that decides it).
 
-    ``"packed"`` (and ``"auto"`` on CUDA) uses the packed forward where the architecture supports
-    it; anything else, or an unsupported model, gets the padded forward of the model's own code.
-    Packed batches hold no padding, so unless ``max_batch_tokens`` was set they take the packed
-    forward's own, larger default.
+    ``"auto"`` and ``"packed"`` use the packed forward where the architecture supports it (on the
+    CPU too: it measured 2.2x the padded forward there, docs/benchmarks.md); ``"padded"``, or an
+    unsupported model, gets the padded forward of the model's own code. Packed batches hold no
+    padding, so unless ``max_batch_tokens`` was set they take the packed forward's own, larger default.
     """
     if config.forward != "padded":
         from genscore_core.packed import DEFAULT_MAX_BATCH_TOKENS, PackedForward, unsupported_reason
 
-        on_cuda = next(model.parameters()).device.type == "cuda"
-        if config.forward == "packed" or on_cuda:
-            reason = unsupported_reason(model)
-            if reason is None:
-                budget = config.max_batch_tokens
-                if "max_batch_tokens" not in config.model_fields_set:
-                    budget = DEFAULT_MAX_BATCH_TOKENS
-                return PackedForward(model, max_batch_tokens=budget)
-            if config.forward == "packed":
-                logger.warning("forward='packed' unavailable (%s); using the padded forward", reason)
+        reason = unsupported_reason(model)
+        if reason is None:
+            budget = config.max_batch_tokens
+            if "max_batch_tokens" not in config.model_fields_set:
+                budget = DEFAULT_MAX_BATCH_TOKENS
+            return PackedForward(model, max_batch_tokens=budget)
+        if config.forward == "packed":
+            logger.warning("forward='packed' unavailable (%s); using the padded forward", reason)
     return PaddedForward(
         model,
         pad_token_id=pad_token_id,

@@ -46,14 +46,28 @@ def test_left_pad_positions_count_real_tokens() -> None:
     assert positions[0].tolist() == [0, 1, 2]
 
 
-def test_batch_composition_does_not_change_scores(tiny_model_dir: Path, scorer: GenerativeScorer) -> None:
+@pytest.mark.parametrize("forward", ["padded", "packed"])
+def test_batch_composition_does_not_change_scores(
+    tiny_model_dir: Path, scorer: GenerativeScorer, forward: str
+) -> None:
+    # The reference scores every prompt alone, through the model's own forward.
     one_at_a_time = GenerativeScorer.from_model(
-        scorer.model, scorer.tokenizer, model=str(tiny_model_dir), max_length=512, max_batch_size=1
+        scorer.model,
+        scorer.tokenizer,
+        model=str(tiny_model_dir),
+        max_length=512,
+        max_batch_size=1,
+        forward="padded",
     )
     reference = one_at_a_time.score_documents("capital of France", DOCS)
     for tokens, size in [(64, 64), (400, 2), (100000, 64)]:
         other = GenerativeScorer.from_model(
-            scorer.model, scorer.tokenizer, max_length=512, max_batch_tokens=tokens, max_batch_size=size
+            scorer.model,
+            scorer.tokenizer,
+            max_length=512,
+            max_batch_tokens=tokens,
+            max_batch_size=size,
+            forward=forward,
         )
         scores = other.score_documents("capital of France", DOCS)
         assert max(abs(a - b) for a, b in zip(scores, reference, strict=True)) <= 1e-5
@@ -248,3 +262,8 @@ async def test_arerank_does_not_block_the_event_loop(scorer: GenerativeScorer) -
     await task
     assert len(ranked) == len(DOCS) * 8
     assert ticks > 10
+
+
+def test_auto_forward_picks_packed_for_qwen3(scorer: GenerativeScorer) -> None:
+    assert scorer.config.forward == "auto"
+    assert type(scorer.engine.forward).__name__ == "PackedForward"

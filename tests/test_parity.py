@@ -32,9 +32,15 @@ def _text(rng: random.Random, n_words: int) -> str:
     return " ".join(words) + rng.choice([".", "?", "!", "", "\n"])
 
 
+@pytest.mark.parametrize("forward", ["padded", "packed"])
 def test_official_recipe_parity_fp32(
-    scorer: GenerativeScorer, reference_model: tuple[object, object]
+    scorer: GenerativeScorer, reference_model: tuple[object, object], forward: str
 ) -> None:
+    scorer = GenerativeScorer.from_model(scorer.model, scorer.tokenizer, max_length=512, forward=forward)
+    assert (
+        type(scorer.engine.forward).__name__
+        == {"padded": "PaddedForward", "packed": "PackedForward"}[forward]
+    )
     rng = random.Random(7)
     queries = [_text(rng, n) for n in (3, 8, 15, 40, 1)]
     # Lengths from a word to far past max_length=512, so some pairs are truncated.
