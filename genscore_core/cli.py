@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from genscore_core.cli_args import positive_int
 from genscore_core.config import DEFAULT_MODEL
 from genscore_core.errors import GenScoreError
 from genscore_core.server.cli import add_serve_command
@@ -109,16 +110,6 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="genscore", description="Rerank documents by a causal LM's next-token label probabilities."
@@ -138,11 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     rerank.add_argument("--documents", metavar="FILE", help="input file; stdin when absent or '-'")
     rerank.add_argument("--template", default="auto", help="qwen3-reranker, mxbai-rerank-v2 or auto")
     rerank.add_argument("--instruction", help="task instruction for templates that take one")
-    rerank.add_argument("--max-length", type=_positive_int, help="longest prompt in tokens")
-    rerank.add_argument("--top-n", type=_positive_int, help="print only the best N")
+    rerank.add_argument("--max-length", type=positive_int, help="longest prompt in tokens")
+    rerank.add_argument("--top-n", type=positive_int, help="print only the best N")
     rerank.add_argument("--device", help="cuda, cuda:1, cpu... (default: CUDA when available)")
     rerank.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bf16 on CUDA, fp32 on CPU)")
-    rerank.add_argument("--batch-tokens", type=_positive_int, help="token budget of one forward batch")
+    rerank.add_argument("--batch-tokens", type=positive_int, help="token budget of one forward batch")
     rerank.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     rerank.set_defaults(handler=_rerank)
 

@@ -241,12 +241,11 @@ class _Call:
     payload: dict[str, Any]
 
 
-class TokenScoringClient(RemoteBackend):
-    """A backend that sends token-id prompts as ``query`` (their shared prefix) + ``items`` (the rests).
+class HttpBackend(RemoteBackend):
+    """What every client of a scoring server holds: the transport, the endpoint and request sizing.
 
-    Prompts are concatenated at token level by every server that speaks these protocols, so the
-    server scores exactly the prompts built here. Jobs larger than ``batch_size`` items are split
-    into several requests, sent in parallel (at most ``max_concurrency`` at a time).
+    ``batch_size`` caps the items of one HTTP request; bigger jobs become several requests, at most
+    ``max_concurrency`` in flight at once.
     """
 
     path: str
@@ -265,6 +264,21 @@ class TokenScoringClient(RemoteBackend):
         self.model = model
         self.batch_size = batch_size
         self.max_concurrency = max_concurrency
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _bad_answer(self, detail: str) -> RemoteScoringError:
+        return RemoteScoringError(f"{self.http.base_url}{self.path} answered {detail}", status=200)
+
+
+class TokenScoringClient(HttpBackend):
+    """A backend that sends token-id prompts as ``query`` (their shared prefix) + ``items`` (the rests).
+
+    Prompts are concatenated at token level by every server that speaks these protocols, so the
+    server scores exactly the prompts built here. Jobs larger than ``batch_size`` items are split
+    into several requests, sent in parallel (at most ``max_concurrency`` at a time).
+    """
 
     def _payload(self, query: list[int], items: list[list[int]], job: ScoringJob) -> dict[str, Any]:
         raise NotImplementedError
@@ -317,12 +331,6 @@ class TokenScoringClient(RemoteBackend):
                 return await self.http.apost_json(self.path, call.payload)
 
         return self._collect(jobs, calls, await asyncio.gather(*(send(call) for call in calls)))
-
-    def close(self) -> None:
-        self.http.close()
-
-    def _bad_answer(self, detail: str) -> RemoteScoringError:
-        return RemoteScoringError(f"{self.http.base_url}{self.path} answered {detail}", status=200)
 
 
 def as_probability(value: Any) -> float:

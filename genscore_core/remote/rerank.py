@@ -15,29 +15,13 @@ from typing import Any
 from genscore_core.engine import ScoringJob
 from genscore_core.errors import InvalidRequestError
 from genscore_core.forward import ProgressCallback
-from genscore_core.remote.base import RemoteBackend, RemoteScoringError
-from genscore_core.remote.client import HttpTransport, as_probability
+from genscore_core.remote.client import HttpBackend, as_probability
 
 
-class RerankClient(RemoteBackend):
+class RerankClient(HttpBackend):
     kind = "rerank"
     accepts_token_ids = False
     path = "/v1/rerank"
-
-    def __init__(
-        self,
-        http: HttpTransport,
-        *,
-        model: str | None = None,
-        batch_size: int = 256,
-        max_concurrency: int = 8,
-    ) -> None:
-        if batch_size < 1 or max_concurrency < 1:
-            raise ValueError("batch_size and max_concurrency must be positive")
-        self.http = http
-        self.model = model
-        self.batch_size = batch_size
-        self.max_concurrency = max_concurrency
 
     def score_jobs(
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
@@ -97,9 +81,3 @@ class RerankClient(RemoteBackend):
         if any(score is None for score in scores):
             raise self._bad_answer("duplicate result indices")
         return [score for score in scores if score is not None]
-
-    def _bad_answer(self, detail: str) -> RemoteScoringError:
-        return RemoteScoringError(f"{self.http.base_url}{self.path} answered {detail}", status=200)
-
-    def close(self) -> None:
-        self.http.close()

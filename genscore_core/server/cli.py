@@ -11,6 +11,7 @@ import ipaddress
 import sys
 from typing import Any
 
+from genscore_core.cli_args import positive_int
 from genscore_core.server.limits import ServerLimits
 
 _LIMIT_FLAGS = {
@@ -23,18 +24,8 @@ _LIMIT_FLAGS = {
 }
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _port(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"expected a port number (1-65535), got {value}")
     return value
@@ -65,32 +56,32 @@ def add_serve_command(commands: Any) -> None:
     serve.add_argument("--served-model-name", help="model name in responses (default: --model)")
     serve.add_argument("--template", default="auto", help="qwen3-reranker, mxbai-rerank-v2 or auto")
     serve.add_argument("--instruction", help="task instruction for /v1/rerank's template")
-    serve.add_argument("--max-length", type=_positive_int, help="longest prompt in tokens")
+    serve.add_argument("--max-length", type=positive_int, help="longest prompt in tokens")
     serve.add_argument("--device", help="cuda, cuda:1, cpu... (default: CUDA when available)")
     serve.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bf16 on CUDA, fp32 on CPU)")
-    serve.add_argument("--batch-tokens", type=_positive_int, help="token budget of one forward batch")
+    serve.add_argument("--batch-tokens", type=positive_int, help="token budget of one forward batch")
     limits = serve.add_argument_group("request limits and batching")
     limits.add_argument(
         "--max-items",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.max_items_per_request,
         help="most items or documents per request (default %(default)s)",
     )
     limits.add_argument(
         "--max-prompt-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.max_prompt_tokens_per_request,
         help="most prompt tokens per request, all items together (default %(default)s)",
     )
     limits.add_argument(
         "--max-body-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.max_body_bytes,
         help="largest request body (default %(default)s)",
     )
     limits.add_argument(
         "--batch-max-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.batch_max_tokens,
         help="prompt tokens of concurrent requests scored in one engine call (default %(default)s)",
     )
@@ -102,7 +93,7 @@ def add_serve_command(commands: Any) -> None:
     )
     limits.add_argument(
         "--max-queued-requests",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.max_queued_requests,
         help="requests allowed to wait; more get 503 (default %(default)s)",
     )
