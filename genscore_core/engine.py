@@ -78,17 +78,38 @@ class ScoringEngine:
     def score_jobs(
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
     ) -> list[list[float]]:
-        """Scores of every prompt of every job, in job order then prompt order."""
+        """Scores of every prompt of every job, in job order then prompt order.
+
+        A prompt repeated within a job (the same chunk found by two retrievers) is computed once, so
+        duplicates get the very same score and stay tied whatever batch layout the forward picks.
+        """
         active = [job for job in jobs if job.prompts]
-        groups = [group_prompts(job.prompts) for job in active]
+        distinct = [distinct_prompts(job.prompts) for job in active]
+        groups = [group_prompts(prompts) for prompts, _ in distinct]
         scores: dict[int, list[float]] = {}
         if groups:
             with self._lock, torch.inference_mode():
-                hidden = self.forward.last_hidden_states(groups, on_progress)  # [N, H]
+                hidden = self.forward.last_hidden_states(groups, on_progress)  # [N distinct, H]
                 offset = 0
-                for job in active:
-                    rows = hidden[offset : offset + len(job.prompts)]
-                    offset += len(job.prompts)
-                    values = self.head.scores(rows, job.label_ids, job.apply_softmax)
-                    scores[id(job)] = values.double().cpu().tolist()
+                for job, (prompts, where) in zip(active, distinct):
+                    rows = hidden[offset : offset + len(prompts)]
+                    offset += len(prompts)
+                    values = self.head.scores(rows, job.label_ids, job.apply_softmax).double().cpu().tolist()
+                    scores[id(job)] = [values[i] for i in where]
+                    if on_progress is not None and len(prompts) < len(job.prompts):
+                        on_progress(len(job.prompts) - len(prompts))
         return [scores.get(id(job), []) for job in jobs]
+
+
+def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts in first-seen order, and for each input prompt the index of its copy."""
+    index: dict[tuple[int, ...], int] = {}
+    distinct: list[list[int]] = []
+    where: list[int] = []
+    for prompt in prompts:
+        key = tuple(prompt)
+        if key not in index:
+            index[key] = len(distinct)
+            distinct.append(prompt)
+        where.append(index[key])
+    return distinct, where

@@ -102,6 +102,12 @@ def rank_results(
     return RankedResults(query=query, results=results)
 
 
+def scorer_setting_names() -> frozenset[str]:
+    """Keyword names that configure a new :class:`GenerativeScorer`: ``model``, ``config`` and the
+    fields of :class:`ScorerConfig`. Adapters use it to tell scorer settings from their own options."""
+    return frozenset({"model", "config", *ScorerConfig.model_fields})
+
+
 class GenerativeScorer:
     """Scores (query, document) pairs by a causal LM's next-token label probabilities.
 

@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from copy import deepcopy
 from typing import TYPE_CHECKING, Annotated, Any
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from genscore_core import GenerativeScorer, RankedResult, RankedResults, ScorerConfig
+from genscore_core.scorer import scorer_setting_names
 
 try:
     from langchain_core.callbacks import Callbacks
@@ -46,16 +46,7 @@ TRUNCATED_KEY = "genscore_truncated"
 """Metadata key of the flag telling whether the document was shortened to fit the prompt length."""
 
 
-def _scorer_setting_names() -> frozenset[str]:
-    """Names that configure a new scorer: the fields of ScorerConfig and the scorer's keyword arguments."""
-    names = set(ScorerConfig.model_fields)
-    for name, param in inspect.signature(GenerativeScorer.__init__).parameters.items():
-        if name != "self" and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            names.add(name)
-    return frozenset(names)
-
-
-_SCORER_SETTINGS = _scorer_setting_names()
+_SCORER_SETTINGS = scorer_setting_names()
 
 
 def _build_scorer(data: Any, owner: type[BaseModel]) -> Any:

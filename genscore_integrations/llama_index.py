@@ -11,7 +11,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -29,6 +28,7 @@ except ImportError as exc:
     ) from exc
 
 from genscore_core import DEFAULT_MODEL, GenerativeScorer, InvalidRequestError, RankedResults, ScorerConfig
+from genscore_core.scorer import scorer_setting_names
 
 __all__ = ["RETRIEVAL_SCORE_KEY", "GenerativeRerank"]
 
@@ -38,16 +38,8 @@ RETRIEVAL_SCORE_KEY = "retrieval_score"
 dispatcher = get_dispatcher(__name__)
 
 
-def _setting_names() -> frozenset[str]:
-    """Keyword settings a new scorer takes: ScorerConfig's fields and the scorer's own keywords."""
-    names = set(ScorerConfig.model_fields)
-    for name, param in inspect.signature(GenerativeScorer.__init__).parameters.items():
-        if param.kind is param.KEYWORD_ONLY:
-            names.add(name)
-    return frozenset(names - {"model", "config"})  # explicit parameters of GenerativeRerank
-
-
-_SETTING_NAMES = _setting_names()
+# Its own parameters take "model" and "config"; the rest go to a new scorer.
+_SETTING_NAMES = scorer_setting_names() - {"model", "config"}
 
 
 class GenerativeRerank(BaseNodePostprocessor):

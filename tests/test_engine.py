@@ -267,3 +267,27 @@ async def test_arerank_does_not_block_the_event_loop(scorer: GenerativeScorer) -
 def test_auto_forward_picks_packed_for_qwen3(scorer: GenerativeScorer) -> None:
     assert scorer.config.forward == "auto"
     assert type(scorer.engine.forward).__name__ == "PackedForward"
+
+
+def test_duplicate_documents_are_scored_once_and_tie(scorer: GenerativeScorer) -> None:
+    docs = ["alpha beta", "gamma", "alpha beta", "delta " * 30, "gamma", "alpha beta"]
+    calls: list[int] = []
+    forward = scorer.engine.forward
+    original = forward.last_hidden_states
+
+    def counting(groups: Any, on_progress: Any = None) -> torch.Tensor:
+        calls.append(sum(len(g.suffix_ids) for g in groups))
+        return original(groups, on_progress)
+
+    forward.last_hidden_states = counting  # type: ignore[method-assign]
+    try:
+        scores = scorer.score_documents("q", docs)
+    finally:
+        del forward.last_hidden_states
+    assert calls == [3]
+    assert scores[0] == scores[2] == scores[5] and scores[1] == scores[4]
+    alone = scorer.score_documents("q", ["alpha beta", "gamma", "delta " * 30])
+    assert [scores[0], scores[1], scores[3]] == pytest.approx(alone, abs=1e-5)
+    ranked = scorer.rerank("q", docs)
+    ties = [r.index for r in ranked if r.document == "alpha beta"]
+    assert ties == [0, 2, 5]

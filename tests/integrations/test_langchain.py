@@ -343,7 +343,7 @@ async def test_acompress_awaits_the_scorer_async_api() -> None:
 
 
 class ModelGate:
-    """Holds the model's forward pass (wherever it runs) until a coroutine on the event loop opens the gate.
+    """Holds the engine's forward pass (wherever it runs) until a coroutine on the event loop opens the gate.
 
     A rerank that blocked the event loop would wait for the gate until the timeout instead of finishing.
     """
@@ -352,16 +352,20 @@ class ModelGate:
         self.entered = threading.Event()
         self.gate = threading.Event()
         self.thread_ids: set[int] = set()
-        self._handle = scorer.model.get_input_embeddings().register_forward_pre_hook(self._hold)
+        self._forward = scorer.engine.forward
+        original = self._forward.last_hidden_states
 
-    def _hold(self, module: Any, args: Any) -> None:
-        self.thread_ids.add(threading.get_ident())
-        self.entered.set()
-        if not self.gate.wait(timeout=5):
-            raise TimeoutError("the event loop made no progress while the model ran")
+        def held(*args: Any, **kwargs: Any) -> Any:
+            self.thread_ids.add(threading.get_ident())
+            self.entered.set()
+            if not self.gate.wait(timeout=5):
+                raise TimeoutError("the event loop made no progress while the model ran")
+            return original(*args, **kwargs)
+
+        self._forward.last_hidden_states = held  # type: ignore[method-assign]
 
     def remove(self) -> None:
-        self._handle.remove()
+        del self._forward.last_hidden_states
 
 
 async def test_acompress_does_not_block_the_event_loop(
