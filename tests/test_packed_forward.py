@@ -211,7 +211,7 @@ def test_selection(qwen3: Any) -> None:
     assert isinstance(packed, PackedForward) and packed.max_batch_tokens == DEFAULT_MAX_BATCH_TOKENS
     chosen = select_forward(qwen3, ScorerConfig(forward="packed", max_batch_tokens=1000), 0)
     assert isinstance(chosen, PackedForward) and chosen.max_batch_tokens == 1000
-    assert isinstance(select_forward(qwen3, ScorerConfig(), 0), PaddedForward)  # "auto" on the CPU
+    assert isinstance(select_forward(qwen3, ScorerConfig(), 0), PackedForward)  # "auto", on the CPU too
     assert isinstance(select_forward(qwen3, ScorerConfig(forward="padded"), 0), PaddedForward)
 
 
