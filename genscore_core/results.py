@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from genscore_core.prompts import EncodedPrompt
 
 
 class RankedResult(BaseModel):
@@ -46,3 +50,38 @@ class RankedResults(BaseModel):
             if result.index == index:
                 return result.score
         raise KeyError(f"no result for input index {index}")
+
+
+def rank_results(
+    query: str,
+    documents: Sequence[str],
+    scored: Sequence[tuple[float, EncodedPrompt]],
+    *,
+    top_n: int | None = None,
+    score_threshold: float | None = None,
+) -> RankedResults:
+    """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``."""
+    check_rank_options(top_n, score_threshold)
+    results = [
+        RankedResult(
+            index=i,
+            score=score,
+            document=documents[i],
+            truncated=p.truncated,
+            prompt_tokens=len(p.token_ids),
+        )
+        for i, (score, p) in enumerate(scored)
+    ]
+    results.sort(key=lambda r: -r.score)  # stable: ties keep input order
+    if score_threshold is not None:
+        results = [r for r in results if r.score >= score_threshold]
+    if top_n is not None:
+        results = results[:top_n]
+    return RankedResults(query=query, results=results)
+
+
+def check_rank_options(top_n: int | None, score_threshold: float | None) -> None:
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        raise ValueError(f"top_n must be a positive integer or None, got {top_n!r}")
+    if score_threshold is not None and not 0.0 <= score_threshold <= 1.0:
+        raise ValueError(f"score_threshold must be within [0, 1] or None, got {score_threshold!r}")

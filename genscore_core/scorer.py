@@ -6,7 +6,6 @@ import asyncio
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn on import
@@ -21,85 +20,17 @@ from genscore_core.loading import (
     resolve_device,
     resolve_dtype,
 )
+from genscore_core.prepared import PreparedPairs, PreparedScore
 from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, build_raw_prompts
 from genscore_core.protocol import (
     GenerativeScoringRequest,
     GenerativeScoringResponse,
-    ScoreData,
-    UsageInfo,
     check_request,
 )
 from genscore_core.remote.base import RemoteBackend, ScoringBackend
-from genscore_core.results import RankedResult, RankedResults
+from genscore_core.results import RankedResults, check_rank_options, rank_results
 from genscore_core.scoring import LabelHead
 from genscore_core.templates import get_template, resolve_label_ids
-
-
-@dataclass(frozen=True)
-class PreparedScore:
-    """A checked protocol request and its prompts: score :attr:`job`, then answer with :meth:`response`."""
-
-    prompts: list[EncodedPrompt]
-    job: ScoringJob
-    model: str
-
-    def response(self, scores: list[float]) -> GenerativeScoringResponse:
-        prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
-        return GenerativeScoringResponse(
-            model=self.model,
-            data=[ScoreData(index=i, score=s) for i, s in enumerate(scores)],
-            usage=UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens, completion_tokens=0),
-        )
-
-
-@dataclass(frozen=True)
-class PreparedPairs:
-    """(query, document) pairs and their prompts, grouped into one job per distinct query."""
-
-    queries: list[str]
-    documents: list[list[str]]
-    """The documents of each job, in job order."""
-    positions: list[list[int]]
-    """Input position of each document of each job."""
-    prompts: list[EncodedPrompt]
-    """The prompt of each pair, in input order."""
-    jobs: list[ScoringJob]
-
-    def assemble(self, scores: list[list[float]]) -> list[tuple[float, EncodedPrompt]]:
-        """(score, prompt) of each pair in input order, from the scores of :attr:`jobs`."""
-        results = [(0.0, prompt) for prompt in self.prompts]
-        for positions, job_scores in zip(self.positions, scores):
-            for position, score in zip(positions, job_scores):
-                results[position] = (score, self.prompts[position])
-        return results
-
-
-def rank_results(
-    query: str,
-    documents: Sequence[str],
-    scored: Sequence[tuple[float, EncodedPrompt]],
-    *,
-    top_n: int | None = None,
-    score_threshold: float | None = None,
-) -> RankedResults:
-    """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``."""
-    _check_rank_options(top_n, score_threshold)
-    results = [
-        RankedResult(
-            index=i,
-            score=score,
-            document=documents[i],
-            truncated=p.truncated,
-            prompt_tokens=len(p.token_ids),
-        )
-        for i, (score, p) in enumerate(scored)
-    ]
-    results.sort(key=lambda r: -r.score)  # stable: ties keep input order
-    if score_threshold is not None:
-        results = [r for r in results if r.score >= score_threshold]
-    if top_n is not None:
-        results = results[:top_n]
-    return RankedResults(query=query, results=results)
 
 
 def scorer_setting_names() -> frozenset[str]:
@@ -306,7 +237,7 @@ class GenerativeScorer:
         score_threshold: float | None = None,
     ) -> RankedResults:
         """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``."""
-        _check_rank_options(top_n, score_threshold)
+        check_rank_options(top_n, score_threshold)
         scored = self._score_pairs([(query, d) for d in documents])
         return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
 
@@ -333,7 +264,7 @@ class GenerativeScorer:
         score_threshold: float | None = None,
     ) -> RankedResults:
         """:meth:`rerank` without blocking the event loop (a worker thread, or async HTTP for a server)."""
-        _check_rank_options(top_n, score_threshold)
+        check_rank_options(top_n, score_threshold)
         scored = await self._ascore_pairs([(query, d) for d in documents])
         return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
 
@@ -384,10 +315,3 @@ def _check_text(value: object, param: str, index: int | None = None) -> None:
         raise InvalidRequestError(
             f"{where} must be a string, got {type(value).__name__}", param=param, index=index
         )
-
-
-def _check_rank_options(top_n: int | None, score_threshold: float | None) -> None:
-    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
-        raise ValueError(f"top_n must be a positive integer or None, got {top_n!r}")
-    if score_threshold is not None and not 0.0 <= score_threshold <= 1.0:
-        raise ValueError(f"score_threshold must be within [0, 1] or None, got {score_threshold!r}")

@@ -37,7 +37,8 @@ from genscore_core import __version__
 from genscore_core.engine import ScoringJob
 from genscore_core.errors import InvalidRequestError
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse
-from genscore_core.scorer import GenerativeScorer, rank_results
+from genscore_core.results import rank_results
+from genscore_core.scorer import GenerativeScorer
 from genscore_core.server.batcher import RequestBatcher, ServerBusyError
 from genscore_core.server.limits import ServerLimits
 from genscore_core.server.schemas import (
