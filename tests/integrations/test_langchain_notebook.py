@@ -4,37 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
+from tests.integrations.notebooks import assert_committed_clean, run_notebook
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "langchain_rag_reranking.ipynb"
-
-
-def read_notebook() -> nbformat.NotebookNode:
-    return nbformat.read(NOTEBOOK, as_version=4)
+NOTEBOOK = "langchain_rag_reranking.ipynb"
 
 
 def test_notebook_is_committed_without_outputs() -> None:
-    notebook = read_notebook()
-    nbformat.validate(notebook)
-    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
-    assert code
-    assert all(cell.outputs == [] and cell.execution_count is None for cell in code)
+    assert_committed_clean(NOTEBOOK)
 
 
 def test_notebook_runs_top_to_bottom(tmp_path: Path) -> None:
-    notebook = read_notebook()
-    client = NotebookClient(
-        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
-    client.execute()  # raises CellExecutionError, with the failing cell, if any cell fails
-    printed = "".join(
-        output.get("text", "")
-        for cell in notebook.cells
-        if cell.cell_type == "code"
-        for output in cell.outputs
-        if output.output_type == "stream" and output.name == "stdout"
-    )
+    printed = run_notebook(NOTEBOOK, tmp_path)
     assert printed.count("score=") == 3  # top_n=3 reranked documents, with their scores
     assert "truncated=False" in printed
     assert "Answer the question using only this context:" in printed
