@@ -136,9 +136,10 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     """Length of the longest common prefix, leaving at least one token of every prompt unshared."""
     if not prompts:
         return 0
-    first = prompts[0]
-    limit = min(len(p) for p in prompts) - 1
-    length = 0
-    while length < limit and all(p[length] == first[length] for p in prompts):
-        length += 1
-    return max(length, 0)
+    first = list(prompts[0])
+    length = max(min(len(p) for p in prompts) - 1, 0)
+    for prompt in prompts:
+        # Slices compare in C; only a mismatch is searched token by token, up to the shorter length.
+        if list(prompt[:length]) != first[:length]:
+            length = next(i for i in range(length) if prompt[i] != first[i])
+    return length

@@ -99,6 +99,9 @@ def check_label_token_ids(label_token_ids: list[int], vocab_size: int) -> None:
 
 
 def _check_token_ids(ids: list[int], vocab_size: int, what: str, param: str, index: int | None) -> None:
+    # min/max run in C: a 256-document request is checked in well under a millisecond.
+    if not ids or (min(ids) >= 0 and max(ids) < vocab_size):
+        return
     for token_id in ids:
         if not 0 <= token_id < vocab_size:
             raise InvalidRequestError(

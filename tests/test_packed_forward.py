@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -110,24 +111,27 @@ def test_batch_layout() -> None:
     for budget in (25, 1000):
         for slices in plan_batches(groups, budget):
             batch = build_batch(groups, slices)
-            slots = torch.cat([batch.kv_slot, batch.rep_dst])
-            n_loaded = batch.kv_len - (batch.load[0][1] if batch.load else batch.kv_len)
-            # Every KV slot of every segment is written exactly once (by a token or a prefix copy).
-            assert sorted(slots.tolist()) == list(range(batch.kv_len - n_loaded))
-            q_lens = batch.cu_seq_q.diff()
-            k_lens = batch.cu_seq_k.diff()
-            assert (q_lens <= k_lens).all() and int(batch.cu_seq_q[-1]) == batch.num_tokens
-            assert batch.max_q == int(q_lens.max()) and batch.max_k == int(k_lens.max())
-            assert (batch.segment_last == batch.cu_seq_q[1:] - 1).all()
-            # A prompt's last token sits at position prefix + suffix - 1.
-            lengths = [
-                len(groups[s.group].prefix_ids) + len(x)
-                for s in slices
-                for x in groups[s.group].suffix_ids[s.start : s.stop]
-            ]
-            assert batch.positions[batch.last_index()].tolist() == [n - 1 for n in lengths]
-            # Copied prefix slots read from computed or loaded prefix slots, never from a suffix.
-            assert set(batch.rep_src.tolist()).isdisjoint(set(batch.rep_dst.tolist()))
+            q_start, q_len, k_start, k_len, p_start, p_len = batch.segments.T
+            # Segments tile the stream in order, and every token is a query over its own key row.
+            assert q_start.tolist() == (np.cumsum(q_len) - q_len).tolist() and q_len.sum() == batch.num_tokens
+            assert (k_start == q_start).all() and (k_len == q_len).all()
+            assert (batch.segment_last.numpy() == q_start + q_len - 1).all()
+            loaded = {g: row for g, row in batch.load}
+            prompts = [(s.group, x) for s in slices for x in groups[s.group].suffix_ids[s.start : s.stop]]
+            for (group, suffix), seg in zip(prompts, batch.prompt_segments.tolist(), strict=True):
+                prefix = groups[group].prefix_ids
+                ids = batch.input_ids[q_start[seg] : q_start[seg] + q_len[seg]].tolist()
+                assert ids == suffix and p_len[seg] == len(prefix)
+                # The prefix a prompt reads is its group's: computed in this stream, or loaded.
+                if group in loaded:
+                    assert p_start[seg] == loaded[group] >= batch.num_tokens
+                elif prefix:
+                    rows = slice(p_start[seg], p_start[seg] + p_len[seg])
+                    assert batch.input_ids[rows].tolist() == prefix
+                    assert batch.positions[rows].tolist() == list(range(len(prefix)))
+                positions = batch.positions[q_start[seg] : q_start[seg] + q_len[seg]].tolist()
+                assert positions == list(range(len(prefix), len(prefix) + len(suffix)))
+            assert batch.kv_len == batch.num_tokens + sum(len(groups[g].prefix_ids) for g in loaded)
 
 
 def test_plan_rejects_bad_budget() -> None:
@@ -232,16 +236,16 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 8e-3)):
     b = triton_ops.add_rmsnorm(r2, None, w, 1e-6, torch.float32)
     torch.testing.assert_close(b, ops.add_rmsnorm(r1, None, w, 1e-6, torch.float32, triton=False))
     x = torch.randn(t, 2 * heads * d)[:, : heads * d].to(dtype)  # rows with a stride, as a slice
-    v = torch.randn(t, heads * d).to(dtype)
     cos, sin = torch.randn(40, d), torch.randn(40, d)
-    pos = torch.randint(0, 40, (t,)); rows = torch.randperm(11)[:t]
+    pos = torch.randint(0, 40, (t,))
     for norm in (torch.randn(d).to(dtype), None):
-        o1, o2 = torch.full((11, heads, d), float("nan"), dtype=dtype), torch.full((11, heads, d), float("nan"), dtype=dtype)
-        v1, v2 = o1.clone(), o2.clone()
-        ops.rope(x, heads, norm, 1e-6, cos, sin, pos, o1, rows, value=v, value_out=v1, triton=False)
-        triton_ops.rope(x, heads, norm, 1e-6, cos, sin, pos, o2, rows, v, v2)
-        torch.testing.assert_close(o2[rows].float(), o1[rows].float(), atol=tol * 8, rtol=tol)
-        torch.testing.assert_close(v2[rows], v1[rows])
+        o1, o2 = torch.full((t, heads, d), float("nan"), dtype=dtype), torch.full((t, heads, d), float("nan"), dtype=dtype)
+        ops.rope(x, heads, norm, 1e-6, cos, sin, pos, o1, triton=False)
+        triton_ops.rope(x, heads, norm, 1e-6, cos, sin, pos, o2)
+        torch.testing.assert_close(o2.float(), o1.float(), atol=tol * 8, rtol=tol)
+        inplace = x.contiguous().view(t, heads, d)  # out aliasing x, as the decoder calls it
+        triton_ops.rope(inplace, heads, norm, 1e-6, cos, sin, pos, inplace)
+        torch.testing.assert_close(inplace, o2)
     g, u = torch.randn(t, 100).to(dtype), torch.randn(t, 100).to(dtype)
     torch.testing.assert_close(triton_ops.silu_mul(g, u).float(), ops.silu_mul(g, u, triton=False).float(), atol=tol * 4, rtol=tol)
 print("ok")

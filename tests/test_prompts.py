@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from genscore_core import (
@@ -142,3 +144,17 @@ def test_shared_prefix_length() -> None:
     assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # one token always stays unshared
     assert shared_prefix_length([[7]]) == 0
     assert shared_prefix_length([]) == 0
+
+
+def test_shared_prefix_length_matches_a_token_by_token_scan() -> None:
+    rng = random.Random(3)
+    for _ in range(300):
+        base = [rng.randrange(4) for _ in range(rng.randint(1, 12))]
+        prompts = [base[: rng.randint(1, len(base))] + [rng.randrange(4) for _ in range(rng.randint(0, 3))]]
+        prompts += [list(p) for p in prompts] * rng.randint(0, 2)
+        prompts += [base[: rng.randint(1, len(base))] for _ in range(rng.randint(0, 3))]
+        limit = min(map(len, prompts)) - 1
+        expected = 0
+        while expected < limit and len({p[expected] for p in prompts}) == 1:
+            expected += 1
+        assert shared_prefix_length(prompts) == expected, prompts

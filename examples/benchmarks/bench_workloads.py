@@ -336,12 +336,6 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
         f"W1: {w1.pairs} pairs, {w1.prompt_tokens() / w1.pairs:.0f} prompt tokens a pair on average, shared "
         f"query part {len(w1.queries[0])} tokens, {w1.computed_tokens() / w1.pairs:.0f} computed tokens a pair"
     )
-    from genscore_core.packed.attention import _varlen_fn
-
-    report.note(
-        "packed attention: "
-        + ("torch.nn.attention.varlen.varlen_attn" if _varlen_fn() else "aten._flash_attention_forward")
-    )
     peak = matmul_tflops(device) if device.type == "cuda" else float("nan")
     report.raw["matmul_tflops"] = peak
     report.note(f"bf16 8192^3 matmul: {peak:.0f} TFLOP/s")
@@ -519,8 +513,6 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
         report.note(f"W1 forward, {name}: {rate:,.0f} pairs/s")
 
     # Launch-bound or not: GPU busy time over wall time of one W4 call, and a W1 kernel profile.
-    if device.type == "cuda":
-        attention_probe(report, w1, device)
     if profile and device.type == "cuda":
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
@@ -549,7 +541,7 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
                     continue
                 key = ev.key.lower()
                 cat = (
-                    "attention (flash varlen)" if "flash" in key else
+                    "attention (Triton segments)" if "attention" in key else
                     "matmul" if any(s in key for s in ("gemm", "nvjet", "cutlass", "sm90", "xmma")) else
                     "triton: add+rmsnorm" if "add_rmsnorm" in key else
                     "triton: norm+rope(+kv scatter)" if "rope" in key else
@@ -560,11 +552,11 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
                 categories[cat] = categories.get(cat, 0.0) + t_dev
             report.raw[f"profile_{name}"] = categories
             if name == "W1":
-                attn_ms = categories.get("attention (flash varlen)", float("nan"))
+                attn_ms = categories.get("attention (Triton segments)", float("nan"))
                 mm_ms = categories.get("matmul", float("nan"))
                 report.note(
                     f"W1 achieved rates: matmul {dense_flops(model, w1) / mm_ms / 1e9:.0f} TFLOP/s, "
-                    f"flash attention {attention_flops(model, w1) / attn_ms / 1e9:.0f} TFLOP/s"
+                    f"attention {attention_flops(model, w1) / attn_ms / 1e9:.0f} TFLOP/s"
                 )
             for cat, ms in sorted(categories.items(), key=lambda kv: -kv[1]):
                 report.note(f"  {name} {cat:40s} {ms:8.2f} ms  {ms / (busy * 1e3):6.1%}")
@@ -572,67 +564,6 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
             report.raw[f"profile_{name}_table"] = table
             if name == "W1":
                 print(table)
-
-
-def attention_probe(report: Report, w1: Workload, device: torch.device) -> None:
-    """One layer's attention over W1 in isolation: flash varlen (as used) against dense SDPA backends.
-
-    The dense runs are square causal batches of the same pairs at the mean prompt length (so they
-    do a bit more work than the packed layout): what another attention kernel could reach here.
-    """
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from genscore_core.packed.attention import varlen_attention
-    from genscore_core.packed.plan import build_batch, plan_batches
-
-    heads, kv_heads, dim = (
-        QWEN3_06B["num_attention_heads"],
-        QWEN3_06B["num_key_value_heads"],
-        QWEN3_06B["head_dim"],
-    )
-    groups = [PrefixGroup(w1.queries[0], w1.items[0])]
-    batch = build_batch(groups, plan_batches(groups, 10**9)[0])
-    q_lens = batch.cu_seq_q.diff().tolist()
-    k_lens = batch.cu_seq_k.diff().tolist()
-    keys = sum(n * (m - n) + n * (n + 1) // 2 for n, m in zip(q_lens, k_lens))
-    work = 4 * heads * dim * keys
-    bf16 = torch.bfloat16
-    q = torch.randn(batch.num_tokens, heads, dim, device=device, dtype=bf16)
-    k = torch.randn(batch.kv_len, kv_heads, dim, device=device, dtype=bf16)
-    v = torch.randn_like(k)
-    cu_q, cu_k = batch.cu_seq_q.to(device), batch.cu_seq_k.to(device)
-
-    def bench(fn: Callable[[], Any]) -> float:
-        fn()
-        sync()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            fn()
-        end.record()
-        sync()
-        return start.elapsed_time(end) / 10 / 1e3
-
-    t = bench(lambda: varlen_attention(q, k, v, cu_q, cu_k, batch.max_q, batch.max_k, dim**-0.5))
-    report.note(
-        f"attention probe, flash varlen on the W1 layout: {t * 1e3:.2f} ms/layer, {work / t / 1e12:.0f} TFLOP/s"
-    )
-    length = round(w1.prompt_tokens() / w1.pairs)
-    qd = torch.randn(w1.pairs, heads, length, dim, device=device, dtype=bf16)
-    kd = torch.randn(w1.pairs, heads, length, dim, device=device, dtype=bf16)
-    dense = 4 * heads * dim * w1.pairs * length * (length + 1) // 2
-    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-        try:
-            with sdpa_kernel(backend):
-                t = bench(lambda: F.scaled_dot_product_attention(qd, kd, kd, is_causal=True))
-            report.note(
-                f"attention probe, dense SDPA {backend.name} ({w1.pairs} x {length} causal): "
-                f"{t * 1e3:.2f} ms, {dense / t / 1e12:.0f} TFLOP/s"
-            )
-        except RuntimeError as error:
-            report.note(f"attention probe, {backend.name}: unavailable ({str(error).splitlines()[0][:80]})")
 
 
 # -- CPU ----------------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ One call runs one :class:`~genscore_core.packed.plan.PackedBatch` through all la
 
 * the residual stream is float32 [T, H]; RMSNorms, Qwen3's q/k norms and rotary embeddings compute in
   float32; only the inputs of matrix products are in the model's dtype;
-* K and V go straight into a packed KV buffer at each token's slot; prefix slots of each prompt are
-  filled by copying its group's prefix KV (computed once per group);
+* K and V are written straight into the batch's key/value buffer, row ``t`` for stream token ``t``;
+  attention reads each group's prefix keys where they were computed, once per group, never copied;
 * the last layer computes queries, attention, MLP and the final norm only at the last token of each
   segment, since nothing reads the other positions' output.
 """
@@ -16,12 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from genscore_core.forward import decoder_of
 from genscore_core.packed import ops
-from genscore_core.packed.attention import varlen_attention
+from genscore_core.packed.attention import (
+    DEFAULT_CONFIG,
+    LAST_TOKEN_CONFIG,
+    Segments,
+    segment_attention,
+)
 from genscore_core.packed.plan import PackedBatch
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
@@ -115,33 +121,23 @@ def _linear(module: Any) -> Linear:
 
 @dataclass
 class DeviceBatch:
-    """A :class:`PackedBatch`'s tensors on the model's device."""
+    """A :class:`PackedBatch`'s tensors on the model's device, with its attention segments."""
 
     batch: PackedBatch
     input_ids: torch.Tensor
     positions: torch.Tensor
-    kv_slot: torch.Tensor
-    rep_dst: torch.Tensor
-    rep_src: torch.Tensor
-    cu_seq_q: torch.Tensor
-    cu_seq_k: torch.Tensor
-    cu_seq_last: torch.Tensor
     segment_last: torch.Tensor
     prompt_segments: torch.Tensor
-    save_slots: torch.Tensor | None
+    save_rows: torch.Tensor | None
+    segments: Segments
+    """Every stream token is a query."""
+    last_segments: Segments
+    """Only the last token of each segment is a query (row ``i`` of the query tensor: segment ``i``)."""
 
     @classmethod
     def from_batch(cls, batch: PackedBatch, device: torch.device) -> DeviceBatch:
-        save = torch.cat([slots for _, slots in batch.save]) if batch.save else None
-        host = [
-            batch.input_ids,
-            batch.positions,
-            batch.kv_slot,
-            batch.rep_dst,
-            batch.rep_src,
-            batch.segment_last,
-            batch.prompt_segments,
-        ]
+        save = torch.cat([rows for _, rows in batch.save]) if batch.save else None
+        host = [batch.input_ids, batch.positions, batch.segment_last, batch.prompt_segments]
         if save is not None:
             host.append(save)
         # One pinned host buffer, one copy to the device, then views.
@@ -149,23 +145,18 @@ class DeviceBatch:
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
         parts = list(flat.split([t.numel() for t in host]))
-        cu = torch.cat([batch.cu_seq_q, batch.cu_seq_k, torch.arange(len(batch.cu_seq_q), dtype=torch.int32)])
-        if device.type == "cuda":
-            cu = cu.pin_memory().to(device, non_blocking=True)
-        n = len(batch.cu_seq_q)
+        last = batch.segments.copy()
+        last[:, 0] = np.arange(len(last))
+        last[:, 1] = 1
         return cls(
             batch=batch,
             input_ids=parts[0],
             positions=parts[1],
-            kv_slot=parts[2],
-            rep_dst=parts[3],
-            rep_src=parts[4],
-            segment_last=parts[5],
-            prompt_segments=parts[6],
-            save_slots=parts[7] if save is not None else None,
-            cu_seq_q=cu[:n],
-            cu_seq_k=cu[n : 2 * n],
-            cu_seq_last=cu[2 * n :],
+            segment_last=parts[2],
+            prompt_segments=parts[3],
+            save_rows=parts[4] if save is not None else None,
+            segments=Segments.build(batch.segments, device, DEFAULT_CONFIG),
+            last_segments=Segments.build(last, device, LAST_TOKEN_CONFIG),
         )
 
 
@@ -225,9 +216,6 @@ class PackedDecoder:
             self._sin = sin[0].float().contiguous()
         return self._cos, self._sin
 
-    def kv_shape(self, tokens: int) -> tuple[int, int, int]:
-        return (tokens, self.num_kv_heads, self.head_dim)
-
     def run(
         self,
         dev: DeviceBatch,
@@ -239,64 +227,49 @@ class PackedDecoder:
         order). Also returns the K and V of the prefixes it must save (``batch.save``), or None.
         """
         batch = dev.batch
-        cos, sin = self.rope_tables(int(batch.positions.max()) if batch.num_tokens else 0)
-        host_cu = (batch.cu_seq_q.tolist(), batch.cu_seq_k.tolist())
-        host_cu_last = (list(range(len(batch.cu_seq_q))), host_cu[1])
+        tokens = batch.num_tokens
+        cos, sin = self.rope_tables(int(batch.positions.max()) if tokens else 0)
         n_layers = len(self.layers)
+        kv_width = self.num_kv_heads * self.head_dim
         saved: tuple[torch.Tensor, torch.Tensor] | None = None
-        if dev.save_slots is not None:
-            shape = (n_layers, dev.save_slots.numel(), self.num_kv_heads, self.head_dim)
+        if dev.save_rows is not None:
+            shape = (n_layers, dev.save_rows.numel(), self.num_kv_heads, self.head_dim)
             saved = (
                 torch.empty(shape, dtype=self.dtype, device=self.device),
                 torch.empty(shape, dtype=self.dtype, device=self.device),
             )
-        load_start = batch.load[0][1] if batch.load else batch.kv_len
 
         residual = F.embedding(dev.input_ids, self.embed).float()  # [T, H]
         h = ops.add_rmsnorm(residual, None, self.layers[0].ln1, self.eps, self.dtype)
         positions_q = dev.positions
         for index, layer in enumerate(self.layers):
             last = self.trim_last_layer and index == n_layers - 1
-            k_buf = torch.empty(self.kv_shape(batch.kv_len), dtype=self.dtype, device=self.device)
-            v_buf = torch.empty_like(k_buf)
-            k_raw = F.linear(h, *layer.k)
-            v_raw = F.linear(h, *layer.v)
+            # Row t of K/V is stream token t; loaded prefixes follow the stream.
+            k = torch.empty((batch.kv_len, kv_width), dtype=self.dtype, device=self.device)
+            v = torch.empty_like(k)
+            _linear_into(h, layer.k, k[:tokens])
+            _linear_into(h, layer.v, v[:tokens])
+            k = k.view(batch.kv_len, self.num_kv_heads, self.head_dim)
+            v = v.view(batch.kv_len, self.num_kv_heads, self.head_dim)
             ops.rope(
-                k_raw, self.num_kv_heads, layer.k_norm, self.eps, cos, sin, dev.positions, k_buf, dev.kv_slot,
-                value=v_raw, value_out=v_buf,
-            )  # fmt: skip
-            del k_raw, v_raw
+                k[:tokens], self.num_kv_heads, layer.k_norm, self.eps, cos, sin, dev.positions, k[:tokens]
+            )
             if loaded is not None:
-                k_buf[load_start:].copy_(loaded[0][index])
-                v_buf[load_start:].copy_(loaded[1][index])
-            if batch.rep_dst.numel():
-                k_buf.index_copy_(0, dev.rep_dst, k_buf.index_select(0, dev.rep_src))
-                v_buf.index_copy_(0, dev.rep_dst, v_buf.index_select(0, dev.rep_src))
-            if saved is not None and dev.save_slots is not None:
-                torch.index_select(k_buf, 0, dev.save_slots, out=saved[0][index])
-                torch.index_select(v_buf, 0, dev.save_slots, out=saved[1][index])
+                k[tokens:].copy_(loaded[0][index])
+                v[tokens:].copy_(loaded[1][index])
+            if saved is not None and dev.save_rows is not None:
+                torch.index_select(k, 0, dev.save_rows, out=saved[0][index])
+                torch.index_select(v, 0, dev.save_rows, out=saved[1][index])
             if last:
                 # Only the last token of each segment feeds anything from here on.
                 h = h.index_select(0, dev.segment_last)
                 residual = residual.index_select(0, dev.segment_last)
                 positions_q = dev.positions.index_select(0, dev.segment_last)
-            q_raw = F.linear(h, *layer.q)
-            q = torch.empty(
-                (q_raw.shape[0], self.num_heads, self.head_dim), dtype=self.dtype, device=self.device
-            )
-            ops.rope(q_raw, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q)
-            del q_raw
-            if last:
-                attn = varlen_attention(
-                    q, k_buf, v_buf, dev.cu_seq_last, dev.cu_seq_k, 1, batch.max_k, self.scale,
-                    host_cu_seq=host_cu_last,
-                )  # fmt: skip
-            else:
-                attn = varlen_attention(
-                    q, k_buf, v_buf, dev.cu_seq_q, dev.cu_seq_k, batch.max_q, batch.max_k, self.scale,
-                    host_cu_seq=host_cu,
-                )  # fmt: skip
-            del q, k_buf, v_buf
+            q = F.linear(h, *layer.q).view(h.shape[0], self.num_heads, self.head_dim)
+            ops.rope(q, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q)
+            segments = dev.last_segments if last else dev.segments
+            attn = segment_attention(q, k, v, segments, self.scale)
+            del q, k, v
             if last:
                 attn = attn.index_select(0, dev.prompt_segments)
                 residual = residual.index_select(0, dev.prompt_segments)
@@ -317,3 +290,12 @@ class PackedDecoder:
                 h = ops.add_rmsnorm(residual, mlp_out, self.layers[index + 1].ln1, self.eps, self.dtype)
             del mlp_out
         return h, saved
+
+
+def _linear_into(x: torch.Tensor, linear: Linear, out: torch.Tensor) -> None:
+    """``out = x @ weight.T (+ bias)``, written straight into a view of a larger buffer."""
+    weight, bias = linear
+    if bias is None:
+        torch.mm(x, weight.t(), out=out)
+    else:
+        torch.addmm(bias, x, weight.t(), out=out)

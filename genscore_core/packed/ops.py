@@ -60,27 +60,22 @@ def rope(
     sin: torch.Tensor,
     positions: torch.Tensor,
     out: torch.Tensor,
-    rows: torch.Tensor | None = None,
     *,
-    value: torch.Tensor | None = None,
-    value_out: torch.Tensor | None = None,
     triton: bool | None = None,
 ) -> None:
     """Per-head RMSNorm (when ``norm_weight`` is given, as Qwen3's q/k norms) and rotary embedding.
 
-    ``x``: [T, heads * D] projections; ``cos``/``sin``: [max position, D] float32 tables;
-    ``positions``: [T]. Writes row ``i`` of the result to ``out[rows[i]]`` ([*, heads, D]), or to
-    ``out[i]`` without ``rows``. With ``value``, also copies ``value[i]`` to ``value_out[rows[i]]``
-    (the V projection goes to the same KV-buffer slots as K).
+    ``x``: [T, heads, D] (or [T, heads * D]) projections; ``cos``/``sin``: [max position, D] float32
+    tables; ``positions``: [T]. Writes [T, heads, D] to ``out``, which may be ``x`` itself.
     """
     head_dim = out.shape[-1]
     on_triton = (x.is_cuda if triton is None else triton) and head_dim & (head_dim - 1) == 0
     kernels = _triton_ops() if on_triton else None
     if kernels is not None:
-        kernels.rope(x, num_heads, norm_weight, eps, cos, sin, positions, out, rows, value, value_out)
+        kernels.rope(x, num_heads, norm_weight, eps, cos, sin, positions, out)
         return
     t = x.shape[0]
-    h = x.view(t, num_heads, -1).float()
+    h = x.reshape(t, num_heads, -1).float()
     if norm_weight is not None:
         variance = h.pow(2).mean(-1, keepdim=True)
         h = h * torch.rsqrt(variance + eps) * norm_weight.float()
@@ -88,13 +83,7 @@ def rope(
     s = sin[positions].unsqueeze(1)
     half = h.shape[-1] // 2
     rotated = torch.cat((-h[..., half:], h[..., :half]), dim=-1)
-    result = ((h * c) + (rotated * s)).to(out.dtype)
-    if rows is None:
-        out.copy_(result)
-    else:
-        out.index_copy_(0, rows, result)
-        if value is not None and value_out is not None:
-            value_out.index_copy_(0, rows, value.view(t, *value_out.shape[1:]).to(value_out.dtype))
+    out.copy_(((h * c) + (rotated * s)).to(out.dtype).view(out.shape))
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, triton: bool | None = None) -> torch.Tensor:

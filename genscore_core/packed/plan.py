@@ -2,15 +2,14 @@
 
 A batch is one flat *stream* of tokens run through the decoder together, without padding. For every
 group whose prefix is computed in the batch, the stream holds the prefix tokens once, followed by
-the suffix tokens of its prompts. Attention works on *segments*: a query segment (stream tokens) and
-a key/value segment (slots of a packed KV buffer), matched causally from the bottom right:
+the suffix tokens of its prompts. Attention works on *segments* (``attention.py``):
 
-* a prefix segment: its tokens attend to themselves (``q_len == k_len``);
-* a prompt segment: its suffix tokens attend to ``[prefix KV ; own KV]``, so the prefix slots of each
-  prompt are filled by copying the group's prefix KV (``rep_src -> rep_dst``), never recomputed.
+* a prefix segment: its tokens attend causally to themselves;
+* a prompt segment: its suffix tokens attend to the group's prefix keys, read where they lie, then
+  causally to their own. The prefix is neither recomputed nor copied per prompt.
 
 A group too large for one batch has its prefix computed in the first batch it appears in; its KV is
-kept (``save``) and loaded into a region at the end of later batches' KV buffers (``load``).
+kept (``save``) and loaded into a region after the stream's rows in later batches (``load``).
 """
 
 from __future__ import annotations
@@ -97,25 +96,22 @@ def plan_batches(groups: Sequence[PrefixGroup], max_batch_tokens: int) -> list[l
 
 @dataclass
 class PackedBatch:
-    """Everything one batch's forward needs, as host tensors and ints (moved to the device once)."""
+    """Everything one batch's forward needs, as host tensors and ints (moved to the device once).
+
+    Key/value rows ``[0, T)`` hold the stream's own tokens (row ``t`` is stream token ``t``); rows
+    ``[T, kv_len)`` hold prefixes loaded from earlier batches.
+    """
 
     input_ids: torch.Tensor  # [T] int64, the stream
     positions: torch.Tensor  # [T] int64, position of each stream token in its own prompt
-    kv_slot: torch.Tensor  # [T] int64, KV-buffer slot of each stream token
-    rep_dst: torch.Tensor  # [R] int64, prefix slots of prompt segments...
-    rep_src: torch.Tensor  # [R] int64, ...filled from these slots (a computed prefix or a loaded one)
-    cu_seq_q: torch.Tensor  # [S + 1] int32, query segments over the stream
-    cu_seq_k: torch.Tensor  # [S + 1] int32, key/value segments over the KV buffer
-    max_q: int
-    max_k: int
+    segments: np.ndarray  # [S, 6] int64, see genscore_core.packed.attention.SEGMENT_FIELDS
     kv_len: int
-    """Slots in the KV buffer: every segment, then the region for loaded prefixes."""
     segment_last: torch.Tensor  # [S] int64, stream index of the last token of each segment
     prompt_segments: torch.Tensor  # [N] int64, index (among segments) of each prompt's segment
     load: list[tuple[int, int]] = field(default_factory=list)
-    """(group, first slot) of each prefix loaded from an earlier batch; its slots follow contiguously."""
+    """(group, first key/value row) of each prefix loaded from an earlier batch; its rows follow."""
     save: list[tuple[int, torch.Tensor]] = field(default_factory=list)
-    """(group, slots) of each prefix computed here that a later batch needs."""
+    """(group, stream rows) of each prefix computed here that a later batch needs."""
 
     @property
     def num_tokens(self) -> int:
@@ -131,85 +127,70 @@ class PackedBatch:
 
 
 def build_batch(groups: Sequence[PrefixGroup], slices: Sequence[GroupSlice]) -> PackedBatch:
-    """Lay out one batch: stream tokens, their positions and KV slots, segments, prefix copies.
+    """Lay out one batch: stream tokens, their positions, and the attention segments.
 
-    Per-segment numbers are gathered in Python (a few hundred segments); every per-token array is then
-    built with vectorised numpy, so a batch of 100k tokens takes a few milliseconds on the host.
+    A computed prefix is a segment of its own; each prompt is a segment of its suffix tokens that
+    also reads its group's prefix where it lies (in this batch's stream, or in the loaded region).
+    Per-segment numbers are gathered in Python (a few hundred segments); per-token arrays are built
+    with vectorised numpy, so a batch of 100k tokens takes a few milliseconds on the host.
     """
     token_lists: list[list[int]] = []
     q_len: list[int] = []  # per segment
-    k_len: list[int] = []
-    rep_len: list[int] = []  # prefix slots filled by copying (prompt segments of groups with a prefix)
-    rep_group: list[int] = []  # whose prefix they copy
+    first_position: list[int] = []
+    prefix_len: list[int] = []
+    prefix_group: list[int] = []  # whose prefix a segment reads (-1: none)
     prompt_segments: list[int] = []
-    prefix_slot: dict[int, int] = {}
+    prefix_row: dict[int, int] = {}
     save: list[tuple[int, torch.Tensor]] = []
-    slot = 0
+    stream = 0
     for part in slices:
         group = groups[part.group]
         plen = len(group.prefix_ids)
         if part.compute_prefix and plen:
-            prefix_slot[part.group] = slot
+            prefix_row[part.group] = stream
             token_lists.append(group.prefix_ids)
             q_len.append(plen)
-            k_len.append(plen)
-            rep_len.append(0)
-            rep_group.append(part.group)
+            first_position.append(0)
+            prefix_len.append(0)
+            prefix_group.append(-1)
             if part.save_prefix:
-                save.append((part.group, torch.arange(slot, slot + plen)))
-            slot += plen
+                save.append((part.group, torch.arange(stream, stream + plen)))
+            stream += plen
         for suffix in group.suffix_ids[part.start : part.stop]:
             if not suffix:
                 raise ValueError("every prompt needs at least one token after the shared prefix")
             token_lists.append(suffix)
             prompt_segments.append(len(q_len))
             q_len.append(len(suffix))
-            k_len.append(plen + len(suffix))
-            rep_len.append(plen)
-            rep_group.append(part.group)
-            slot += plen + len(suffix)
+            first_position.append(plen)
+            prefix_len.append(plen)
+            prefix_group.append(part.group if plen else -1)
+            stream += len(suffix)
     load: list[tuple[int, int]] = []
+    kv_len = stream
     for part in slices:
         plen = len(groups[part.group].prefix_ids)
-        if not part.compute_prefix and plen and part.group not in prefix_slot:
-            prefix_slot[part.group] = slot
-            load.append((part.group, slot))
-            slot += plen
+        if not part.compute_prefix and plen and part.group not in prefix_row:
+            prefix_row[part.group] = kv_len
+            load.append((part.group, kv_len))
+            kv_len += plen
 
     q = np.asarray(q_len, dtype=np.int64)
-    k = np.asarray(k_len, dtype=np.int64)
-    reps = np.asarray(rep_len, dtype=np.int64)
-    kv_base = np.cumsum(k) - k  # first KV slot of each segment
-    q_base = np.cumsum(q) - q
-    segments = np.arange(len(q_len))
-    total = int(q.sum())
-    seg_of_token = np.repeat(segments, q)
-    within = np.arange(total) - q_base[seg_of_token]
-    offset = (k - q)[seg_of_token]  # the prefix before a prompt's own tokens
-    positions = offset + within
-    kv_slot = kv_base[seg_of_token] + offset + within
-    seg_of_rep = np.repeat(segments, reps)
-    within_rep = np.arange(int(reps.sum())) - (np.cumsum(reps) - reps)[seg_of_rep]
-    src_base = np.asarray([prefix_slot.get(g, 0) for g in rep_group], dtype=np.int64)
-    rep_dst = kv_base[seg_of_rep] + within_rep
-    rep_src = src_base[seg_of_rep] + within_rep
-    input_ids = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64, count=total)
-
-    def cumulative(lengths: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-
+    q_start = np.cumsum(q) - q
+    seg_of_token = np.repeat(np.arange(len(q_len)), q)
+    within = np.arange(stream) - q_start[seg_of_token]
+    positions = np.asarray(first_position, dtype=np.int64)[seg_of_token] + within
+    prefix_start = np.asarray([prefix_row.get(g, 0) for g in prefix_group], dtype=np.int64)
+    segments = np.stack(
+        [q_start, q, q_start, q, prefix_start, np.asarray(prefix_len, dtype=np.int64)], axis=1
+    )
+    input_ids = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64, count=stream)
     return PackedBatch(
         input_ids=torch.from_numpy(input_ids),
         positions=torch.from_numpy(positions),
-        kv_slot=torch.from_numpy(kv_slot),
-        rep_dst=torch.from_numpy(rep_dst),
-        rep_src=torch.from_numpy(rep_src),
-        cu_seq_q=cumulative(q),
-        cu_seq_k=cumulative(k),
-        max_q=int(q.max()),
-        max_k=int(k.max()),
-        kv_len=slot,
-        segment_last=torch.from_numpy(q_base + q - 1),
+        segments=segments.reshape(-1, 6),
+        kv_len=kv_len,
+        segment_last=torch.from_numpy(q_start + q - 1),
         prompt_segments=torch.tensor(prompt_segments, dtype=torch.int64),
         load=load,
         save=save,

@@ -3,8 +3,8 @@
 Each kernel is one pass over its tensors, computing in float32 and rounding once on the store:
 
 * ``add_rmsnorm``: residual += delta (float32, in place) and RMSNorm * weight, one program per row;
-* ``rope``: per-head RMSNorm (Qwen3's q/k norms) and the rotary embedding, scattered to KV-buffer
-  slots, with the V projection copied to the same slots, one program per token;
+* ``rope``: per-head RMSNorm (Qwen3's q/k norms) and the rotary embedding, in place or not, one
+  program per token;
 * ``silu_mul``: silu(gate) * up.
 
 This module imports triton at the top; ``ops.py`` imports it only on CUDA.
@@ -79,18 +79,13 @@ def _rope_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as
     cos_ptr,  # [P, D] float32
     sin_ptr,  # [P, D] float32
     pos_ptr,  # [T] int64
-    rows_ptr,  # [T] int64 destination rows (unused unless HAS_ROWS)
-    out_ptr,  # [*, NH, D]
-    v_ptr,  # [T, NH * D] (row stride v_stride), copied as is (unused unless HAS_V)
-    v_stride,
-    v_out_ptr,  # [*, NH, D]
+    out_ptr,  # [T, NH, D] (row stride out_stride); may be x itself
+    out_stride,
     eps,
     NH: tl.constexpr,
     NH_P2: tl.constexpr,
     D: tl.constexpr,
     HAS_NORM: tl.constexpr,
-    HAS_ROWS: tl.constexpr,
-    HAS_V: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
@@ -98,6 +93,7 @@ def _rope_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as
     cols = tl.arange(0, HALF)[None, :]
     mask = heads < NH
     src = x_ptr + t * x_stride + heads * D + cols
+    # Both halves are read before anything is stored, so out may alias x.
     x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
     if HAS_NORM:
@@ -114,22 +110,9 @@ def _rope_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as
     s2 = tl.load(sin_ptr + pos * D + HALF + cols)
     o1 = x1 * c1 - x2 * s1
     o2 = x2 * c2 + x1 * s2
-    if HAS_ROWS:
-        row = tl.load(rows_ptr + t)
-    else:
-        row = t
-    dst = out_ptr + row * (NH * D) + heads * D + cols
+    dst = out_ptr + t * out_stride + heads * D + cols
     tl.store(dst, o1.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(dst + HALF, o2.to(out_ptr.dtype.element_ty), mask=mask)
-    if HAS_V:
-        vsrc = v_ptr + t * v_stride + heads * D + cols
-        vdst = v_out_ptr + row * (NH * D) + heads * D + cols
-        tl.store(vdst, tl.load(vsrc, mask=mask, other=0.0).to(v_out_ptr.dtype.element_ty), mask=mask)
-        tl.store(
-            vdst + HALF,
-            tl.load(vsrc + HALF, mask=mask, other=0.0).to(v_out_ptr.dtype.element_ty),
-            mask=mask,
-        )
 
 
 def rope(
@@ -141,19 +124,14 @@ def rope(
     sin: torch.Tensor,
     positions: torch.Tensor,
     out: torch.Tensor,
-    rows: torch.Tensor | None,
-    value: torch.Tensor | None,
-    value_out: torch.Tensor | None,
 ) -> None:
     t = x.shape[0]
     if t == 0:
         return
     d = out.shape[-1]
-    assert x.stride(1) == 1 and out.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
-    has_v = value is not None and value_out is not None
-    if has_v:
-        assert value is not None and value_out is not None and value.stride(1) == 1
-        assert value_out.is_contiguous()
+    x = x.view(t, -1)
+    assert x.stride(1) == 1 and cos.is_contiguous() and sin.is_contiguous()
+    assert out.stride(-1) == 1 and out.stride(-2) == d
     _rope_kernel[(t,)](
         x,
         x.stride(0),
@@ -161,18 +139,13 @@ def rope(
         cos,
         sin,
         positions,
-        rows if rows is not None else positions,
         out,
-        value if has_v else x,
-        value.stride(0) if has_v and value is not None else 0,
-        value_out if has_v else out,
+        out.stride(0),
         eps,
         NH=num_heads,
         NH_P2=triton.next_power_of_2(num_heads),
         D=d,
         HAS_NORM=norm_weight is not None,
-        HAS_ROWS=rows is not None,
-        HAS_V=has_v,
         num_warps=4,
     )
 

@@ -1,0 +1,215 @@
+"""Triton kernel for the packed decoder's attention; ``attention.py`` holds the torch reference.
+
+Each query segment attends to two key ranges (see :class:`~genscore_core.packed.attention.Segments`):
+its group's shared prefix, which every query sees in full, then its own keys, causally aligned to the
+bottom right. Reading the prefix keys where they lie means no per-prompt copy of them is ever made.
+
+One program computes one block of ``BLOCK_M`` queries of one segment for ``HEADS`` query heads that
+share a key/value head (grouped-query attention), so each K/V tile is loaded once for all of them.
+Softmax is the streaming (online) form, in float32, with ``exp2``. The host orders blocks so the
+longest run first, which keeps the last wave of the grid short.
+
+This module imports triton at the top; ``attention.py`` imports it only when it is needed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from genscore_core.packed.attention import Segments
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
+    q, k, v, visible, m_i, l_i, acc, scale_log2e, MASK: tl.constexpr, PRECISION: tl.constexpr
+):
+    """One key tile of the streaming softmax: returns the updated (max, sum, accumulator)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2e
+    if MASK:
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _load_tile(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
+    src,
+    first_row,
+    kv_head,
+    stride_t,
+    stride_h,
+    limit,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """Rows ``first_row + [0, BLOCK_N)`` of one key/value head: [BLOCK_N, D].
+
+    With TMA, ``src`` is a tensor descriptor over [rows, heads * D]; rows past the tensor read as
+    zero and rows of other segments come in too (the caller masks their scores). Otherwise ``src`` is
+    a pointer and rows from ``limit`` on read as zero.
+    """
+    if TMA:
+        tile = src.load([first_row.to(tl.int32), kv_head * D])
+    else:
+        rows = tl.arange(0, BLOCK_N)
+        ptrs = src + (first_row + rows)[:, None] * stride_t + kv_head * stride_h + tl.arange(0, D)[None, :]
+        tile = tl.load(ptrs, mask=(rows < limit)[:, None], other=0.0)
+    return tile
+
+
+@triton.jit
+def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
+    q_ptr,  # [Tq, Hq, D]
+    k_src,  # [Tk, Hkv, D]: a pointer, or a descriptor over [Tk, Hkv * D] when TMA
+    v_src,  # same as k_src
+    o_ptr,  # [Tq, Hq, D]
+    seg_ptr,  # [S, 6] int32: q_start, q_len, k_start, k_len, prefix_start, prefix_len
+    blocks_ptr,  # [NB, 2] int32: segment, first query (within the segment) of the block
+    scale_log2e,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,  # query heads per key/value head
+    HEADS: tl.constexpr,  # query heads per program (divides GROUP)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    TMA: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pack = tl.program_id(0)
+    block = tl.program_id(1)
+    seg = tl.load(blocks_ptr + 2 * block).to(tl.int64)
+    m_start = tl.load(blocks_ptr + 2 * block + 1)
+    q_start = tl.load(seg_ptr + 6 * seg).to(tl.int64)
+    q_len = tl.load(seg_ptr + 6 * seg + 1)
+    k_start = tl.load(seg_ptr + 6 * seg + 2).to(tl.int64)
+    k_len = tl.load(seg_ptr + 6 * seg + 3)
+    p_start = tl.load(seg_ptr + 6 * seg + 4).to(tl.int64)
+    p_len = tl.load(seg_ptr + 6 * seg + 5)
+
+    ROWS: tl.constexpr = HEADS * BLOCK_M
+    rows = tl.arange(0, ROWS)
+    qi = m_start + rows % BLOCK_M  # query index within the segment
+    head = pack * HEADS + rows // BLOCK_M
+    kv_head = (pack * HEADS) // GROUP
+    valid = qi < q_len
+    d = tl.arange(0, D)
+    q_rows = q_ptr + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh
+    q = tl.load(q_rows + d[None, :], mask=valid[:, None], other=0.0)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    cols = tl.arange(0, BLOCK_N)
+
+    # The shared prefix: visible to every query.
+    for start in range(0, p_len, BLOCK_N):
+        k = _load_tile(k_src, p_start + start, kv_head, stride_kt, stride_kh, p_len - start, BLOCK_N, D, TMA)
+        v = _load_tile(v_src, p_start + start, kv_head, stride_vt, stride_vh, p_len - start, BLOCK_N, D, TMA)
+        inside = (start + cols < p_len)[None, :]
+        m_i, l_i, acc = _attend(q, k, v, inside, m_i, l_i, acc, scale_log2e, True, PRECISION)
+
+    # Own keys: query qi sees keys 0 .. shift + qi. Keys below shift + m_start are visible to every
+    # query of the block, so whole tiles below that need no mask.
+    shift = k_len - q_len
+    unmasked_end = ((shift + m_start) // BLOCK_N) * BLOCK_N
+    for start in range(0, unmasked_end, BLOCK_N):
+        k = _load_tile(k_src, k_start + start, kv_head, stride_kt, stride_kh, BLOCK_N, BLOCK_N, D, TMA)
+        v = _load_tile(v_src, k_start + start, kv_head, stride_vt, stride_vh, BLOCK_N, BLOCK_N, D, TMA)
+        m_i, l_i, acc = _attend(q, k, v, None, m_i, l_i, acc, scale_log2e, False, PRECISION)
+    end = tl.minimum(shift + m_start + BLOCK_M, k_len)
+    for start in range(unmasked_end, end, BLOCK_N):
+        k = _load_tile(k_src, k_start + start, kv_head, stride_kt, stride_kh, k_len - start, BLOCK_N, D, TMA)
+        v = _load_tile(v_src, k_start + start, kv_head, stride_vt, stride_vh, k_len - start, BLOCK_N, D, TMA)
+        kn = start + cols
+        visible = (kn[None, :] <= (shift + qi)[:, None]) & (kn < k_len)[None, :]
+        m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, scale_log2e, True, PRECISION)
+
+    out = acc / l_i[:, None]
+    tl.store(
+        o_ptr + (q_start + qi)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=valid[:, None],
+    )
+
+
+def segment_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segments: Segments,
+    scale: float,
+) -> torch.Tensor:
+    """q [Tq, Hq, D], k/v [Tk, Hkv, D] -> [Tq, Hq, D]; ``segments`` on q's device."""
+    heads, dim = q.shape[1], q.shape[2]
+    group = heads // k.shape[1]
+    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and dim & (dim - 1) == 0
+    out = torch.empty_like(q)
+    config = segments.config
+    per_program = config.heads_per_program(group)
+    if segments.num_blocks == 0:
+        return out
+    k_src: object = k
+    v_src: object = v
+    tma = config.tma and _has_tma(q.device)
+    if tma:
+        k_src = _descriptor(k, config.block_n)
+        v_src = _descriptor(v, config.block_n)
+    _segment_attention_kernel[(heads // per_program, segments.num_blocks)](
+        q,
+        k_src,
+        v_src,
+        out,
+        segments.table,
+        segments.blocks,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        HEADS=per_program,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        D=dim,
+        TMA=tma,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return out
+
+
+def _descriptor(x: torch.Tensor, block_rows: int) -> TensorDescriptor:
+    """A TMA descriptor over [rows, heads * D] with [block_rows, D] tiles."""
+    rows, heads, dim = x.shape
+    assert x.is_contiguous()
+    return TensorDescriptor.from_tensor(x.view(rows, heads * dim), [block_rows, dim])
+
+
+@functools.lru_cache(maxsize=8)
+def _has_tma(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return True  # the interpreter
+    return torch.cuda.get_device_capability(device)[0] >= 9

@@ -1,0 +1,123 @@
+"""The packed attention kernel against its torch reference, and the reference against a dense float64
+computation written from the definition (conftest.py runs Triton through its CPU interpreter).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from genscore_core.packed.attention import (
+    KernelConfig,
+    Segments,
+    segment_attention,
+    segment_attention_reference,
+)
+
+pytest.importorskip("triton")
+
+
+def random_layout(rng: random.Random, n_segments: int, last_only: bool) -> tuple[np.ndarray, int, int]:
+    """Prefix segments and prompt segments that read one of them, packed like the decoder packs them.
+
+    Returns the segment table, the number of query rows and the number of key rows.
+    """
+    rows: list[list[int]] = []
+    prefixes: list[tuple[int, int]] = []
+    stream = 0
+    for _ in range(n_segments):
+        if not prefixes or rng.random() < 0.25:
+            length = rng.randint(1, 40)
+            prefixes.append((stream, length))
+            rows.append([stream, length, stream, length, 0, 0])
+        else:
+            length = rng.randint(1, 90)
+            start, plen = rng.choice([*prefixes, (0, 0)])
+            rows.append([stream, length, stream, length, start, plen])
+        stream += length
+    table = np.asarray(rows, dtype=np.int64)
+    if last_only:  # one query per segment, its last token, in a separate query tensor
+        table[:, 0] = np.arange(len(table))
+        table[:, 1] = 1
+        return table, len(table), stream
+    return table, stream, stream
+
+
+def dense_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: np.ndarray, scale: float
+) -> torch.Tensor:
+    """float64, one query at a time, from the definition: softmax over the visible keys."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    group = q.shape[1] // k.shape[1]
+    for q_start, q_len, k_start, k_len, p_start, p_len in table.tolist():
+        keys = list(range(p_start, p_start + p_len))
+        for j in range(q_len):
+            visible = keys + list(range(k_start, k_start + k_len - q_len + j + 1))
+            for head in range(q.shape[1]):
+                qv = q[q_start + j, head].double()
+                kv = k[visible, head // group].double()
+                weights = torch.softmax(kv @ qv * scale, dim=0)
+                out[q_start + j, head] = weights @ v[visible, head // group].double()
+    return out
+
+
+@pytest.mark.parametrize("last_only", [False, True])
+def test_reference_matches_definition(last_only: bool) -> None:
+    rng = random.Random(1)
+    table, tq, tk = random_layout(rng, 12, last_only)
+    q, k, v = torch.randn(tq, 4, 16), torch.randn(tk, 2, 16), torch.randn(tk, 2, 16)
+    got = segment_attention_reference(q, k, v, table, 0.25)
+    torch.testing.assert_close(got.double(), dense_reference(q, k, v, table, 0.25), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "config, heads, kv_heads, dim, dtype, last_only, seed",
+    [
+        (KernelConfig(block_m=16, block_n=16, heads=2), 4, 2, 16, torch.float32, False, 0),
+        (KernelConfig(block_m=32, block_n=16, heads=1), 4, 2, 32, torch.float32, False, 1),
+        (KernelConfig(block_m=16, block_n=32, heads=4), 8, 2, 16, torch.float32, False, 2),
+        (KernelConfig(block_m=16, block_n=16, heads=2), 6, 2, 16, torch.float32, False, 3),  # group 3
+        (KernelConfig(block_m=16, block_n=16, heads=2), 2, 2, 16, torch.float32, False, 4),  # no GQA
+        (KernelConfig(block_m=16, block_n=16, heads=2), 4, 2, 16, torch.float32, True, 5),
+        (KernelConfig(block_m=16, block_n=16, heads=2, tma=True), 4, 2, 16, torch.float32, False, 7),
+        (KernelConfig(block_m=32, block_n=16, heads=1, tma=True), 4, 2, 16, torch.float32, True, 8),
+        # float16, not bfloat16: the interpreter's bfloat16 tl.dot is wrong on the CPU (Triton 3.9);
+        # examples/benchmarks/bench_workloads.py checks bfloat16 on the GPU.
+        (KernelConfig(block_m=16, block_n=16, heads=2), 4, 2, 16, torch.float16, False, 6),
+    ],
+)
+def test_kernel_matches_reference(
+    config: KernelConfig, heads: int, kv_heads: int, dim: int, dtype: torch.dtype, last_only: bool, seed: int
+) -> None:
+    rng = random.Random(seed)
+    table, tq, tk = random_layout(rng, rng.randint(3, 9), last_only)
+    torch.manual_seed(seed)
+    q = torch.randn(tq, heads, dim).to(dtype)
+    k = torch.randn(tk, kv_heads, dim).to(dtype)
+    v = torch.randn(tk, kv_heads, dim).to(dtype)
+    scale = 1 / math.sqrt(dim)
+    segments = Segments.build(table, torch.device("cpu"), config)
+    got = segment_attention(q, k, v, segments, scale, impl="triton")
+    want = segment_attention_reference(q.float(), k.float(), v.float(), table, scale)
+    tol = 1e-5 if dtype == torch.float32 else 4e-3
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+def test_blocks_cover_every_query_once_longest_first() -> None:
+    table, _, _ = random_layout(random.Random(7), 20, False)
+    config = KernelConfig(block_m=16)
+    segments = Segments.build(table, torch.device("cpu"), config)
+    blocks = segments.blocks.tolist()
+    covered = sorted((s, first + i) for s, first in blocks for i in range(16) if first + i < table[s, 1])
+    assert covered == sorted((s, j) for s in range(len(table)) for j in range(int(table[s, 1])))
+    work = [table[s, 5] + table[s, 3] - table[s, 1] + min(first + 16, table[s, 1]) for s, first in blocks]
+    assert work == sorted(work, reverse=True)
+
+
+def test_rejects_more_queries_than_keys() -> None:
+    with pytest.raises(ValueError, match="segment 1 has 5 queries but only 4 own keys"):
+        Segments.build(np.asarray([[0, 1, 0, 1, 0, 0], [1, 5, 1, 4, 0, 0]]), torch.device("cpu"))
