@@ -126,7 +126,7 @@ def build_raw_prompts(
     item_ids = iter(encoded_text)
     prompts = []
     for index, item in enumerate(request.items):
-        ids = next(item_ids) if isinstance(item, str) else list(item)
+        ids = next(item_ids) if isinstance(item, str) else item
         prompt, truncated = truncate_raw(query_ids, ids, max_length, request.item_first, index)
         prompts.append(EncodedPrompt(prompt, truncated))
     return prompts

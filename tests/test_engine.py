@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_core.batching import left_pad, length_sorted_batches, run_splitting_on_oom
+from genscore_core.engine import distinct_prompts
 from genscore_core.loading import resolve_device, resolve_dtype
 
 DOCS = [
@@ -291,3 +293,17 @@ def test_duplicate_documents_are_scored_once_and_tie(scorer: GenerativeScorer) -
     ranked = scorer.rerank("q", docs)
     ties = [r.index for r in ranked if r.document == "alpha beta"]
     assert ties == [0, 2, 5]
+
+
+def test_distinct_prompts_matches_a_plain_dictionary() -> None:
+    rng = random.Random(5)
+    for _ in range(200):
+        # Few token values and lengths: many prompts share the sampled tokens without being equal.
+        pool = [[rng.randrange(3) for _ in range(rng.randint(0, 6))] for _ in range(rng.randint(1, 8))]
+        prompts = [list(rng.choice(pool)) for _ in range(rng.randint(1, 20))]
+        first: dict[tuple[int, ...], int] = {}
+        for prompt in prompts:
+            first.setdefault(tuple(prompt), len(first))
+        distinct, where = distinct_prompts(prompts)
+        assert [tuple(p) for p in distinct] == list(first)
+        assert where == [first[tuple(p)] for p in prompts]

@@ -355,7 +355,7 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
     got32 = score_request(scorer32, w1.queries[0], w1.items[0])
     e = errors(got32, ref)
     report.note(
-        f"genscore packed fp32 (Triton ops fp32, SDPA segments) vs official fp32: max {e[0]:.1e}, mean {e[1]:.1e}"
+        f"genscore packed fp32 (Triton ops and attention in fp32) vs official fp32: max {e[0]:.1e}, mean {e[1]:.1e}"
     )
     report.rows.append(Row("W1", "genscore packed, fp32 (check)", max_err=e[0], mean_err=e[1]))
     del scorer32

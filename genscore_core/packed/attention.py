@@ -69,8 +69,8 @@ class Segments:
     """
 
     host: np.ndarray  # [S, 6] int64, columns SEGMENT_FIELDS
-    table: torch.Tensor  # [S, 6] int32 on the device
-    blocks: torch.Tensor  # [NB, 2] int32 on the device
+    table: torch.Tensor  # [S, 6] int64 on the device
+    blocks: torch.Tensor  # [NB, 2] int64 on the device
     config: KernelConfig
 
     @property
@@ -79,29 +79,38 @@ class Segments:
 
     @classmethod
     def build(cls, host: np.ndarray, device: torch.device, config: KernelConfig = DEFAULT_CONFIG) -> Segments:
-        host = np.asarray(host, dtype=np.int64).reshape(-1, len(SEGMENT_FIELDS))
-        q_len, k_len, prefix_len = host[:, 1], host[:, 3], host[:, 5]
-        if (q_len > k_len).any():
-            bad = int(np.argmax(q_len > k_len))
-            raise ValueError(f"segment {bad} has {q_len[bad]} queries but only {k_len[bad]} own keys")
-        per_segment = -(-q_len // config.block_m)
-        segment = np.repeat(np.arange(len(host)), per_segment)
-        first = (
-            np.arange(len(segment)) - np.repeat(np.cumsum(per_segment) - per_segment, per_segment)
-        ) * config.block_m
-        # Keys a block reads; the longest blocks go first so that no long one starts last.
-        work = (
-            prefix_len[segment]
-            + (k_len - q_len)[segment]
-            + np.minimum(first + config.block_m, q_len[segment])
-        )
-        order = np.argsort(-work, kind="stable")
-        blocks = np.stack([segment[order], first[order]], axis=1)
-        flat = torch.from_numpy(np.concatenate([host.reshape(-1), blocks.reshape(-1)]).astype(np.int32))
+        """Plan the blocks and copy the table and blocks to ``device``."""
+        host = check_table(host)
+        blocks = plan_blocks(host, config)
+        flat = torch.from_numpy(np.concatenate([host.reshape(-1), blocks.reshape(-1)]))
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
         table, block_list = flat.split([host.size, blocks.size])
         return cls(host=host, table=table.view(-1, 6), blocks=block_list.view(-1, 2), config=config)
+
+
+def check_table(host: np.ndarray) -> np.ndarray:
+    """``host`` as an [S, 6] int64 array; raises ValueError for a segment with more queries than keys."""
+    host = np.asarray(host, dtype=np.int64).reshape(-1, len(SEGMENT_FIELDS))
+    q_len, k_len = host[:, 1], host[:, 3]
+    if (q_len > k_len).any():
+        bad = int(np.argmax(q_len > k_len))
+        raise ValueError(f"segment {bad} has {q_len[bad]} queries but only {k_len[bad]} own keys")
+    return host
+
+
+def plan_blocks(host: np.ndarray, config: KernelConfig) -> np.ndarray:
+    """[NB, 2] int64: (segment, first query) of each block of ``config.block_m`` queries, longest first."""
+    q_len, k_len, prefix_len = host[:, 1], host[:, 3], host[:, 5]
+    per_segment = -(-q_len // config.block_m)
+    segment = np.repeat(np.arange(len(host)), per_segment)
+    first = (
+        np.arange(len(segment)) - np.repeat(np.cumsum(per_segment) - per_segment, per_segment)
+    ) * config.block_m
+    # Keys a block reads; the longest blocks go first so that no long one starts last.
+    work = prefix_len[segment] + (k_len - q_len)[segment] + np.minimum(first + config.block_m, q_len[segment])
+    order = np.argsort(-work, kind="stable")
+    return np.stack([segment[order], first[order]], axis=1).astype(np.int64)
 
 
 @functools.lru_cache(maxsize=1)

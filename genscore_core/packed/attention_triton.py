@@ -75,8 +75,8 @@ def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads a
     k_src,  # [Tk, Hkv, D]: a pointer, or a descriptor over [Tk, Hkv * D] when TMA
     v_src,  # same as k_src
     o_ptr,  # [Tq, Hq, D]
-    seg_ptr,  # [S, 6] int32: q_start, q_len, k_start, k_len, prefix_start, prefix_len
-    blocks_ptr,  # [NB, 2] int32: segment, first query (within the segment) of the block
+    seg_ptr,  # [S, 6] int64: q_start, q_len, k_start, k_len, prefix_start, prefix_len
+    blocks_ptr,  # [NB, 2] int64: segment, first query (within the segment) of the block
     scale_log2e,
     stride_qt,
     stride_qh,
@@ -96,13 +96,13 @@ def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads a
 ):
     pack = tl.program_id(0)
     block = tl.program_id(1)
-    seg = tl.load(blocks_ptr + 2 * block).to(tl.int64)
+    seg = tl.load(blocks_ptr + 2 * block)
     m_start = tl.load(blocks_ptr + 2 * block + 1)
-    q_start = tl.load(seg_ptr + 6 * seg).to(tl.int64)
+    q_start = tl.load(seg_ptr + 6 * seg)
     q_len = tl.load(seg_ptr + 6 * seg + 1)
-    k_start = tl.load(seg_ptr + 6 * seg + 2).to(tl.int64)
+    k_start = tl.load(seg_ptr + 6 * seg + 2)
     k_len = tl.load(seg_ptr + 6 * seg + 3)
-    p_start = tl.load(seg_ptr + 6 * seg + 4).to(tl.int64)
+    p_start = tl.load(seg_ptr + 6 * seg + 4)
     p_len = tl.load(seg_ptr + 6 * seg + 5)
 
     ROWS: tl.constexpr = HEADS * BLOCK_M

@@ -26,6 +26,8 @@ from genscore_core.packed.attention import (
     DEFAULT_CONFIG,
     LAST_TOKEN_CONFIG,
     Segments,
+    check_table,
+    plan_blocks,
     segment_attention,
 )
 from genscore_core.packed.plan import PackedBatch
@@ -136,32 +138,38 @@ class DeviceBatch:
 
     @classmethod
     def from_batch(cls, batch: PackedBatch, device: torch.device) -> DeviceBatch:
-        save = torch.cat([rows for _, rows in batch.save]) if batch.save else None
+        table = check_table(batch.segments)
+        last = table.copy()
+        last[:, 0] = np.arange(len(last))
+        last[:, 1] = 1
+        blocks = plan_blocks(table, DEFAULT_CONFIG)
+        last_blocks = plan_blocks(last, LAST_TOKEN_CONFIG)
         host = [batch.input_ids, batch.positions, batch.segment_last, batch.prompt_segments]
-        if save is not None:
-            host.append(save)
+        host += [torch.from_numpy(a.reshape(-1)) for a in (table, blocks, last, last_blocks)]
+        if batch.save:
+            host.append(torch.cat([rows for _, rows in batch.save]))
         # One pinned host buffer, one copy to the device, then views.
         flat = torch.cat(host)
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
         parts = list(flat.split([t.numel() for t in host]))
-        last = batch.segments.copy()
-        last[:, 0] = np.arange(len(last))
-        last[:, 1] = 1
         return cls(
             batch=batch,
             input_ids=parts[0],
             positions=parts[1],
             segment_last=parts[2],
             prompt_segments=parts[3],
-            save_rows=parts[4] if save is not None else None,
-            segments=Segments.build(batch.segments, device, DEFAULT_CONFIG),
-            last_segments=Segments.build(last, device, LAST_TOKEN_CONFIG),
+            segments=Segments(table, parts[4].view(-1, 6), parts[5].view(-1, 2), DEFAULT_CONFIG),
+            last_segments=Segments(last, parts[6].view(-1, 6), parts[7].view(-1, 2), LAST_TOKEN_CONFIG),
+            save_rows=parts[8] if batch.save else None,
         )
 
 
 class PackedDecoder:
     """Runs packed batches through a Qwen3/Qwen2/Llama causal LM's decoder layers."""
+
+    residual_dtype: torch.dtype = torch.float32
+    """The residual stream's dtype (benchmarks measure bf16 against it)."""
 
     trim_last_layer: bool = True
     """Compute the last layer's queries, attention and MLP only where the output is read (benchmarks
@@ -239,7 +247,7 @@ class PackedDecoder:
                 torch.empty(shape, dtype=self.dtype, device=self.device),
             )
 
-        residual = F.embedding(dev.input_ids, self.embed).float()  # [T, H]
+        residual = F.embedding(dev.input_ids, self.embed).to(self.residual_dtype)  # [T, H]
         h = ops.add_rmsnorm(residual, None, self.layers[0].ln1, self.eps, self.dtype)
         positions_q = dev.positions
         for index, layer in enumerate(self.layers):

@@ -45,10 +45,12 @@ def add_rmsnorm(
     kernels = _triton_ops() if (residual.is_cuda if triton is None else triton) else None
     if kernels is not None:
         return kernels.add_rmsnorm(residual, delta, weight, eps, out_dtype)
+    r = residual.float()
     if delta is not None:
-        residual.add_(delta.float())
-    variance = residual.pow(2).mean(-1, keepdim=True)
-    return (residual * torch.rsqrt(variance + eps) * weight.float()).to(out_dtype)
+        r = r + delta.float()
+        residual.copy_(r)
+    variance = r.pow(2).mean(-1, keepdim=True)
+    return (r * torch.rsqrt(variance + eps) * weight.float()).to(out_dtype)
 
 
 def rope(

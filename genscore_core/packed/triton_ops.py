@@ -19,7 +19,7 @@ import triton.language as tl
 
 @triton.jit
 def _add_rmsnorm_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
-    res_ptr,  # [T, H] float32, updated in place when HAS_DELTA
+    res_ptr,  # [T, H] (float32 in the decoder), updated in place when HAS_DELTA
     delta_ptr,  # [T, H]
     w_ptr,  # [H]
     out_ptr,  # [T, H]
@@ -31,11 +31,11 @@ def _add_rmsnorm_kernel(  # type: ignore[no-untyped-def]  # triton reads annotat
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-    r = tl.load(res_ptr + row * H + cols, mask=mask, other=0.0)
+    r = tl.load(res_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_DELTA:
         d = tl.load(delta_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
         r = r + d
-        tl.store(res_ptr + row * H + cols, r, mask=mask)
+        tl.store(res_ptr + row * H + cols, r.to(res_ptr.dtype.element_ty), mask=mask)
     variance = tl.sum(r * r, axis=0) / H
     rstd = 1.0 / tl.sqrt(variance + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -49,7 +49,7 @@ def add_rmsnorm(
     eps: float,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    assert residual.dtype == torch.float32 and residual.is_contiguous()
+    assert residual.is_contiguous()
     t, h = residual.shape
     out = torch.empty((t, h), dtype=out_dtype, device=residual.device)
     if t == 0:
