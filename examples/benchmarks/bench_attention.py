@@ -140,6 +140,12 @@ def main() -> None:
     flash_out = flash()
     ms = triton.testing.do_bench(flash)
     rows.append(("flash varlen (prefix copied per prompt)", ms, work / ms / 1e9, error(flash_out), 0.0))
+    # The same kernel with blocks ordered by their own work alone (blocks of a segment scattered).
+    scattered = Segments.build(table, device, DEFAULT_CONFIG, by_segment=False)
+    out = segment_attention(q, k, v, scattered, scale, impl="triton")
+    ms = triton.testing.do_bench(lambda: segment_attention(q, k, v, scattered, scale, impl="triton"))
+    rows.append(("triton " + label(DEFAULT_CONFIG) + ", blocks by own work", ms, work / ms / 1e9, error(out),
+                 float((out.float() - flash_out.float()).abs().max())))  # fmt: skip
     best: tuple[float, KernelConfig] | None = None
     for config in [DEFAULT_CONFIG] + [c for c in SWEEP if c != DEFAULT_CONFIG]:
         segments = Segments.build(table, device, config)

@@ -65,7 +65,8 @@ LAST_TOKEN_CONFIG = KernelConfig(block_m=16, block_n=64, heads=2, num_warps=4, n
 class Segments:
     """A segment table on the host and on the device, with the kernel's work list.
 
-    ``blocks`` lists (segment, first query) for every ``config.block_m`` queries, longest first.
+    ``blocks`` lists (segment, first query) for every ``config.block_m`` queries (see
+    :func:`plan_blocks` for the order).
     """
 
     host: np.ndarray  # [S, 6] int64, columns SEGMENT_FIELDS
@@ -78,10 +79,17 @@ class Segments:
         return int(self.blocks.shape[0])
 
     @classmethod
-    def build(cls, host: np.ndarray, device: torch.device, config: KernelConfig = DEFAULT_CONFIG) -> Segments:
-        """Plan the blocks and copy the table and blocks to ``device``."""
+    def build(
+        cls,
+        host: np.ndarray,
+        device: torch.device,
+        config: KernelConfig = DEFAULT_CONFIG,
+        *,
+        by_segment: bool = True,
+    ) -> Segments:
+        """Plan the blocks (see :func:`plan_blocks`) and copy the table and blocks to ``device``."""
         host = check_table(host)
-        blocks = plan_blocks(host, config)
+        blocks = plan_blocks(host, config, by_segment=by_segment)
         flat = torch.from_numpy(np.concatenate([host.reshape(-1), blocks.reshape(-1)]))
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
@@ -99,17 +107,28 @@ def check_table(host: np.ndarray) -> np.ndarray:
     return host
 
 
-def plan_blocks(host: np.ndarray, config: KernelConfig) -> np.ndarray:
-    """[NB, 2] int64: (segment, first query) of each block of ``config.block_m`` queries, longest first."""
+def plan_blocks(host: np.ndarray, config: KernelConfig, *, by_segment: bool = True) -> np.ndarray:
+    """[NB, 2] int64: (segment, first query) of each block of ``config.block_m`` queries.
+
+    Longest work first, so that no long block starts last. ``by_segment`` (the default) keeps the
+    blocks of one segment together, so they run at the same time and read the segment's keys from
+    L2 rather than each from memory; otherwise blocks are ordered by their own work alone.
+    """
     q_len, k_len, prefix_len = host[:, 1], host[:, 3], host[:, 5]
     per_segment = -(-q_len // config.block_m)
     segment = np.repeat(np.arange(len(host)), per_segment)
     first = (
         np.arange(len(segment)) - np.repeat(np.cumsum(per_segment) - per_segment, per_segment)
     ) * config.block_m
-    # Keys a block reads; the longest blocks go first so that no long one starts last.
+    # Keys each block reads.
     work = prefix_len[segment] + (k_len - q_len)[segment] + np.minimum(first + config.block_m, q_len[segment])
-    order = np.argsort(-work, kind="stable")
+    if by_segment:
+        segment_work = np.bincount(segment, weights=work, minlength=len(host))
+        rank = np.empty(len(host), dtype=np.int64)
+        rank[np.argsort(-segment_work, kind="stable")] = np.arange(len(host))
+        order = np.lexsort((-work, rank[segment]))
+    else:
+        order = np.argsort(-work, kind="stable")
     return np.stack([segment[order], first[order]], axis=1).astype(np.int64)
 
 

@@ -107,15 +107,28 @@ def test_kernel_matches_reference(
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
-def test_blocks_cover_every_query_once_longest_first() -> None:
+@pytest.mark.parametrize("by_segment", [True, False])
+def test_blocks_cover_every_query_once_longest_first(by_segment: bool) -> None:
     table, _, _ = random_layout(random.Random(7), 20, False)
-    config = KernelConfig(block_m=16)
-    segments = Segments.build(table, torch.device("cpu"), config)
+    segments = Segments.build(table, torch.device("cpu"), KernelConfig(block_m=16), by_segment=by_segment)
     blocks = segments.blocks.tolist()
     covered = sorted((s, first + i) for s, first in blocks for i in range(16) if first + i < table[s, 1])
     assert covered == sorted((s, j) for s in range(len(table)) for j in range(int(table[s, 1])))
-    work = [table[s, 5] + table[s, 3] - table[s, 1] + min(first + 16, table[s, 1]) for s, first in blocks]
-    assert work == sorted(work, reverse=True)
+
+    def work(s: int, first: int) -> int:
+        return int(table[s, 5] + table[s, 3] - table[s, 1] + min(first + 16, table[s, 1]))
+
+    if not by_segment:
+        assert [work(*b) for b in blocks] == sorted((work(*b) for b in blocks), reverse=True)
+        return
+    # Each segment's blocks together, longest first within; segments by their total work.
+    order = [s for i, (s, _) in enumerate(blocks) if i == 0 or blocks[i - 1][0] != s]
+    assert sorted(order) == list(range(len(table)))
+    totals = [sum(work(*b) for b in blocks if b[0] == s) for s in order]
+    assert totals == sorted(totals, reverse=True)
+    for s in order:
+        mine = [work(*b) for b in blocks if b[0] == s]
+        assert mine == sorted(mine, reverse=True)
 
 
 def test_rejects_more_queries_than_keys() -> None:
