@@ -553,9 +553,9 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
                     "attention (Triton segments)" if "attention" in key else
                     "matmul" if any(s in key for s in ("gemm", "nvjet", "cutlass", "sm90", "xmma")) else
                     "triton: add+rmsnorm" if "add_rmsnorm" in key else
-                    "triton: norm+rope(+kv scatter)" if "rope" in key else
+                    "triton: q/k norm + rotary" if "rope" in key else
                     "triton: silu*mul" if "silu" in key else
-                    "index copies (prefix KV, gathers)" if "index" in key or "gather" in key or "scatter" in key else
+                    "gathers and copies" if "index" in key or "gather" in key or "scatter" in key else
                     "other"
                 )  # fmt: skip
                 categories[cat] = categories.get(cat, 0.0) + t_dev
