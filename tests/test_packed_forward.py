@@ -1,8 +1,9 @@
 """The packed forward (no padding, shared prefix computed once) against a plain per-prompt HF forward.
 
 Everything runs on the CPU in float32: the same packing, prefix-reuse and layer code as on CUDA, with
-the torch versions of the fused operations and per-segment SDPA instead of FlashAttention. The
-Triton kernels are checked against those torch versions through Triton's interpreter.
+the torch versions of the fused operations and per-segment SDPA instead of the Triton kernels. The
+kernels are checked against those torch versions through Triton's interpreter, one by one here and in
+tests/kernels/, and all together in tests/kernels/test_packed_decoder_triton.py.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from genscore_core.packed import ops
 from genscore_core.packed.attention import (
     DEFAULT_CONFIG,
     LAST_TOKEN_CONFIG,
+    AttentionImpl,
     Segments,
     check_table,
     plan_blocks,
@@ -168,6 +169,11 @@ class DeviceBatch:
 class PackedDecoder:
     """Runs packed batches through a Qwen3/Qwen2/Llama causal LM's decoder layers."""
 
+    kernels: AttentionImpl = "auto"
+    """Which implementation runs attention and the fused operations: "triton", "torch" (the
+    references), or "auto" (Triton on CUDA). Tests set "triton" to run the kernels on the CPU
+    through Triton's interpreter."""
+
     residual_dtype: torch.dtype = torch.float32
     """The residual stream's dtype (benchmarks measure bf16 against it)."""
 
@@ -247,8 +253,9 @@ class PackedDecoder:
                 torch.empty(shape, dtype=self.dtype, device=self.device),
             )
 
+        triton = None if self.kernels == "auto" else self.kernels == "triton"
         residual = F.embedding(dev.input_ids, self.embed).to(self.residual_dtype)  # [T, H]
-        h = ops.add_rmsnorm(residual, None, self.layers[0].ln1, self.eps, self.dtype)
+        h = ops.add_rmsnorm(residual, None, self.layers[0].ln1, self.eps, self.dtype, triton=triton)
         positions_q = dev.positions
         for index, layer in enumerate(self.layers):
             last = self.trim_last_layer and index == n_layers - 1
@@ -260,8 +267,9 @@ class PackedDecoder:
             k = k.view(batch.kv_len, self.num_kv_heads, self.head_dim)
             v = v.view(batch.kv_len, self.num_kv_heads, self.head_dim)
             ops.rope(
-                k[:tokens], self.num_kv_heads, layer.k_norm, self.eps, cos, sin, dev.positions, k[:tokens]
-            )
+                k[:tokens], self.num_kv_heads, layer.k_norm, self.eps, cos, sin, dev.positions, k[:tokens],
+                triton=triton,
+            )  # fmt: skip
             if loaded is not None:
                 k[tokens:].copy_(loaded[0][index])
                 v[tokens:].copy_(loaded[1][index])
@@ -274,18 +282,18 @@ class PackedDecoder:
                 residual = residual.index_select(0, dev.segment_last)
                 positions_q = dev.positions.index_select(0, dev.segment_last)
             q = F.linear(h, *layer.q).view(h.shape[0], self.num_heads, self.head_dim)
-            ops.rope(q, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q)
+            ops.rope(q, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q, triton=triton)
             segments = dev.last_segments if last else dev.segments
-            attn = segment_attention(q, k, v, segments, self.scale)
+            attn = segment_attention(q, k, v, segments, self.scale, impl=self.kernels)
             del q, k, v
             if last:
                 attn = attn.index_select(0, dev.prompt_segments)
                 residual = residual.index_select(0, dev.prompt_segments)
             attn_out = F.linear(attn.view(attn.shape[0], -1), *layer.o)
             del attn
-            h = ops.add_rmsnorm(residual, attn_out, layer.ln2, self.eps, self.dtype)
+            h = ops.add_rmsnorm(residual, attn_out, layer.ln2, self.eps, self.dtype, triton=triton)
             del attn_out
-            act = ops.silu_mul(F.linear(h, *layer.gate), F.linear(h, *layer.up))
+            act = ops.silu_mul(F.linear(h, *layer.gate), F.linear(h, *layer.up), triton=triton)
             mlp_out = F.linear(act, *layer.down)
             del act
             if index == n_layers - 1:
@@ -293,9 +301,13 @@ class PackedDecoder:
                     rows = dev.segment_last.index_select(0, dev.prompt_segments)
                     residual = residual.index_select(0, rows)
                     mlp_out = mlp_out.index_select(0, rows)
-                h = ops.add_rmsnorm(residual, mlp_out, self.final_norm, self.eps, torch.float32)
+                h = ops.add_rmsnorm(
+                    residual, mlp_out, self.final_norm, self.eps, torch.float32, triton=triton
+                )
             else:
-                h = ops.add_rmsnorm(residual, mlp_out, self.layers[index + 1].ln1, self.eps, self.dtype)
+                h = ops.add_rmsnorm(
+                    residual, mlp_out, self.layers[index + 1].ln1, self.eps, self.dtype, triton=triton
+                )
             del mlp_out
         return h, saved
 
