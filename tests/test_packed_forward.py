@@ -236,6 +236,12 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 8e-3)):
     torch.testing.assert_close(r2, r1)
     b = triton_ops.add_rmsnorm(r2, None, w, 1e-6, torch.float32)
     torch.testing.assert_close(b, ops.add_rmsnorm(r1, None, w, 1e-6, torch.float32, triton=False))
+    # A bf16 residual (the benchmark's step): both add in float32 and store the sum rounded.
+    r1, r2 = r.bfloat16(), r.bfloat16()
+    a = ops.add_rmsnorm(r1, delta, w, 1e-6, dtype, triton=False)
+    b = triton_ops.add_rmsnorm(r2, delta, w, 1e-6, dtype)
+    torch.testing.assert_close(b.float(), a.float(), atol=tol * 4, rtol=tol)
+    torch.testing.assert_close(r2, r1)
     x = torch.randn(t, 2 * heads * d)[:, : heads * d].to(dtype)  # rows with a stride, as a slice
     cos, sin = torch.randn(40, d), torch.randn(40, d)
     pos = torch.randint(0, 40, (t,))

@@ -38,16 +38,18 @@ def add_rmsnorm(
     *,
     triton: bool | None = None,
 ) -> torch.Tensor:
-    """``residual += delta`` (in place, float32), then ``RMSNorm(residual) * weight`` as ``out_dtype``.
+    """``residual += delta`` (in place), then ``RMSNorm(residual) * weight`` as ``out_dtype``.
 
-    ``residual``: [T, H] float32; ``delta``: [T, H] in any float dtype, or None to only normalise.
+    ``residual``: [T, H], float32 in the decoder; ``delta``: [T, H] in any float dtype, or None to only
+    normalise. The arithmetic is float32 whatever the dtypes.
     """
     kernels = _triton_ops() if (residual.is_cuda if triton is None else triton) else None
     if kernels is not None:
         return kernels.add_rmsnorm(residual, delta, weight, eps, out_dtype)
-    r = residual.float()
-    if delta is not None:
-        r = r + delta.float()
+    if residual.dtype == torch.float32:
+        r = residual if delta is None else residual.add_(delta.float())
+    else:  # a lower-precision residual (a benchmark step): add in float32, store rounded
+        r = residual.float() if delta is None else residual.float() + delta.float()
         residual.copy_(r)
     variance = r.pow(2).mean(-1, keepdim=True)
     return (r * torch.rsqrt(variance + eps) * weight.float()).to(out_dtype)

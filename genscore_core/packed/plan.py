@@ -121,10 +121,6 @@ class PackedBatch:
     def num_prompts(self) -> int:
         return int(self.prompt_segments.numel())
 
-    def last_index(self) -> torch.Tensor:
-        """Stream index of each prompt's last token: [N]."""
-        return self.segment_last[self.prompt_segments]
-
 
 def build_batch(groups: Sequence[PrefixGroup], slices: Sequence[GroupSlice]) -> PackedBatch:
     """Lay out one batch: stream tokens, their positions, and the attention segments.
