@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +20,126 @@ class EncodedPrompt:
     """Whether the item (or query) was shortened to fit the maximum prompt length."""
 
 
+Offsets = list[tuple[int, int]]
+
+
+class BodyTokenization:
+    """How one template's body becomes token ids: the strategy its reference code uses.
+
+    ``encode`` returns, per body, the ids and each token's character span in the body text, so that
+    truncation can find the query's and the document's tokens whatever the strategy.
+    """
+
+    def __init__(self, tokenizer: Any, lock: threading.Lock) -> None:
+        self.tokenizer = tokenizer
+        self._lock = lock
+
+    def _tokenize(self, texts: list[str]) -> tuple[list[list[int]], list[Offsets]]:
+        with self._lock:
+            encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        return encoded["input_ids"], encoded["offset_mapping"]
+
+    def encode(self, bodies: Sequence[RenderedBody]) -> list[tuple[list[int], Offsets]]:
+        raise NotImplementedError
+
+    def cap_query(
+        self,
+        rebuild: Callable[[int], RenderedBody],
+        body: RenderedBody,
+        ids: list[int],
+        offsets: Offsets,
+        cap: int,
+    ) -> tuple[list[int], Offsets, RenderedBody] | None:
+        """Shorten the query to ``cap`` tokens; None when it already fits."""
+        raise NotImplementedError
+
+    always_caps_query = False
+    """Whether the query is capped even when the whole prompt fits (the reference truncates it on
+    its own, before it knows the document's length)."""
+
+
+class WholeBody(BodyTokenization):
+    """The filled body in one tokenizer call (Qwen3-Reranker's recipe): tokens may merge across the
+    placeholder boundaries, exactly as the reference's do."""
+
+    def encode(self, bodies: Sequence[RenderedBody]) -> list[tuple[list[int], Offsets]]:
+        ids, offsets = self._tokenize([body.text for body in bodies])
+        return list(zip(ids, offsets))
+
+    def cap_query(
+        self,
+        rebuild: Callable[[int], RenderedBody],
+        body: RenderedBody,
+        ids: list[int],
+        offsets: Offsets,
+        cap: int,
+    ) -> tuple[list[int], Offsets, RenderedBody] | None:
+        query_tokens = token_range(offsets, body.query)
+        if query_tokens[1] - query_tokens[0] <= cap:
+            return None
+        # Cut the query text at a token boundary and tokenize the body again, so that the text
+        # after the query keeps its own tokens.
+        cut_at = offsets[query_tokens[0] + cap - 1][1] - body.query.start
+        body = rebuild(max(cut_at, 0))
+        [(ids, offsets)] = self.encode([body])
+        return ids, offsets, body
+
+
+class PieceByPiece(BodyTokenization):
+    """Each piece in its own tokenizer call, ids concatenated (mixedbread's and FlagEmbedding's
+    recipes): a piece boundary is always a token boundary, so "?" + "\\n" stay two tokens."""
+
+    always_caps_query = True
+
+    def encode(self, bodies: Sequence[RenderedBody]) -> list[tuple[list[int], Offsets]]:
+        pieces = [body.pieces() for body in bodies]
+        # One call for every piece of every body: the tokenizer batches them in Rust.
+        ids, offsets = self._tokenize([text for body in pieces for _, text in body])
+        results = []
+        position = 0
+        for body in pieces:
+            body_ids: list[int] = []
+            body_offsets: Offsets = []
+            for start, _ in body:
+                body_ids.extend(ids[position])
+                body_offsets.extend((start + a, start + b) for a, b in offsets[position])
+                position += 1
+            results.append((body_ids, body_offsets))
+        return results
+
+    def cap_query(
+        self,
+        rebuild: Callable[[int], RenderedBody],
+        body: RenderedBody,
+        ids: list[int],
+        offsets: Offsets,
+        cap: int,
+    ) -> tuple[list[int], Offsets, RenderedBody] | None:
+        # The reference truncates the whole piece holding the query (instruction and labels included)
+        # to its first ``cap`` tokens; its tokens are those starting inside the piece.
+        piece_start, text = body.pieces()[body.query_piece]
+        # Pieces are tokenized alone, so each token lies inside one piece: count by start offsets.
+        first = sum(1 for start, _ in offsets if start < piece_start)
+        last = first + sum(
+            1 for start, end in offsets if piece_start <= start and end <= piece_start + len(text)
+        )
+        if last - first <= cap:
+            return None
+        return ids[: first + cap] + ids[last:], offsets[: first + cap] + offsets[last:], body
+
+
+def body_tokenization(template: PromptTemplate, tokenizer: Any, lock: threading.Lock) -> BodyTokenization:
+    """The tokenization strategy a template states."""
+    strategy = PieceByPiece if template.tokenization == "pieces" else WholeBody
+    return strategy(tokenizer, lock)
+
+
 class TemplatePromptBuilder:
     """Builds ``prefix + body + suffix`` prompts for one template, tokenizer and length budget.
 
-    The body is tokenized as a whole, exactly as the official Qwen3-Reranker recipe does, so that
-    tokens merging across placeholder boundaries come out the same; character offsets then tell which
-    tokens belong to the document and the query.
+    The body is tokenized the way the template's reference code does (:class:`WholeBody` for
+    Qwen3-Reranker, :class:`PieceByPiece` for mxbai-rerank-v2 and bge-reranker-v2-gemma); character
+    offsets then tell which tokens belong to the document and the query.
     """
 
     def __init__(
@@ -43,29 +157,36 @@ class TemplatePromptBuilder:
         self.instruction = instruction
         self.query_share = query_share
         self._lock = tokenizer_lock or threading.Lock()
+        self.tokenization = body_tokenization(template, tokenizer, self._lock)
         with self._lock:
             self.prefix_ids: list[int] = tokenizer.encode(template.prefix, add_special_tokens=False)
-            self.suffix_ids: list[int] = tokenizer.encode(template.suffix, add_special_tokens=False)
+            self.suffix_ids: list[int] = [
+                token
+                for piece in (template.suffix_pieces or (template.suffix,))
+                for token in tokenizer.encode(piece, add_special_tokens=False)
+            ]
+        self.bos_ids: list[int] = []
+        if template.bos:
+            if tokenizer.bos_token_id is None:
+                raise ValueError(
+                    f"template {template.name!r} starts with the BOS token, but this tokenizer has none; "
+                    "set tokenizer.bos_token or use a template without bos"
+                )
+            self.bos_ids = [tokenizer.bos_token_id]
         self.max_length = max_length
         self.body_budget = max_length - len(self.prefix_ids) - len(self.suffix_ids)
-        if self.body_budget <= 0:
+        if self.body_budget - len(self.bos_ids) <= 0:
             raise ValueError(
                 f"max_length={max_length} leaves no room for a body: template {template.name!r} alone takes "
-                f"{len(self.prefix_ids) + len(self.suffix_ids)} tokens"
+                f"{len(self.prefix_ids) + len(self.suffix_ids) + len(self.bos_ids)} tokens"
             )
         # Fail early, not on the first request, if the template cannot take the instruction.
         template.render_body("", "", instruction)
 
-    def _tokenize(self, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
-        with self._lock:
-            encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-        return encoded["input_ids"], encoded["offset_mapping"]
-
     def build(self, query: str, documents: Sequence[str]) -> list[EncodedPrompt]:
         bodies = [self.template.render_body(query, doc, self.instruction) for doc in documents]
-        all_ids, all_offsets = self._tokenize([body.text for body in bodies])
         prompts = []
-        for index, (body, ids, offsets) in enumerate(zip(bodies, all_ids, all_offsets)):
+        for index, (body, (ids, offsets)) in enumerate(zip(bodies, self.tokenization.encode(bodies))):
             body_ids, truncated = self._fit(query, documents[index], body, ids, offsets, index)
             prompts.append(EncodedPrompt(self.prefix_ids + body_ids + self.suffix_ids, truncated))
         return prompts
@@ -76,23 +197,30 @@ class TemplatePromptBuilder:
         document: str,
         body: RenderedBody,
         ids: list[int],
-        offsets: list[tuple[int, int]],
+        offsets: Offsets,
         index: int,
     ) -> tuple[list[int], bool]:
+        # The BOS id has no characters: (0, 0) never overlaps the query or the document.
+        ids = self.bos_ids + ids
+        offsets = [(0, 0)] * len(self.bos_ids) + offsets
         budget = self.body_budget
-        if len(ids) <= budget:
-            return ids, False
-        query_tokens = token_range(offsets, body.query)
-        cap = query_token_cap(budget, self.query_share)
-        if query_tokens[1] - query_tokens[0] > cap:
-            # Cut the query text at a token boundary and tokenize the body again, so that the text
-            # after the query keeps its own tokens.
-            cut_at = offsets[query_tokens[0] + cap - 1][1] - body.query.start
-            body = self.template.render_body(query[: max(cut_at, 0)], document, self.instruction)
-            [ids], [offsets] = self._tokenize([body.text])
+        truncated = False
+        if len(ids) > budget or self.tokenization.always_caps_query:
+            capped = self.tokenization.cap_query(
+                lambda cut_at: self.template.render_body(query[:cut_at], document, self.instruction),
+                body,
+                ids[len(self.bos_ids) :],
+                offsets[len(self.bos_ids) :],
+                query_token_cap(budget, self.query_share),
+            )
+            if capped is not None:
+                body_ids, body_offsets, body = capped
+                ids = self.bos_ids + body_ids
+                offsets = [(0, 0)] * len(self.bos_ids) + body_offsets
+                truncated = True
         excess = len(ids) - budget
         if excess <= 0:
-            return ids, True
+            return ids, truncated
         doc_tokens = token_range(offsets, body.document)
         if excess > doc_tokens[1] - doc_tokens[0]:
             raise PromptTooLongError(

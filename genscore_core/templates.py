@@ -3,18 +3,39 @@
 A template is ``prefix + body + suffix``. The prefix and suffix are fixed text (chat markup, the answer
 cue); the body holds the placeholders ``{query}``, ``{document}`` and optionally ``{instruction}``.
 Truncation only ever shortens what was substituted into the body, so the prefix and suffix survive.
+
+A template also states how its reference code tokenizes (``tokenization``), because token ids differ
+with it: Qwen3-Reranker's recipe tokenizes the filled body in one call, so "?\n" can become one token;
+mixedbread's and FlagEmbedding's recipes tokenize each piece (query, separator, document, task) on its
+own and concatenate the ids, so a piece boundary is always a token boundary.
 """
 
 from __future__ import annotations
 
 import string
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from genscore_core.errors import InvalidRequestError
 
 _PLACEHOLDERS = {"query", "document", "instruction"}
+
+Tokenization = Literal["whole", "pieces"]
+"""``"whole"``: the filled body is tokenized in one call; ``"pieces"``: each entry of ``body_pieces``
+(and ``suffix_pieces``) is tokenized on its own and the ids are concatenated."""
+
+ScoreMode = Literal["label-softmax", "vocab-softmax", "logit", "logit-sigmoid"]
+"""How a prompt's next-token logits become its score (docs/models.md):
+
+* ``"label-softmax"``: softmax over the label tokens, read at the first label (two labels:
+  sigmoid(logit_0 - logit_1)); in [0, 1]. The two-label probability, genscore's default.
+* ``"vocab-softmax"``: the first label's probability under the full-vocabulary softmax; in [0, 1].
+* ``"logit"``: the first label's raw logit (bge-reranker-v2-gemma's and single-token
+  sentence-transformers models' score); any finite number.
+* ``"logit-sigmoid"``: sigmoid of that logit; in [0, 1], for thresholds.
+"""
+SCORE_MODES: tuple[ScoreMode, ...] = ("label-softmax", "vocab-softmax", "logit", "logit-sigmoid")
 
 
 class Span(NamedTuple):
@@ -28,6 +49,16 @@ class RenderedBody(NamedTuple):
     text: str
     query: Span
     document: Span
+    piece_ends: tuple[int, ...] = ()
+    """Character offset where each tokenization piece ends (``"pieces"`` templates); empty: one piece."""
+    query_piece: int = 0
+    """Index of the piece holding the query."""
+
+    def pieces(self) -> list[tuple[int, str]]:
+        """(start offset, text) of each piece, in order."""
+        ends = self.piece_ends or (len(self.text),)
+        starts = (0, *ends[:-1])
+        return [(start, self.text[start:end]) for start, end in zip(starts, ends)]
 
 
 class PromptTemplate(BaseModel):
@@ -38,15 +69,43 @@ class PromptTemplate(BaseModel):
     name: str
     prefix: str = ""
     """Fixed text before the body, tokenized on its own (as the official recipes do)."""
-    body: str
-    """Text with ``{query}``, ``{document}`` and optionally ``{instruction}``, tokenized as a whole."""
+    body: str = ""
+    """Text with ``{query}``, ``{document}`` and optionally ``{instruction}``. With ``"pieces"``
+    tokenization it may be left empty: it is then the concatenation of ``body_pieces``."""
     suffix: str = ""
-    """Fixed text after the body (the answer cue), tokenized on its own."""
-    label_words: tuple[str, ...]
-    """Words whose next-token probabilities make the score; the first is the positive label."""
+    """Fixed text after the body (the answer cue), tokenized on its own (or piece by piece)."""
+    label_words: tuple[str, ...] = ()
+    """Words whose next-token logits make the score; the first is the positive label."""
+    label_token_ids: tuple[int, ...] = ()
+    """The label tokens as ids, when the model's configuration names ids rather than words
+    (sentence-transformers' ``LogitScore``); they take precedence over ``label_words``."""
     default_instruction: str | None = None
     instruction_format: str = "{instruction}"
     """How a non-empty instruction is written into ``{instruction}``."""
+    tokenization: Tokenization = "whole"
+    """How the reference code tokenizes: ``"whole"`` (the filled body in one call, Qwen3-Reranker)
+    or ``"pieces"`` (each of ``body_pieces`` and ``suffix_pieces`` on its own, ids concatenated:
+    mxbai-rerank-v2, bge-reranker-v2-gemma)."""
+    body_pieces: tuple[str, ...] = ()
+    """``"pieces"`` only: the body split where the reference splits it; each piece tokenized alone,
+    the piece holding ``{query}`` capped at the query share of the budget by dropping its last tokens,
+    as the reference's tokenizer truncation does."""
+    suffix_pieces: tuple[str, ...] = ()
+    """``"pieces"`` only: the suffix split the same way (empty: the suffix is one piece)."""
+    bos: bool = False
+    """Start the body with the tokenizer's BOS token id (FlagEmbedding adds it by id, and counts it
+    inside the length its query share is taken of, as genscore then does)."""
+    score_mode: ScoreMode = "label-softmax"
+    """The score the reference reports (``ScorerConfig.score_mode="auto"`` uses it)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _join_pieces(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("body_pieces") and not data.get("body"):
+            data = {**data, "body": "".join(data["body_pieces"])}
+        if isinstance(data, dict) and data.get("suffix_pieces") and not data.get("suffix"):
+            data = {**data, "suffix": "".join(data["suffix_pieces"])}
+        return data
 
     @field_validator("body")
     @classmethod
@@ -64,20 +123,38 @@ class PromptTemplate(BaseModel):
             raise ValueError("template body may contain {instruction} at most once")
         return body
 
-    @field_validator("label_words")
+    @field_validator("label_words", "label_token_ids")
     @classmethod
-    def _labels(cls, words: tuple[str, ...]) -> tuple[str, ...]:
-        if not words:
-            raise ValueError("a template needs at least one label word")
-        if len(set(words)) != len(words):
-            raise ValueError(f"label words must be distinct, got {list(words)}")
-        return words
+    def _labels(cls, labels: tuple[Any, ...]) -> tuple[Any, ...]:
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"labels must be distinct, got {list(labels)}")
+        return labels
 
     @model_validator(mode="after")
-    def _instruction(self) -> PromptTemplate:
+    def _consistent(self) -> PromptTemplate:
         if "{instruction}" not in self.instruction_format:
             raise ValueError("instruction_format must contain {instruction}")
+        if not self.label_words and not self.label_token_ids:
+            raise ValueError("a template needs at least one label (label_words or label_token_ids)")
+        if self.tokenization == "whole":
+            if self.body_pieces or self.suffix_pieces:
+                raise ValueError('body_pieces and suffix_pieces need tokenization="pieces"')
+            return self
+        if not self.body_pieces:
+            raise ValueError('tokenization="pieces" needs body_pieces')
+        if "".join(self.body_pieces) != self.body:
+            raise ValueError("body_pieces must join to the body")
+        if self.suffix_pieces and "".join(self.suffix_pieces) != self.suffix:
+            raise ValueError("suffix_pieces must join to the suffix")
+        for placeholder in ("{query}", "{document}"):
+            if not any(placeholder in piece for piece in self.body_pieces):
+                raise ValueError(f"a placeholder may not straddle pieces: no piece holds {placeholder}")
         return self
+
+    @property
+    def labels(self) -> tuple[str | int, ...]:
+        """The labels as configured: token ids where given, else words."""
+        return self.label_token_ids or self.label_words
 
     @property
     def takes_instruction(self) -> bool:
@@ -100,16 +177,23 @@ class PromptTemplate(BaseModel):
         }
         parts: list[str] = []
         spans: dict[str, Span] = {}
+        piece_ends: list[int] = []
         length = 0
-        for literal, field, _, _ in string.Formatter().parse(self.body):
-            parts.append(literal)
-            length += len(literal)
-            if field is not None:
-                value = values[field]
-                spans[field] = Span(length, length + len(value))
-                parts.append(value)
-                length += len(value)
-        return RenderedBody("".join(parts), spans["query"], spans["document"])
+        query_piece = 0
+        for number, piece in enumerate(self.body_pieces or (self.body,)):
+            for literal, field, _, _ in string.Formatter().parse(piece):
+                parts.append(literal)
+                length += len(literal)
+                if field is not None:
+                    if field == "query":
+                        query_piece = number
+                    value = values[field]
+                    spans[field] = Span(length, length + len(value))
+                    parts.append(value)
+                    length += len(value)
+            piece_ends.append(length)
+        ends = tuple(piece_ends) if self.tokenization == "pieces" else ()
+        return RenderedBody("".join(parts), spans["query"], spans["document"], ends, query_piece)
 
 
 QWEN3_RERANKER = PromptTemplate(
@@ -125,34 +209,61 @@ QWEN3_RERANKER = PromptTemplate(
     default_instruction="Given a web search query, retrieve relevant passages that answer the query",
 )
 
+_MXBAI_TASK = (
+    "You are a search relevance expert who evaluates how well documents match search queries. For each "
+    "query-document pair, carefully analyze the semantic relationship between them, then provide your "
+    "binary relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:"
+)
+
 MXBAI_RERANK_V2 = PromptTemplate(
     name="mxbai-rerank-v2",
     prefix=(
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
         "<|im_end|>\n<|im_start|>user\n"
     ),
-    body=(
-        "{instruction}query: {query}\ndocument: {document}\nYou are a search relevance expert who "
-        "evaluates how well documents match search queries. For each query-document pair, carefully "
-        "analyze the semantic relationship between them, then provide your binary relevance judgment "
-        "(0 for not relevant, 1 for relevant).\nRelevance:"
-    ),
-    suffix="<|im_end|>\n<|im_start|>assistant\n",
+    # mixedbread's reference: the instruction and query as one string, then "\n", the document, "\n",
+    # the task and the chat suffix, each tokenized alone. The separator and task after the document
+    # count as fixed tokens (suffix); the separator before it counts in the body's budget, as there.
+    tokenization="pieces",
+    body_pieces=("{instruction}query: {query}", "\n", "document: {document}"),
+    suffix_pieces=("\n", _MXBAI_TASK, "<|im_end|>\n<|im_start|>assistant\n"),
     label_words=("1", "0"),
     instruction_format="instruction: {instruction}\n",
 )
 
-TEMPLATES: dict[str, PromptTemplate] = {t.name: t for t in (QWEN3_RERANKER, MXBAI_RERANK_V2)}
+BGE_RERANKER_V2_GEMMA = PromptTemplate(
+    name="bge-reranker-v2-gemma",
+    # FlagEmbedding's model-card recipe: [BOS] + "A: {query}", then "\n" + "B: {passage}", then "\n" and
+    # the task prompt, each tokenized alone; the score is the raw logit of "Yes".
+    tokenization="pieces",
+    bos=True,
+    body_pieces=("A: {query}", "\n", "B: {document}"),
+    suffix_pieces=(
+        "\n",
+        "Given a query A and a passage B, determine whether the passage contains an answer to the query "
+        "by providing a prediction of either 'Yes' or 'No'.",
+    ),
+    label_words=("Yes",),
+    score_mode="logit-sigmoid",
+)
+
+TEMPLATES: dict[str, PromptTemplate] = {
+    t.name: t for t in (QWEN3_RERANKER, MXBAI_RERANK_V2, BGE_RERANKER_V2_GEMMA)
+}
 
 
 def get_template(template: str | PromptTemplate | dict[str, Any], model_name: str = "") -> PromptTemplate:
-    """Resolve a preset name, ``"auto"`` (picked from the model name) or a user-defined template."""
+    """Resolve a preset name, ``"auto"`` (picked from the model name) or a user-defined template.
+
+    ``"auto"`` here looks at the name only; :func:`genscore_core.recipes.resolve_recipe` also reads the
+    model folder (sentence-transformers modules, the architecture) and says what it picked.
+    """
     if isinstance(template, PromptTemplate):
         return template
     if isinstance(template, dict):
         return PromptTemplate(**template)
     if template == "auto":
-        return MXBAI_RERANK_V2 if "mxbai-rerank" in model_name.lower() else QWEN3_RERANKER
+        return template_for_name(model_name) or QWEN3_RERANKER
     try:
         return TEMPLATES[template]
     except KeyError:
@@ -162,10 +273,26 @@ def get_template(template: str | PromptTemplate | dict[str, Any], model_name: st
         ) from None
 
 
-def resolve_label_ids(tokenizer: Any, words: tuple[str, ...] | list[str]) -> list[int]:
-    """Map label words to token ids, each of which must be exactly one token."""
+def template_for_name(model_name: str) -> PromptTemplate | None:
+    """The preset a model's name points at, if any."""
+    name = model_name.lower()
+    if "mxbai-rerank" in name:
+        return MXBAI_RERANK_V2
+    if "bge-reranker" in name and "gemma" in name:
+        return BGE_RERANKER_V2_GEMMA
+    if "qwen3-reranker" in name:
+        return QWEN3_RERANKER
+    return None
+
+
+def resolve_label_ids(tokenizer: Any, labels: PromptTemplate | tuple[str, ...] | list[str]) -> list[int]:
+    """Map a template's labels (or label words) to token ids; each word must be exactly one token."""
+    if isinstance(labels, PromptTemplate):
+        if labels.label_token_ids:
+            return list(labels.label_token_ids)
+        labels = labels.label_words
     ids: list[int] = []
-    for word in words:
+    for word in labels:
         encoded = tokenizer.encode(word, add_special_tokens=False)
         if len(encoded) != 1:
             pieces = tokenizer.convert_ids_to_tokens(encoded)

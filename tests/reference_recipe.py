@@ -56,3 +56,103 @@ def label_softmax_prob(model: Any, prompt_ids: list[int], label_ids: list[int]) 
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt_ids])).logits[0, -1].double()
     return float(torch.softmax(logits[label_ids], dim=-1)[0])
+
+
+# -- mixedbread's mxbai-rerank-v2 recipe (mxbai_rerank/mxbai_rerank_v2.py), reimplemented -------------
+# Every piece is tokenized on its own and the ids concatenated; the query piece is cut to 3/4 of the
+# budget, the document piece after the separator with prepare_for_model(truncation="only_second").
+
+MXBAI_PREFIX = (
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\n"
+)
+MXBAI_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
+MXBAI_TASK = (
+    "You are a search relevance expert who evaluates how well documents match search queries. For each "
+    "query-document pair, carefully analyze the semantic relationship between them, then provide your "
+    "binary relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:"
+)
+
+
+def _ids(tokenizer: Any, text: str, limit: int | None = None) -> list[int]:
+    if limit is None:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(text, add_special_tokens=False, max_length=limit, truncation=True)["input_ids"])
+
+
+def only_second(first: list[int], second: list[int], max_length: int) -> list[int]:
+    """``prepare_for_model(first, second, truncation="only_second", max_length=...)`` of transformers 4
+    (transformers 5 dropped it from fast tokenizers): the second sequence loses its last tokens."""
+    excess = len(first) + len(second) - max_length
+    if excess > len(second):
+        raise ValueError("the first sequence alone is over max_length")
+    return first + (second[: len(second) - excess] if excess > 0 else second)
+
+
+def mxbai_fixed_tokens(tokenizer: Any) -> int:
+    """What mixedbread calls the predefined length: prefix, separator, task and suffix."""
+    return sum(len(_ids(tokenizer, t)) for t in (MXBAI_PREFIX, "\n", MXBAI_TASK, MXBAI_SUFFIX))
+
+
+def mxbai_reference_ids(
+    tokenizer: Any,
+    pairs: list[tuple[str, str]],
+    *,
+    max_length: int,
+    model_max_length: int,
+    instruction: str | None = None,
+) -> list[list[int]]:
+    """Prompt ids exactly as mixedbread's ``prepare_inputs`` builds them (before padding)."""
+    sep = _ids(tokenizer, "\n")
+    fixed = mxbai_fixed_tokens(tokenizer)
+    budget = min(max_length, model_max_length - fixed)
+    prompts = []
+    for query, document in pairs:
+        query_text = f"query: {query}"
+        if instruction:
+            query_text = f"instruction: {instruction}\n" + query_text
+        query_ids = _ids(tokenizer, query_text, budget * 3 // 4)
+        doc_ids = _ids(
+            tokenizer, f"document: {document}", min(model_max_length - len(query_ids) - fixed, budget)
+        )
+        prompts.append(
+            _ids(tokenizer, MXBAI_PREFIX)
+            + only_second(query_ids, sep + doc_ids, budget)
+            + sep
+            + _ids(tokenizer, MXBAI_TASK)
+            + _ids(tokenizer, MXBAI_SUFFIX)
+        )
+    return prompts
+
+
+# -- FlagEmbedding's bge-reranker-v2-gemma recipe (the model card's get_inputs), reimplemented ---------
+
+BGE_PROMPT = (
+    "Given a query A and a passage B, determine whether the passage contains an answer to the query by "
+    "providing a prediction of either 'Yes' or 'No'."
+)
+
+
+def bge_reference_ids(tokenizer: Any, pairs: list[tuple[str, str]], *, max_length: int) -> list[list[int]]:
+    """Prompt ids as the model card's ``get_inputs`` builds them (before padding)."""
+    sep = _ids(tokenizer, "\n")
+    prompt = _ids(tokenizer, BGE_PROMPT)
+    prompts = []
+    for query, passage in pairs:
+        query_ids = _ids(tokenizer, f"A: {query}", max_length * 3 // 4)
+        passage_ids = _ids(tokenizer, f"B: {passage}", max_length)
+        prompts.append(
+            only_second([tokenizer.bos_token_id, *query_ids], sep + passage_ids, max_length) + sep + prompt
+        )
+    return prompts
+
+
+def last_logits_left_padded(model: Any, prompts: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Full next-token logits at the last position of each prompt, left-padded as the recipes do,
+    in float64: [N, V]."""
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -1]
+    return logits.double()

@@ -27,8 +27,9 @@ def test_mxbai_preset(scorer: GenerativeScorer) -> None:
     assert resolve_label_ids(scorer.tokenizer, MXBAI_RERANK_V2.label_words) == [16, 15]
     assert get_template("auto", "mixedbread-ai/mxbai-rerank-base-v2") is MXBAI_RERANK_V2
     body = MXBAI_RERANK_V2.render_body("q?", "doc", "be strict")
-    assert body.text.startswith("instruction: be strict\nquery: q?\ndocument: doc\n")
-    assert body.text.endswith("Relevance:")
+    assert body.text == "instruction: be strict\nquery: q?\ndocument: doc"
+    assert [text for _, text in body.pieces()] == ["instruction: be strict\nquery: q?", "\n", "document: doc"]
+    assert MXBAI_RERANK_V2.suffix.endswith("Relevance:<|im_end|>\n<|im_start|>assistant\n")
     assert MXBAI_RERANK_V2.render_body("q", "d").text.startswith("query: q\n")
 
 
