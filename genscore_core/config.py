@@ -10,11 +10,16 @@ from genscore_core.templates import PromptTemplate
 
 DEFAULT_MODEL = "Qwen/Qwen3-Reranker-0.6B"
 
+ServerKind = Literal["genscore", "vllm", "sglang", "rerank"]
+"""The protocols a scorer can score through (``server_kind``)."""
+SERVER_KINDS: tuple[ServerKind, ...] = ("genscore", "vllm", "sglang", "rerank")
+
 
 class ScorerConfig(BaseModel):
     """Everything that decides how a :class:`~genscore_core.GenerativeScorer` loads and scores."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Attribute docstrings become field descriptions: the command lines take their help from them.
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     model: str = DEFAULT_MODEL
     """Hugging Face hub id or local folder of a causal LM."""
@@ -34,11 +39,13 @@ class ScorerConfig(BaseModel):
     """Token budget of one forward batch: padded tokens count in the padded forward; the packed
     forward counts computed tokens and, when this is left unset, uses its own default (65536)."""
     max_batch_size: int = Field(default=64, gt=0)
+    """Most prompts in one batch of the padded forward."""
     forward: Literal["auto", "padded", "packed"] = "auto"
     """``"packed"``: variable-length batches without padding, each query's shared prefix computed once
     (Qwen3, Qwen2 and Llama-style models); ``"padded"``: left-padded batches through the model's own
     forward (any causal LM); ``"auto"``: packed where the architecture supports it, else padded."""
     trust_remote_code: bool = False
+    """Run the Python code a model folder or hub repository ships (only for sources you trust)."""
     show_progress: bool = False
     """Show a progress bar on stderr while scoring."""
 
@@ -47,7 +54,7 @@ class ScorerConfig(BaseModel):
     """Score through the server at this URL (``http://host:port``) instead of loading the model here.
     ``model`` then names the tokenizer (hub id or folder) that prompts are built with; the weights
     stay on the server."""
-    server_kind: Literal["genscore", "vllm", "sglang", "rerank"] = "genscore"
+    server_kind: ServerKind = "genscore"
     """The server's protocol: ``"genscore"`` (``genscore serve``) or ``"vllm"``: generative scoring
     (``/generative_scoring``); ``"sglang"``: SGLang's ``/v1/score``; ``"rerank"``: ``/v1/rerank``, which
     carries text only, so the server applies its own template and raw ``score()`` requests are refused."""
@@ -68,3 +75,10 @@ class ScorerConfig(BaseModel):
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError(f"server_url must start with http:// or https://, got {url!r}")
         return url.rstrip("/") if url is not None else None
+
+
+def scorer_setting_names() -> frozenset[str]:
+    """Keyword names that configure a new :class:`~genscore_core.GenerativeScorer`: ``model``,
+    ``config`` and the fields of :class:`ScorerConfig`. Adapters use it to tell scorer settings from
+    their own options."""
+    return frozenset({"model", "config", *ScorerConfig.model_fields})

@@ -11,26 +11,31 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.config import ScorerConfig
-from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup, ProgressCallback
-from genscore_core.prompts import shared_prefix_length
+from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup
 from genscore_core.scoring import LabelHead
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["ScoringEngine", "ScoringJob", "group_prompts", "select_forward", "shared_prefix_length"]
 
-@dataclass(frozen=True)
-class ScoringJob:
-    """The prompts of one request, scored with the same labels."""
 
-    prompts: list[list[int]]
-    label_ids: list[int]
-    apply_softmax: bool = True
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common prefix, leaving at least one token of every prompt unshared."""
+    if not prompts:
+        return 0
+    first = list(prompts[0])
+    length = max(min(len(p) for p in prompts) - 1, 0)
+    for prompt in prompts:
+        # Slices compare in C; only a mismatch is searched token by token, up to the shorter length.
+        if list(prompt[:length]) != first[:length]:
+            length = next(i for i in range(length) if prompt[i] != first[i])
+    return length
 
 
 def group_prompts(prompts: Sequence[list[int]]) -> PrefixGroup:
@@ -65,10 +70,16 @@ def select_forward(model: Any, config: ScorerConfig, pad_token_id: int) -> Forwa
     )
 
 
-class ScoringEngine:
-    """Scores token-id prompts with one loaded model; safe to call from several threads."""
+class ScoringEngine(ScoringBackend):
+    """Scores token-id prompts with one loaded model; safe to call from several threads.
 
-    def __init__(self, forward: ForwardStrategy, head: LabelHead) -> None:
+    The local implementation of the backend contract: :meth:`ascore_jobs` runs :meth:`score_jobs`
+    on a worker thread.
+    """
+
+    def __init__(self, model: Any, forward: ForwardStrategy, head: LabelHead) -> None:
+        self.model = model
+        """The causal LM whose forward and head these are."""
         self.forward = forward
         self.head = head
         # One forward at a time: concurrent forwards on one device only compete for it, and
@@ -99,6 +110,17 @@ class ScoringEngine:
                     if on_progress is not None and len(prompts) < len(job.prompts):
                         on_progress(len(job.prompts) - len(prompts))
         return [scores.get(id(job), []) for job in jobs]
+
+    @classmethod
+    def for_model(cls, model: Any, config: ScorerConfig, *, pad_token_id: int) -> ScoringEngine:
+        """The engine of a loaded causal LM, with the forward ``config`` selects."""
+        return cls(model, select_forward(model, config, pad_token_id), LabelHead(model))
+
+    def __repr__(self) -> str:
+        return (
+            f"ScoringEngine(forward={type(self.forward).__name__}, device={self.model.device}, "
+            f"dtype={self.model.dtype})"
+        )
 
 
 def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], list[int]]:

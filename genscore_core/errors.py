@@ -1,4 +1,12 @@
-"""Exceptions raised at genscore's API boundary."""
+"""Every exception genscore raises on purpose, in one place.
+
+* :class:`InvalidRequestError`: the caller's input cannot be scored as given (HTTP 400, exit code 2).
+* :class:`ConfigurationError`: a setting points at something that does not work (a model folder
+  that does not exist, a server URL that answers 401/403/404). Retrying will not help; fixing the
+  setting will.
+* :class:`RemoteScoringError`: a scoring server could not be reached or kept failing (exit code 3).
+* :class:`ServerBusyError`: ``genscore serve`` has no room for the request now (HTTP 503).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +18,9 @@ class GenScoreError(Exception):
 class InvalidRequestError(GenScoreError, ValueError):
     """A request or input that cannot be scored as given.
 
-    ``param`` names the offending field (``"items"``, ``"label_token_ids"``, ...) and ``index`` the
-    offending position within it, when there is one, so servers and adapters can report it.
+    ``param`` names the offending field (``"items"``, ``"label_token_ids"``, ``"top_n"``, ...) and
+    ``index`` the offending position within it, when there is one, so servers and adapters can
+    report it.
     """
 
     def __init__(self, message: str, *, param: str | None = None, index: int | None = None) -> None:
@@ -23,3 +32,46 @@ class InvalidRequestError(GenScoreError, ValueError):
 
 class PromptTooLongError(InvalidRequestError):
     """The fixed part of a prompt (template, query) does not fit in the maximum prompt length."""
+
+
+class ConfigurationError(GenScoreError):
+    """A setting names something that cannot be used: fix the setting, retrying will not help.
+
+    ``setting`` names the setting (``"model"``, ``"server_url"``, ...).
+    """
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.setting = setting
+
+
+class ModelNotFoundError(ConfigurationError):
+    """``model`` names neither an existing local folder nor a model the hub serves."""
+
+
+class RemoteConfigurationError(ConfigurationError):
+    """A scoring server refused the client itself: 401/403 (credentials) or 404 (wrong URL or path).
+
+    ``url`` is the address that answered and ``status`` its HTTP status.
+    """
+
+    def __init__(self, message: str, *, url: str, status: int) -> None:
+        super().__init__(message, setting="server_url" if status == 404 else "server_api_key")
+        self.url = url
+        self.status = status
+
+
+class RemoteScoringError(GenScoreError):
+    """A scoring server could not be reached, or kept failing, or answered something unreadable.
+
+    ``status`` is the last HTTP status received, ``None`` when no answer came at all.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServerBusyError(GenScoreError):
+    """The server's queue is full or it is stopping: try again later (HTTP 503)."""

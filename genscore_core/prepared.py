@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from genscore_core.engine import ScoringJob
+from genscore_core.backend import ScoringJob
 from genscore_core.prompts import EncodedPrompt
 from genscore_core.protocol import GenerativeScoringResponse, ScoreData, UsageInfo
 
@@ -32,11 +32,11 @@ class PreparedScore:
 
 @dataclass(frozen=True)
 class PreparedPairs:
-    """(query, document) pairs and their prompts, grouped into one job per distinct query."""
+    """(query, document) pairs and their prompts, grouped into one job per distinct query.
 
-    queries: list[str]
-    documents: list[list[str]]
-    """The documents of each job, in job order."""
+    Each job's :attr:`~genscore_core.backend.ScoringJob.texts` holds its query and documents.
+    """
+
     positions: list[list[int]]
     """Input position of each document of each job."""
     prompts: list[EncodedPrompt]
@@ -50,3 +50,8 @@ class PreparedPairs:
             for position, score in zip(positions, job_scores):
                 results[position] = (score, self.prompts[position])
         return results
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of every prompt, duplicates included: what a server reports as usage."""
+        return sum(len(prompt.token_ids) for prompt in self.prompts)

@@ -258,16 +258,3 @@ def build_raw_prompts(
         prompt, truncated = truncate_raw(query_ids, ids, max_length, request.item_first, index)
         prompts.append(EncodedPrompt(prompt, truncated))
     return prompts
-
-
-def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
-    """Length of the longest common prefix, leaving at least one token of every prompt unshared."""
-    if not prompts:
-        return 0
-    first = list(prompts[0])
-    length = max(min(len(p) for p in prompts) - 1, 0)
-    for prompt in prompts:
-        # Slices compare in C; only a mismatch is searched token by token, up to the shorter length.
-        if list(prompt[:length]) != first[:length]:
-            length = next(i for i in range(length) if prompt[i] != first[i])
-    return length

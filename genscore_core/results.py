@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from genscore_core.errors import InvalidRequestError
+
 if TYPE_CHECKING:
     from genscore_core.prompts import EncodedPrompt
 
@@ -31,6 +33,8 @@ class RankedResults(BaseModel):
 
     query: str
     results: list[RankedResult]
+    prompt_tokens: int = 0
+    """Tokens of the prompts of every document scored, kept or dropped (the usage servers report)."""
 
     def __iter__(self) -> Iterator[RankedResult]:  # type: ignore[override]
         return iter(self.results)
@@ -77,11 +81,23 @@ def rank_results(
         results = [r for r in results if r.score >= score_threshold]
     if top_n is not None:
         results = results[:top_n]
-    return RankedResults(query=query, results=results)
+    return RankedResults(query=query, results=results, prompt_tokens=sum(len(p.token_ids) for _, p in scored))
 
 
-def check_rank_options(top_n: int | None, score_threshold: float | None) -> None:
+def check_rank_options(top_n: object, score_threshold: object) -> None:
+    """Raise :class:`~genscore_core.InvalidRequestError` naming the option unless both are usable.
+
+    ``top_n`` must be ``None`` or a positive integer, ``score_threshold`` ``None`` or a number in [0, 1].
+    Adapters call it on their own settings before they load a model.
+    """
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
-        raise ValueError(f"top_n must be a positive integer or None, got {top_n!r}")
-    if score_threshold is not None and not 0.0 <= score_threshold <= 1.0:
-        raise ValueError(f"score_threshold must be within [0, 1] or None, got {score_threshold!r}")
+        raise InvalidRequestError(f"top_n must be a positive integer or None, got {top_n!r}", param="top_n")
+    if score_threshold is not None and (
+        isinstance(score_threshold, bool)
+        or not isinstance(score_threshold, (int, float))
+        or not 0.0 <= score_threshold <= 1.0
+    ):
+        raise InvalidRequestError(
+            f"score_threshold must be a number within [0, 1] or None, got {score_threshold!r}",
+            param="score_threshold",
+        )

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from genscore_core import GenerativeScorer, RankedResult, RankedResults, ScorerConfig
-from genscore_core.scorer import scorer_setting_names
+from genscore_core import GenerativeScorer, RankedResult, RankedResults, ScorerConfig, scorer_setting_names
 
 try:
     from langchain_core.callbacks import Callbacks

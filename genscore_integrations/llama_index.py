@@ -27,8 +27,14 @@ except ImportError as exc:
         'pip install "genscore[llama-index]"'
     ) from exc
 
-from genscore_core import DEFAULT_MODEL, GenerativeScorer, InvalidRequestError, RankedResults, ScorerConfig
-from genscore_core.scorer import scorer_setting_names
+from genscore_core import (
+    DEFAULT_MODEL,
+    GenerativeScorer,
+    InvalidRequestError,
+    RankedResults,
+    ScorerConfig,
+    scorer_setting_names,
+)
 
 __all__ = ["RETRIEVAL_SCORE_KEY", "GenerativeRerank"]
 

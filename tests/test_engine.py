@@ -211,10 +211,15 @@ def test_bad_arguments_name_the_item(scorer: GenerativeScorer) -> None:
         scorer.rerank("q", ["a", 3])  # type: ignore[list-item]
     with pytest.raises(InvalidRequestError, match="query must be a string"):
         scorer.rerank(None, ["a"])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="top_n must be a positive integer"):
+    with pytest.raises(InvalidRequestError, match="top_n must be a positive integer") as top_n:
         scorer.rerank("q", ["a"], top_n=0)
-    with pytest.raises(ValueError, match="score_threshold must be within"):
+    assert top_n.value.param == "top_n"
+    with pytest.raises(InvalidRequestError, match="score_threshold must be a number within") as threshold:
         scorer.rerank("q", ["a"], score_threshold=2.0)
+    assert threshold.value.param == "score_threshold"
+    with pytest.raises(InvalidRequestError, match=r"pairs\[1\] is not a \(query, document\) pair") as pair:
+        scorer.score_pairs([("q", "a"), ("q",)])  # type: ignore[list-item]
+    assert (pair.value.param, pair.value.index) == ("pairs", 1)
 
 
 def test_unknown_settings_are_rejected(tiny_model_dir: Path) -> None:

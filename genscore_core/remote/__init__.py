@@ -6,7 +6,9 @@ and so needs the model's tokenizer, but not its weights::
     scorer = GenerativeScorer("Qwen/Qwen3-Reranker-0.6B", server_url="http://127.0.0.1:8000")
 
 ``server_kind`` picks the protocol: ``"genscore"`` and ``"vllm"`` (``/generative_scoring``),
-``"sglang"`` (``/v1/score``) or ``"rerank"`` (``/v1/rerank``, text only). The HTTP clients need
+``"sglang"`` (``/v1/score``) or ``"rerank"`` (``/v1/rerank``, text only: it sends the texts each
+:class:`~genscore_core.backend.ScoringJob` carries, and refuses raw protocol jobs, which have none).
+Every client implements :class:`~genscore_core.backend.ScoringBackend`. The HTTP clients need
 ``httpx`` (``pip install "genscore[remote]"``) and are imported only when a backend is made.
 """
 
@@ -14,29 +16,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from genscore_core.remote.base import (
-    SERVER_KINDS,
-    RemoteBackend,
-    RemoteScoringError,
-    ScoringBackend,
-    ServerKind,
-)
+from genscore_core.backend import ScoringBackend
+from genscore_core.config import SERVER_KINDS, ServerKind
+from genscore_core.errors import RemoteConfigurationError, RemoteScoringError
 
 if TYPE_CHECKING:
     from genscore_core.config import ScorerConfig
 
 __all__ = [
     "SERVER_KINDS",
-    "RemoteBackend",
+    "RemoteConfigurationError",
     "RemoteScoringError",
-    "ScoringBackend",
     "ServerKind",
     "make_backend",
     "model_limits",
 ]
 
 
-def make_backend(config: ScorerConfig, **transport_options: Any) -> RemoteBackend:
+def make_backend(config: ScorerConfig, **transport_options: Any) -> ScoringBackend:
     """The client of ``config.server_url`` for ``config.server_kind``.
 
     ``transport_options`` go to :class:`~genscore_core.remote.client.HttpTransport` (``backoff``,

@@ -3,8 +3,10 @@
 * Connection errors, timeouts and 429/5xx answers are retried ``max_retries`` times, waiting
   ``backoff * 2**(attempt - 1)`` seconds (at most ``max_backoff``, with jitter, at least what a
   ``Retry-After`` header asks). Scoring requests are idempotent, so retrying them is safe.
-* A 4xx answer raises :class:`~genscore_core.InvalidRequestError` with the server's own message.
-* Anything else that goes wrong raises :class:`~genscore_core.remote.RemoteScoringError`.
+* A 401, 403 or 404 answer raises :class:`~genscore_core.RemoteConfigurationError` naming the URL:
+  the client's settings (``server_url``, ``server_api_key``) are wrong, not the request.
+* Any other 4xx answer raises :class:`~genscore_core.InvalidRequestError` with the server's message.
+* Anything else that goes wrong raises :class:`~genscore_core.RemoteScoringError`.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from genscore_core.engine import ScoringJob, group_prompts
-from genscore_core.errors import InvalidRequestError
-from genscore_core.forward import ProgressCallback
-from genscore_core.remote.base import RemoteBackend, RemoteScoringError
+from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
+from genscore_core.config import ServerKind
+from genscore_core.engine import group_prompts
+from genscore_core.errors import InvalidRequestError, RemoteConfigurationError, RemoteScoringError
 
 try:
     import httpx
@@ -32,6 +34,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# Answers about the client's own settings (credentials, address), not about the request it sent.
+CONFIGURATION_STATUSES = {
+    401: "check server_api_key",
+    403: "check server_api_key",
+    404: "check server_url and server_kind",
+}
 
 
 def error_message(response: httpx.Response) -> str:
@@ -167,6 +175,14 @@ class HttpTransport:
         return delay
 
     def _decode(self, response: httpx.Response, path: str) -> Any:
+        hint = CONFIGURATION_STATUSES.get(response.status_code)
+        if hint is not None:
+            url = f"{self.base_url}{path}"
+            raise RemoteConfigurationError(
+                f"{url} answered HTTP {response.status_code}: {error_message(response)} ({hint})",
+                url=url,
+                status=response.status_code,
+            )
         if 400 <= response.status_code < 500:
             raise InvalidRequestError(
                 f"{self.base_url}{path} answered HTTP {response.status_code}: {error_message(response)}"
@@ -241,7 +257,7 @@ class _Call:
     payload: dict[str, Any]
 
 
-class HttpBackend(RemoteBackend):
+class HttpBackend(ScoringBackend):
     """What every client of a scoring server holds: the transport, the endpoint and request sizing.
 
     ``batch_size`` caps the items of one HTTP request; bigger jobs become several requests, at most
@@ -249,6 +265,7 @@ class HttpBackend(RemoteBackend):
     """
 
     path: str
+    kind: ServerKind
 
     def __init__(
         self,
@@ -267,6 +284,9 @@ class HttpBackend(RemoteBackend):
 
     def close(self) -> None:
         self.http.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.http.base_url + self.path!r}, kind={self.kind!r})"
 
     def _bad_answer(self, detail: str) -> RemoteScoringError:
         return RemoteScoringError(f"{self.http.base_url}{self.path} answered {detail}", status=200)
@@ -322,13 +342,18 @@ class TokenScoringClient(HttpBackend):
         with ThreadPoolExecutor(min(len(calls), self.max_concurrency), "genscore-remote") as pool:
             return self._collect(jobs, calls, list(pool.map(send, calls)))
 
-    async def ascore_jobs(self, jobs: Sequence[ScoringJob]) -> list[list[float]]:
+    async def ascore_jobs(
+        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
         calls = self._plan(jobs)
         limit = asyncio.Semaphore(self.max_concurrency)
 
         async def send(call: _Call) -> Any:
             async with limit:
-                return await self.http.apost_json(self.path, call.payload)
+                body = await self.http.apost_json(self.path, call.payload)
+            if on_progress is not None:
+                on_progress(call.count)
+            return body
 
         return self._collect(jobs, calls, await asyncio.gather(*(send(call) for call in calls)))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from genscore_core.engine import ScoringJob
-from genscore_core.remote.base import ServerKind
+from genscore_core.backend import ScoringJob
+from genscore_core.config import ServerKind
 from genscore_core.remote.client import HttpTransport, TokenScoringClient, as_probability
 
 

@@ -2,8 +2,9 @@
 
 The request carries text only, so the *server* applies its template and truncation: scores equal
 local ones only when the server uses the same template, instruction and length limit (as
-``genscore serve`` with the same settings does). Raw protocol requests (``GenerativeScorer.score``)
-cannot be expressed in this shape.
+``genscore serve`` with the same settings does). The client sends the texts each job carries
+(:attr:`~genscore_core.backend.ScoringJob.texts`); raw protocol jobs (``GenerativeScorer.score``)
+exist only as token ids, cannot be expressed in this shape, and are refused.
 """
 
 from __future__ import annotations
@@ -12,55 +13,58 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from genscore_core.engine import ScoringJob
+from genscore_core.backend import JobTexts, ProgressCallback, ScoringJob
 from genscore_core.errors import InvalidRequestError
-from genscore_core.forward import ProgressCallback
 from genscore_core.remote.client import HttpBackend, as_probability
 
 
 class RerankClient(HttpBackend):
     kind = "rerank"
-    accepts_token_ids = False
     path = "/v1/rerank"
 
     def score_jobs(
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
     ) -> list[list[float]]:
-        raise InvalidRequestError(
-            "server_kind='rerank' sends text and lets the server apply its own template, so it cannot score "
-            "token-id prompts (GenerativeScorer.score); use server_kind 'genscore', 'vllm' or 'sglang'"
-        )
+        results = []
+        for job in jobs:
+            scores: list[float] = []
+            for payload in self._payloads(_texts_of(job)):
+                count = len(payload["documents"])
+                scores.extend(self._parse(self.http.post_json(self.path, payload), count))
+                if on_progress is not None:
+                    on_progress(count)
+            results.append(scores)
+        return results
 
-    async def ascore_jobs(self, jobs: Sequence[ScoringJob]) -> list[list[float]]:
-        return self.score_jobs(jobs)
-
-    def _payloads(self, query: str, documents: Sequence[str]) -> list[dict[str, Any]]:
-        payloads = []
-        for start in range(0, len(documents), self.batch_size):
-            chunk = list(documents[start : start + self.batch_size])
-            payload: dict[str, Any] = {"query": query, "documents": chunk, "top_n": len(chunk)}
-            if self.model is not None:
-                payload["model"] = self.model
-            payloads.append(payload)
-        return payloads
-
-    def score_texts(self, query: str, documents: Sequence[str]) -> list[float]:
-        scores: list[float] = []
-        for payload in self._payloads(query, documents):
-            scores.extend(self._parse(self.http.post_json(self.path, payload), len(payload["documents"])))
-        return scores
-
-    async def ascore_texts(self, query: str, documents: Sequence[str]) -> list[float]:
+    async def ascore_jobs(
+        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
         limit = asyncio.Semaphore(self.max_concurrency)
-        payloads = self._payloads(query, documents)
+        plans = [self._payloads(_texts_of(job)) for job in jobs]
 
         async def send(payload: dict[str, Any]) -> list[float]:
             async with limit:
                 body = await self.http.apost_json(self.path, payload)
-            return self._parse(body, len(payload["documents"]))
+            count = len(payload["documents"])
+            if on_progress is not None:
+                on_progress(count)
+            return self._parse(body, count)
 
-        chunks = await asyncio.gather(*(send(payload) for payload in payloads))
-        return [score for chunk in chunks for score in chunk]
+        async def score(payloads: list[dict[str, Any]]) -> list[float]:
+            chunks = await asyncio.gather(*(send(payload) for payload in payloads))
+            return [value for chunk in chunks for value in chunk]
+
+        return list(await asyncio.gather(*(score(payloads) for payloads in plans)))
+
+    def _payloads(self, texts: JobTexts) -> list[dict[str, Any]]:
+        payloads = []
+        for start in range(0, len(texts.documents), self.batch_size):
+            chunk = list(texts.documents[start : start + self.batch_size])
+            payload: dict[str, Any] = {"query": texts.query, "documents": chunk, "top_n": len(chunk)}
+            if self.model is not None:
+                payload["model"] = self.model
+            payloads.append(payload)
+        return payloads
 
     def _parse(self, body: Any, count: int) -> list[float]:
         """Scores by input index from ``{"results": [{"index", "relevance_score"}]}``.
@@ -81,3 +85,12 @@ class RerankClient(HttpBackend):
         if any(score is None for score in scores):
             raise self._bad_answer("duplicate result indices")
         return [score for score in scores if score is not None]
+
+
+def _texts_of(job: ScoringJob) -> JobTexts:
+    if job.texts is None:
+        raise InvalidRequestError(
+            "server_kind='rerank' sends text and lets the server apply its own template, so it cannot score "
+            "token-id prompts (GenerativeScorer.score); use server_kind 'genscore', 'vllm' or 'sglang'"
+        )
+    return job.texts

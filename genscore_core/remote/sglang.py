@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from genscore_core.engine import ScoringJob
+from genscore_core.backend import ScoringJob
 from genscore_core.remote.client import TokenScoringClient, as_probability
 
 

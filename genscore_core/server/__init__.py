@@ -16,11 +16,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from genscore_core.errors import ServerBusyError
 from genscore_core.server.limits import ServerLimits
 
 if TYPE_CHECKING:
     from genscore_core.server.app import create_app
-    from genscore_core.server.batcher import BatchStats, RequestBatcher, ServerBusyError
+    from genscore_core.server.batcher import BatchStats, RequestBatcher
 
 __all__ = ["BatchStats", "RequestBatcher", "ServerBusyError", "ServerLimits", "create_app"]
 
@@ -29,7 +30,6 @@ _LAZY = {
     "create_app": "genscore_core.server.app",
     "BatchStats": "genscore_core.server.batcher",
     "RequestBatcher": "genscore_core.server.batcher",
-    "ServerBusyError": "genscore_core.server.batcher",
 }
 
 

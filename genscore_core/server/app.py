@@ -15,7 +15,6 @@ full (with ``Retry-After``), 500 for anything unexpected (logged, never a traceb
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -26,7 +25,6 @@ try:
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
-    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -34,12 +32,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from genscore_core import __version__
-from genscore_core.engine import ScoringJob
-from genscore_core.errors import InvalidRequestError
+from genscore_core.errors import InvalidRequestError, ServerBusyError
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse
-from genscore_core.results import rank_results
 from genscore_core.scorer import GenerativeScorer
-from genscore_core.server.batcher import RequestBatcher, ServerBusyError
+from genscore_core.server.batcher import RequestBatcher
 from genscore_core.server.limits import ServerLimits
 from genscore_core.server.schemas import (
     ModelCard,
@@ -151,7 +147,11 @@ def create_app(
         max_batch_tokens=limits.batch_max_tokens,
         max_wait_ms=limits.batch_max_wait_ms,
         max_queued=limits.max_queued_requests,
+        max_request_tokens=limits.max_prompt_tokens_per_request,
     )
+    # The scorer's own front end over the batcher: every endpoint answers through the library's
+    # ascore/arerank, and only the scoring is shared between concurrent requests.
+    serving = GenerativeScorer(front_end=scorer.front_end, backend=batcher)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -159,7 +159,7 @@ def create_app(
         try:
             yield
         finally:
-            await batcher.close()
+            await batcher.stop()
 
     app = FastAPI(title="genscore", version=__version__, lifespan=lifespan)
     app.state.scorer = scorer
@@ -177,24 +177,13 @@ def create_app(
                 param=param,
             )
 
-    def check_tokens(jobs: list[ScoringJob]) -> int:
-        tokens = sum(len(prompt) for job in jobs for prompt in job.prompts)
-        if tokens > limits.max_prompt_tokens_per_request:
-            raise InvalidRequestError(
-                f"the request's prompts total {tokens} tokens; this server accepts at most "
-                f"{limits.max_prompt_tokens_per_request} per request (--max-prompt-tokens); split the request",
-            )
-        return tokens
-
     @app.post("/generative_scoring", response_model=GenerativeScoringResponse)
     @app.post("/generative_score", response_model=GenerativeScoringResponse)
     async def generative_scoring(request: GenerativeScoringRequest) -> GenerativeScoringResponse:
         check_items(len(request.items), "items")
         if request.model is None:
             request = request.model_copy(update={"model": name})
-        prepared = await run_in_threadpool(scorer.prepare_score, request)
-        check_tokens([prepared.job])
-        return prepared.response(await batcher.score(prepared.job))
+        return await serving.ascore(request)
 
     @app.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True)
     @app.post("/v2/rerank", response_model=RerankResponse, response_model_exclude_none=True)
@@ -202,16 +191,10 @@ def create_app(
     async def rerank(request: RerankRequest) -> RerankResponse:
         documents = request.texts()
         check_items(len(documents), "documents")
-        prepared = await run_in_threadpool(scorer.prepare_pairs, [(request.query, d) for d in documents])
-        tokens = check_tokens(prepared.jobs)
-        scores = await asyncio.gather(*(batcher.score(job) for job in prepared.jobs))
-        ranked = rank_results(
-            request.query,
-            documents,
-            prepared.assemble(list(scores)),
-            top_n=request.top_n or None,
-            score_threshold=request.score_threshold,
+        ranked = await serving.arerank(
+            request.query, documents, top_n=request.top_n or None, score_threshold=request.score_threshold
         )
+        tokens = ranked.prompt_tokens
         results = [
             RerankResult(
                 index=result.index,

@@ -1,6 +1,10 @@
 """Dynamic batching: the jobs of concurrent requests go through the engine in one call.
 
-Requests queue their :class:`~genscore_core.engine.ScoringJob`; one worker task takes as many as fit
+The batcher is itself a :class:`~genscore_core.backend.ScoringBackend`: ``genscore serve`` composes
+the scorer's front end with it, so each request is answered by ``GenerativeScorer.ascore`` or
+``arerank`` exactly as a library call would be, only scored together with other requests.
+
+Requests queue their :class:`~genscore_core.backend.ScoringJob`; one worker task takes as many as fit
 in a token budget (waiting a few milliseconds for company when the queue is short) and scores them
 with a single ``score_jobs`` call on one worker thread, so the event loop keeps accepting requests
 while the model runs. A job's scores do not depend on what it is batched with, beyond float32
@@ -12,18 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from genscore_core.engine import ScoringJob
-from genscore_core.errors import GenScoreError
-from genscore_core.remote.base import ScoringBackend
+from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
+from genscore_core.errors import InvalidRequestError, ServerBusyError
 
 logger = logging.getLogger(__name__)
-
-
-class ServerBusyError(GenScoreError):
-    """The queue is full or the server is stopping: try again later (HTTP 503)."""
 
 
 @dataclass
@@ -51,7 +51,7 @@ class BatchStats:
     """Number of engine calls per number of jobs in the call."""
 
 
-class RequestBatcher:
+class RequestBatcher(ScoringBackend):
     """Collects jobs from concurrent requests and scores them together.
 
     Args:
@@ -59,6 +59,8 @@ class RequestBatcher:
         max_batch_tokens: Prompt tokens per engine call; a single larger job runs alone.
         max_wait_ms: How long a short queue waits for more jobs before it is scored.
         max_queued: Jobs allowed to wait; :meth:`score` raises :class:`ServerBusyError` beyond it.
+        max_request_tokens: Prompt tokens one :meth:`ascore_jobs` call (one request) may hold; more
+            is an :class:`~genscore_core.InvalidRequestError`. ``None``: no limit.
     """
 
     def __init__(
@@ -68,8 +70,10 @@ class RequestBatcher:
         max_batch_tokens: int = 32_768,
         max_wait_ms: float = 2.0,
         max_queued: int = 4096,
+        max_request_tokens: int | None = None,
     ) -> None:
         self.backend = backend
+        self.max_request_tokens = max_request_tokens
         self.max_batch_tokens = max_batch_tokens
         self.max_wait = max_wait_ms / 1000.0
         self.max_queued = max_queued
@@ -79,6 +83,7 @@ class RequestBatcher:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def running(self) -> bool:
@@ -94,9 +99,10 @@ class RequestBatcher:
             return
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="genscore-forward")
-        self._task = asyncio.get_running_loop().create_task(self._work(), name="genscore-batcher")
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._work(), name="genscore-batcher")
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
         """Stop the worker; jobs still queued fail with :class:`ServerBusyError`."""
         if self._task is not None:
             self._task.cancel()
@@ -113,6 +119,43 @@ class RequestBatcher:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+
+    # -- the backend contract -------------------------------------------------------------------------
+
+    async def ascore_jobs(
+        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
+        """Queue the jobs of one request; their scores once the batches holding them have run."""
+        if self.max_request_tokens is not None:
+            tokens = sum(len(prompt) for job in jobs for prompt in job.prompts)
+            if tokens > self.max_request_tokens:
+                raise InvalidRequestError(
+                    f"the request's prompts total {tokens} tokens; this server accepts at most "
+                    f"{self.max_request_tokens} per request (--max-prompt-tokens); split the request",
+                )
+
+        async def one(job: ScoringJob) -> list[float]:
+            scores = await self.score(job)
+            if on_progress is not None:
+                on_progress(len(scores))
+            return scores
+
+        return list(await asyncio.gather(*(one(job) for job in jobs)))
+
+    def score_jobs(
+        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
+        """:meth:`ascore_jobs` from a thread other than the batcher's event loop (it blocks until done)."""
+        loop = self._loop
+        if loop is None or not self.running:
+            raise ServerBusyError("the scoring worker is not running")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("RequestBatcher.score_jobs would block its own event loop; await ascore_jobs")
+        return asyncio.run_coroutine_threadsafe(self.ascore_jobs(jobs, on_progress), loop).result()
 
     async def score(self, job: ScoringJob) -> list[float]:
         """Scores of the job's prompts, once a batch containing it has run."""

@@ -44,7 +44,8 @@ async def test_langchain_reranker_scores_through_the_server(
     remote = GenerativeReranker(
         model=str(tiny_model_dir), server_url=live_server.url, max_length=512, top_n=2
     )
-    assert remote.scorer.config.server_url == live_server.url and remote.scorer.model is None
+    assert remote.scorer.config.server_url == live_server.url
+    assert not hasattr(remote.scorer, "model")
     local = GenerativeReranker(scorer=scorer, top_n=2)
     want = [(d.id, d.metadata) for d in local.compress_documents(_documents(), QUERY)]
     assert [(d.id, d.metadata) for d in remote.compress_documents(_documents(), QUERY)] == want

@@ -44,7 +44,7 @@ async def test_concurrent_jobs_share_one_call() -> None:
     try:
         results = await asyncio.gather(*(batcher.score(job(tag, prompts=2)) for tag in range(5)))
     finally:
-        await batcher.close()
+        await batcher.stop()
     assert results == [[float(tag)] * 2 for tag in range(5)]
     assert backend.calls == [[0, 1, 2, 3, 4]]
     assert (
@@ -64,7 +64,7 @@ async def test_token_budget_splits_batches_and_a_big_job_runs_alone() -> None:
         backend.release.set()
         results = await asyncio.gather(*tasks)
     finally:
-        await batcher.close()
+        await batcher.stop()
     assert results == [[1.0], [2.0], [3.0], [4.0], [5.0], [9.0]]
     # 4-token jobs pair up within 10 tokens; the 50-token job runs alone rather than being refused.
     assert backend.calls == [[1, 2], [3, 4], [5], [9]]
@@ -79,7 +79,7 @@ async def test_a_failing_job_fails_alone() -> None:
             *(batcher.score(job(tag)) for tag in range(1, 5)), return_exceptions=True
         )
     finally:
-        await batcher.close()
+        await batcher.stop()
     assert results[0] == [1.0] and results[1] == [2.0] and results[3] == [4.0]
     assert isinstance(results[2], RuntimeError)
     assert batcher.stats.failures == 1
@@ -96,7 +96,7 @@ async def test_full_queue_and_shutdown_answer_busy() -> None:
     await asyncio.sleep(0)
     with pytest.raises(ServerBusyError, match="already waiting"):
         await batcher.score(job(4))
-    await batcher.close()
+    await batcher.stop()
     backend.release.set()
     for task in queued:
         with pytest.raises(ServerBusyError, match="shutting down"):
@@ -121,7 +121,7 @@ async def test_cancelled_requests_are_skipped() -> None:
         backend.release.set()
         assert await first == [1.0] and await kept == [3.0]
     finally:
-        await batcher.close()
+        await batcher.stop()
     assert backend.calls == [[1], [3]]
 
 

@@ -115,8 +115,10 @@ async def test_rerank_kind_async(
 
 
 def test_remote_scorer_describes_itself(remote: GenerativeScorer, live_server: LiveServer) -> None:
-    assert live_server.url in repr(remote) and remote.model is None
-    with pytest.raises(AttributeError, match="no local engine"):
+    assert live_server.url in repr(remote) and not hasattr(remote, "model")
+    with pytest.raises(AttributeError, match="weights stay on the server"):
+        _ = remote.model
+    with pytest.raises(AttributeError, match="not a local engine"):
         _ = remote.engine
 
 

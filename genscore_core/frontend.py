@@ -1,0 +1,132 @@
+"""The front end: templates and protocol requests in, checked :class:`ScoringJob` s out.
+
+It owns everything that happens before a backend sees token ids: the tokenizer, the template and its
+label ids, the length budget, truncation, input checks and grouping (query, document) pairs into one
+job per distinct query. It runs no model, so it is the same whether the scores come from this
+machine, from a server, or from ``genscore serve``'s batcher.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from genscore_core.backend import JobTexts, ScoringJob
+from genscore_core.config import ScorerConfig
+from genscore_core.errors import InvalidRequestError
+from genscore_core.loading import load_tokenizer
+from genscore_core.prepared import PreparedPairs, PreparedScore
+from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, build_raw_prompts
+from genscore_core.protocol import GenerativeScoringRequest, check_request
+from genscore_core.templates import get_template, resolve_label_ids
+
+
+class ScoringFrontEnd:
+    """Builds the prompts of one tokenizer, template and length budget.
+
+    Args:
+        tokenizer: A fast (Rust) Hugging Face tokenizer.
+        config: The scorer's settings (``template``, ``instruction``, ``query_share``, ``model``...).
+        max_length: Longest prompt in tokens (``config.max_length`` or what the model supports).
+        vocab_size: Rows of the model's LM head; protocol requests may not name label ids beyond it.
+    """
+
+    def __init__(self, tokenizer: Any, config: ScorerConfig, *, max_length: int, vocab_size: int) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.vocab_size = vocab_size
+        self.template = get_template(config.template, config.model)
+        self.label_token_ids = resolve_label_ids(tokenizer, self.template.label_words)
+        # Rust tokenizers are not safe to call from several threads at once.
+        self._tokenizer_lock = threading.Lock()
+        self._builder = TemplatePromptBuilder(
+            tokenizer,
+            self.template,
+            max_length=max_length,
+            instruction=config.instruction,
+            query_share=config.query_share,
+            tokenizer_lock=self._tokenizer_lock,
+        )
+
+    @classmethod
+    def for_server(cls, config: ScorerConfig) -> ScoringFrontEnd:
+        """The front end of a model whose weights stay on a server: limits come from its config files."""
+        from genscore_core.remote import model_limits
+
+        tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
+        vocab_size, max_length = model_limits(
+            config.model, tokenizer, trust_remote_code=config.trust_remote_code
+        )
+        return cls(tokenizer, config, max_length=config.max_length or max_length, vocab_size=vocab_size)
+
+    # -- protocol requests ---------------------------------------------------------------------------
+
+    def prepare_score(self, request: GenerativeScoringRequest | Mapping[str, Any]) -> PreparedScore:
+        """Check a protocol request and build its prompts (one job, no texts: raw token prompts).
+
+        Raises:
+            InvalidRequestError: What the protocol answers with HTTP 400.
+            pydantic.ValidationError: A mapping that is not a request (HTTP 422).
+        """
+        if not isinstance(request, GenerativeScoringRequest):
+            request = GenerativeScoringRequest.model_validate(request)
+        check_request(request, self.vocab_size)
+        prompts = build_raw_prompts(
+            self.tokenizer, request, max_length=self.max_length, tokenizer_lock=self._tokenizer_lock
+        )
+        job = ScoringJob([p.token_ids for p in prompts], request.label_token_ids, request.apply_softmax)
+        return PreparedScore(prompts, job, request.model or self.config.model)
+
+    # -- templated (query, document) pairs -----------------------------------------------------------
+
+    def encode(self, query: str, documents: Sequence[str]) -> list[EncodedPrompt]:
+        """The templated, truncated prompts of ``documents`` for ``query``."""
+        check_text(query, "query")
+        for index, document in enumerate(documents):
+            check_text(document, "documents", index)
+        return self._builder.build(query, documents)
+
+    def prepare_pairs(self, pairs: Sequence[tuple[str, str]]) -> PreparedPairs:
+        """Templated prompts of (query, document) pairs, one job per distinct query.
+
+        Each job carries its texts too, so a backend that templates on its own side (``/v1/rerank``)
+        can score it.
+        """
+        by_query: dict[str, list[int]] = {}
+        for position, pair in enumerate(pairs):
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise InvalidRequestError(
+                    f"pairs[{position}] is not a (query, document) pair", param="pairs", index=position
+                )
+            by_query.setdefault(pair[0], []).append(position)
+        encoded: dict[int, EncodedPrompt] = {}
+        jobs = []
+        for query, positions in by_query.items():
+            documents = tuple(pairs[p][1] for p in positions)
+            prompts = self.encode(query, documents)
+            encoded.update(zip(positions, prompts))
+            jobs.append(
+                ScoringJob(
+                    [p.token_ids for p in prompts], self.label_token_ids, texts=JobTexts(query, documents)
+                )
+            )
+        return PreparedPairs(
+            positions=list(by_query.values()),
+            prompts=[encoded[position] for position in range(len(pairs))],
+            jobs=jobs,
+        )
+
+    def prepare_rerank(self, query: str, documents: Sequence[str]) -> PreparedPairs:
+        """The one job of reranking ``documents`` for ``query``."""
+        return self.prepare_pairs([(query, document) for document in documents])
+
+
+def check_text(value: object, param: str, index: int | None = None) -> None:
+    """Raise :class:`InvalidRequestError` naming ``param[index]`` unless ``value`` is a string."""
+    if not isinstance(value, str):
+        where = f"{param}[{index}]" if index is not None else param
+        raise InvalidRequestError(
+            f"{where} must be a string, got {type(value).__name__}", param=param, index=index
+        )
