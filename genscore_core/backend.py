@@ -23,6 +23,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from genscore_core.templates import ScoreMode
+
 ProgressCallback = Callable[[int], None]
 """Called with the number of prompts just scored."""
 
@@ -42,9 +44,19 @@ class ScoringJob:
     prompts: list[list[int]]
     label_ids: list[int]
     apply_softmax: bool = True
+    """The protocol's switch: normalise over the labels (True) or the whole vocabulary (False)."""
     texts: JobTexts | None = None
     """The (query, documents) behind the prompts, for backends that template texts themselves;
     ``None`` for raw protocol requests, which exist only as token ids."""
+    score_mode: ScoreMode | None = None
+    """A score mode that overrides ``apply_softmax`` (templated jobs set it; see :attr:`mode`)."""
+
+    @property
+    def mode(self) -> ScoreMode:
+        """The score mode the job is scored with: ``score_mode``, else what ``apply_softmax`` says."""
+        if self.score_mode is not None:
+            return self.score_mode
+        return "label-softmax" if self.apply_softmax else "vocab-softmax"
 
 
 class ScoringBackend(ABC):

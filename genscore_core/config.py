@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from genscore_core.templates import PromptTemplate
+from genscore_core.templates import PromptTemplate, ScoreMode
 
 DEFAULT_MODEL = "Qwen/Qwen3-Reranker-0.6B"
 
@@ -25,6 +25,12 @@ class ScorerConfig(BaseModel):
     """Hugging Face hub id or local folder of a causal LM."""
     template: str | PromptTemplate = "auto"
     """Preset name (``"qwen3-reranker"``, ``"mxbai-rerank-v2"``), ``"auto"`` (from the model name) or a template."""
+    score_mode: Literal["auto"] | ScoreMode = "auto"
+    """How next-token logits become a score: ``"label-softmax"`` (softmax over the label tokens: the
+    two-label probability), ``"vocab-softmax"`` (the first label's full-vocabulary probability),
+    ``"logit"`` (the first label's raw logit, for single-token models; unbounded), ``"logit-sigmoid"``
+    (its sigmoid, in [0, 1]); ``"auto"``: the template's own (label-softmax for two labels,
+    logit-sigmoid for one). See docs/models.md."""
     instruction: str | None = None
     """Task instruction written into templates that take one; ``None`` uses the template's default."""
     max_length: int | None = Field(default=None, gt=0)

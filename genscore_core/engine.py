@@ -18,7 +18,7 @@ import torch
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.config import ScorerConfig
 from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup
-from genscore_core.scoring import LabelHead
+from genscore_core.scoring import LabelHead, check_scores
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,9 @@ class ScoringEngine(ScoringBackend):
                 for job, (prompts, where) in zip(active, distinct):
                     rows = hidden[offset : offset + len(prompts)]
                     offset += len(prompts)
-                    values = self.head.scores(rows, job.label_ids, job.apply_softmax).double().cpu().tolist()
+                    job_scores = self.head.scores(rows, job.label_ids, job.mode)
+                    check_scores(job_scores, job.mode)
+                    values = job_scores.double().cpu().tolist()
                     scores[id(job)] = [values[i] for i in where]
                     if on_progress is not None and len(prompts) < len(job.prompts):
                         on_progress(len(job.prompts) - len(prompts))

@@ -19,7 +19,8 @@ from genscore_core.loading import load_tokenizer
 from genscore_core.prepared import PreparedPairs, PreparedScore
 from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, build_raw_prompts
 from genscore_core.protocol import GenerativeScoringRequest, check_request
-from genscore_core.templates import get_template, resolve_label_ids
+from genscore_core.recipes import Recipe, resolve_recipe
+from genscore_core.templates import ScoreMode, resolve_label_ids
 
 
 class ScoringFrontEnd:
@@ -35,10 +36,17 @@ class ScoringFrontEnd:
     def __init__(self, tokenizer: Any, config: ScorerConfig, *, max_length: int, vocab_size: int) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        self.max_length = max_length
         self.vocab_size = vocab_size
-        self.template = get_template(config.template, config.model)
-        self.label_token_ids = resolve_label_ids(tokenizer, self.template.label_words)
+        self.recipe: Recipe = resolve_recipe(config.template, config.model, tokenizer)
+        """The template in use and why it was picked (``recipe.source``, also logged)."""
+        self.template = self.recipe.template
+        self.label_token_ids = resolve_label_ids(tokenizer, self.template)
+        self.score_mode: ScoreMode = resolve_score_mode(
+            config.score_mode, self.template.score_mode, len(self.label_token_ids)
+        )
+        if config.max_length is None and self.recipe.max_length is not None:
+            max_length = min(max_length, self.recipe.max_length)
+        self.max_length = max_length
         # Rust tokenizers are not safe to call from several threads at once.
         self._tokenizer_lock = threading.Lock()
         self._builder = TemplatePromptBuilder(
@@ -109,7 +117,11 @@ class ScoringFrontEnd:
             encoded.update(zip(positions, prompts))
             jobs.append(
                 ScoringJob(
-                    [p.token_ids for p in prompts], self.label_token_ids, texts=JobTexts(query, documents)
+                    [p.token_ids for p in prompts],
+                    self.label_token_ids,
+                    apply_softmax=self.score_mode != "vocab-softmax",
+                    texts=JobTexts(query, documents),
+                    score_mode=self.score_mode,
                 )
             )
         return PreparedPairs(
@@ -121,6 +133,18 @@ class ScoringFrontEnd:
     def prepare_rerank(self, query: str, documents: Sequence[str]) -> PreparedPairs:
         """The one job of reranking ``documents`` for ``query``."""
         return self.prepare_pairs([(query, document) for document in documents])
+
+
+def resolve_score_mode(setting: str, template_mode: ScoreMode, labels: int) -> ScoreMode:
+    """The score mode a ``score_mode`` setting asks for (``"auto"``: the template's), checked against
+    the number of labels."""
+    mode: ScoreMode = template_mode if setting == "auto" else setting  # type: ignore[assignment]
+    if mode == "label-softmax" and labels < 2:
+        raise ValueError(
+            "score_mode 'label-softmax' normalises over the label tokens and needs two or more; this "
+            "template has one label: use 'logit' (its raw logit) or 'logit-sigmoid'"
+        )
+    return mode
 
 
 def check_text(value: object, param: str, index: int | None = None) -> None:

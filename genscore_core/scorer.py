@@ -23,8 +23,9 @@ from genscore_core.loading import (
 from genscore_core.prepared import PreparedPairs, PreparedScore
 from genscore_core.prompts import EncodedPrompt
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse
+from genscore_core.recipes import Recipe
 from genscore_core.results import RankedResults, check_rank_options, rank_results
-from genscore_core.templates import PromptTemplate
+from genscore_core.templates import PromptTemplate, ScoreMode
 
 
 class GenerativeScorer:
@@ -112,6 +113,16 @@ class GenerativeScorer:
     @property
     def label_token_ids(self) -> list[int]:
         return self.front_end.label_token_ids
+
+    @property
+    def recipe(self) -> Recipe:
+        """The template in use and why it was picked (``recipe.source``)."""
+        return self.front_end.recipe
+
+    @property
+    def score_mode(self) -> ScoreMode:
+        """How logits become scores here (``ScorerConfig.score_mode`` resolved)."""
+        return self.front_end.score_mode
 
     @property
     def max_length(self) -> int:

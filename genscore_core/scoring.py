@@ -1,9 +1,13 @@
 """The scoring head: label-token probabilities from last-position hidden states.
 
 Label-normalised scores need only the label rows of the LM head: with two labels the score is
-sigmoid(h . (w0 - w1)), exactly softmax([l0, l1])[0], and K labels need K rows. Only the
-full-vocabulary probability needs the whole head, and that goes through the label log-prob kernel,
-which never holds a [batch, vocabulary] tensor.
+sigmoid(h . (w0 - w1)), exactly softmax([l0, l1])[0], and K labels need K rows; so do the logit
+modes. Only the full-vocabulary probability needs the whole head, and that goes through the label
+log-prob kernel, which never holds a [batch, vocabulary] tensor.
+
+Gemma 2 caps its logits (``final_logit_softcapping``: logit -> cap * tanh(logit / cap)). The label
+logits are capped the same way; the full-vocabulary normaliser then needs every capped logit, which
+the kernel does not compute, so that mode walks the vocabulary in chunks in torch instead.
 """
 
 from __future__ import annotations
@@ -12,7 +16,33 @@ from typing import Any
 
 import torch
 
+from genscore_core.errors import GenScoreError
 from genscore_core.kernels import label_logprobs
+from genscore_core.templates import ScoreMode
+
+_VOCAB_CHUNK = 16384
+
+
+class ScoreRangeError(GenScoreError):
+    """The model produced a score that is not finite, or outside the range of its score mode
+    (overflow in half precision, broken weights): such a score is never returned."""
+
+
+def score_range(mode: ScoreMode) -> tuple[float, float]:
+    """The closed range a score of ``mode`` lies in (``"logit"``: any finite number)."""
+    return (float("-inf"), float("inf")) if mode == "logit" else (0.0, 1.0)
+
+
+def check_scores(scores: torch.Tensor, mode: ScoreMode) -> None:
+    """Raise :class:`ScoreRangeError` naming the first bad row unless every score is finite and in range."""
+    low, high = score_range(mode)
+    bad = ~torch.isfinite(scores) | (scores < low) | (scores > high)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ScoreRangeError(
+            f"prompt {row} scored {float(scores[row])!r}, not a finite number within [{low}, {high}] as "
+            f"score mode {mode!r} requires (half-precision overflow? try dtype='float32')"
+        )
 
 
 class LabelHead:
@@ -23,11 +53,9 @@ class LabelHead:
         if head is None or not hasattr(head, "weight"):
             raise TypeError(f"{type(model).__name__} has no LM head with a weight to score with")
         config = model.config
-        if getattr(config, "final_logit_softcapping", None):
-            raise ValueError(
-                f"{type(model).__name__} caps its logits (final_logit_softcapping); genscore does not support "
-                "soft-capped LM heads yet"
-            )
+        cap = getattr(config, "final_logit_softcapping", None)
+        self.softcap: float | None = float(cap) if cap else None
+        """Gemma 2's cap on the logits; None when the head does not cap them."""
         self.weight: torch.Tensor = head.weight  # [V, H]
         self.bias: torch.Tensor | None = getattr(head, "bias", None)
         # Some heads multiply logits by a constant; folding it into h keeps every path exact.
@@ -45,22 +73,54 @@ class LabelHead:
         logits = self._prepare(hidden) @ rows.T
         if self.bias is not None:
             logits = logits + self.bias.index_select(0, ids).float()
-        return logits
+        return self._cap(logits)
 
-    def scores(self, hidden: torch.Tensor, label_ids: list[int], apply_softmax: bool) -> torch.Tensor:
-        """Probability of ``label_ids[0]`` for each row: [N] float32.
+    def _cap(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
 
-        ``apply_softmax``: normalise over the label tokens; otherwise over the whole vocabulary.
+    def scores(
+        self, hidden: torch.Tensor, label_ids: list[int], mode: ScoreMode | bool = "label-softmax"
+    ) -> torch.Tensor:
+        """The score of each row under ``mode`` (:data:`~genscore_core.templates.ScoreMode`): [N] float32.
+
+        ``mode`` may also be the protocol's ``apply_softmax``: True is ``"label-softmax"``, False
+        ``"vocab-softmax"``. The logit modes read ``label_ids[0]`` alone.
         """
-        if apply_softmax:
-            logits = self.label_logits(hidden, label_ids)
-            if logits.shape[1] == 1:
-                return torch.ones(logits.shape[0], device=logits.device)
-            if logits.shape[1] == 2:
-                return torch.sigmoid(logits[:, 0] - logits[:, 1])
-            return torch.softmax(logits, dim=-1)[:, 0]
+        if isinstance(mode, bool):
+            mode = "label-softmax" if mode else "vocab-softmax"
+        if mode == "vocab-softmax":
+            return self._vocab_probability(hidden, label_ids[0])
+        logits = self.label_logits(hidden, label_ids if mode == "label-softmax" else label_ids[:1])
+        if mode == "logit":
+            return logits[:, 0]
+        if mode == "logit-sigmoid":
+            return torch.sigmoid(logits[:, 0])
+        if logits.shape[1] == 1:
+            return torch.ones(logits.shape[0], device=logits.device)
+        if logits.shape[1] == 2:
+            return torch.sigmoid(logits[:, 0] - logits[:, 1])
+        return torch.softmax(logits, dim=-1)[:, 0]
+
+    def _vocab_probability(self, hidden: torch.Tensor, label_id: int) -> torch.Tensor:
+        if self.softcap is not None:
+            return self._capped_vocab_probability(hidden, label_id)
         # The kernel accumulates in fp32 but reads h in the head's dtype.
         h = self._prepare(hidden).to(self.weight.dtype)
-        ids = torch.as_tensor(label_ids[:1], device=self.weight.device).expand(h.shape[0], 1)
+        ids = torch.as_tensor([label_id], device=self.weight.device).expand(h.shape[0], 1)
         result = label_logprobs(h, self.weight, ids, bias=self.bias)
         return result.logprobs[:, 0].exp()
+
+    def _capped_vocab_probability(self, hidden: torch.Tensor, label_id: int) -> torch.Tensor:
+        """P(label) under the softmax of the capped logits, in fp32, one vocabulary chunk at a time
+        (at most [N, 16384] logits at once, never [N, V])."""
+        h = self._prepare(hidden)
+        log_normalizer = torch.full((h.shape[0],), float("-inf"), device=h.device)
+        for start in range(0, self.vocab_size, _VOCAB_CHUNK):
+            logits = h @ self.weight[start : start + _VOCAB_CHUNK].float().T
+            if self.bias is not None:
+                logits = logits + self.bias[start : start + _VOCAB_CHUNK].float()
+            log_normalizer = torch.logaddexp(log_normalizer, torch.logsumexp(self._cap(logits), dim=-1))
+        label = self.label_logits(hidden, [label_id])[:, 0]
+        return (label - log_normalizer).exp()

@@ -309,6 +309,13 @@ class TokenScoringClient(HttpBackend):
     def _plan(self, jobs: Sequence[ScoringJob]) -> list[_Call]:
         calls = []
         for index, job in enumerate(jobs):
+            if job.mode not in ("label-softmax", "vocab-softmax"):
+                # These protocols return probabilities only (apply_softmax true or false).
+                raise InvalidRequestError(
+                    f"score_mode {job.mode!r} cannot be asked of a scoring server, which returns "
+                    "probabilities only; use 'label-softmax' or 'vocab-softmax'",
+                    param="score_mode",
+                )
             group = group_prompts(job.prompts)
             for start in range(0, len(group.suffix_ids), self.batch_size):
                 items = group.suffix_ids[start : start + self.batch_size]

@@ -1,0 +1,210 @@
+"""Which recipe a model folder asks for: a preset, or the configuration it ships for sentence-transformers.
+
+``template="auto"`` resolves here, in this order, and the scorer keeps what was picked and why
+(``scorer.recipe``), and logs it:
+
+1. a sentence-transformers ``CrossEncoder`` configuration in the folder (``modules.json`` naming a
+   text-generation ``Transformer`` followed by a ``LogitScore``): the prompt is the tokenizer's chat
+   template rendering a ``"query"`` and a ``"document"`` message, tokenized whole, and the labels are
+   the ``LogitScore`` token ids;
+2. a preset the model's name points at (``mxbai-rerank``, ``bge-reranker...gemma``, ``qwen3-reranker``);
+3. Qwen3-Reranker's recipe, with a warning that nothing in the folder said so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from genscore_core.templates import (
+    QWEN3_RERANKER,
+    PromptTemplate,
+    get_template,
+    template_for_name,
+)
+
+logger = logging.getLogger(__name__)
+
+_QUERY_MARK = "\ue000genscore-query\ue001"
+_DOCUMENT_MARK = "\ue000genscore-document\ue001"
+_PROBE_QUERY = "\ue002probe-q\ue003"
+_PROBE_DOCUMENT = "\ue002probe-d\ue003"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The template a scorer uses, and why it was picked."""
+
+    template: PromptTemplate
+    source: str
+    """How it was chosen, in words (``"preset 'mxbai-rerank-v2' from the model name"``...)."""
+    max_length: int | None = None
+    """A length limit the model's configuration sets (sentence-transformers' ``max_seq_length``)."""
+
+
+def resolve_recipe(template: str | PromptTemplate | dict[str, Any], model: str, tokenizer: Any) -> Recipe:
+    """The recipe for ``model`` (hub id or folder) given the ``template`` setting."""
+    if template != "auto":
+        resolved = get_template(template, model)
+        how = "the template= setting" if isinstance(template, str) else "a template passed in"
+        return _picked(Recipe(resolved, f"template {resolved.name!r} from {how}"))
+    st = sentence_transformers_recipe(model, tokenizer)
+    if st is not None:
+        return _picked(st)
+    preset = template_for_name(model) or template_for_name(_name_in_config(model))
+    if preset is not None:
+        return _picked(Recipe(preset, f"preset {preset.name!r} from the model name"))
+    recipe = Recipe(
+        QWEN3_RERANKER, "preset 'qwen3-reranker' (the default: nothing in the model named a recipe)"
+    )
+    logger.warning(
+        "%s: no sentence-transformers configuration and no known reranker name; scoring with "
+        "Qwen3-Reranker's template. Pass template= if this model was trained with another prompt.",
+        model,
+    )
+    return _picked(recipe)
+
+
+def _picked(recipe: Recipe) -> Recipe:
+    logger.info("genscore recipe: %s", recipe.source)
+    return recipe
+
+
+def sentence_transformers_recipe(model: str, tokenizer: Any) -> Recipe | None:
+    """The recipe of a folder saved for sentence-transformers' ``CrossEncoder`` with a ``LogitScore``
+    head, or None when the folder has no such configuration.
+
+    Raises:
+        ValueError: The folder has a ``LogitScore`` configuration genscore cannot reproduce exactly.
+    """
+    modules = _read_json(model, "modules.json")
+    if not isinstance(modules, list):
+        return None
+    by_kind = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
+    if "LogitScore" not in by_kind:
+        return None
+    unknown = sorted(set(by_kind) - {"Transformer", "LogitScore"})
+    if unknown or len(modules) != 2:
+        raise ValueError(
+            f"{model}: modules.json holds {sorted(by_kind)}; genscore reproduces a Transformer followed by "
+            f"a LogitScore only (unsupported: {unknown or 'the module count'})"
+        )
+    transformer = _read_json(
+        model, _join(by_kind["Transformer"].get("path", ""), "sentence_bert_config.json")
+    )
+    transformer = transformer if isinstance(transformer, dict) else {}
+    task = transformer.get("transformer_task")
+    if task != "text-generation":
+        raise ValueError(f"{model}: the Transformer module's task is {task!r}, not 'text-generation'")
+    head = _read_json(model, _join(by_kind["LogitScore"].get("path", ""), "config.json"))
+    if not isinstance(head, dict) or not isinstance(head.get("true_token_id"), int):
+        raise ValueError(f"{model}: the LogitScore module's config.json names no true_token_id")
+    false_id = head.get("false_token_id")
+    label_ids = (head["true_token_id"],) if false_id is None else (head["true_token_id"], int(false_id))
+    settings = _read_json(model, "config_sentence_transformers.json")
+    if isinstance(settings, dict) and settings.get("default_prompt_name"):
+        raise ValueError(
+            f"{model}: a default prompt ({settings['default_prompt_name']!r}) is configured; genscore does "
+            "not reproduce sentence-transformers prompts yet"
+        )
+    message = (transformer.get("modality_config") or {}).get("message") or {}
+    kwargs = dict((transformer.get("processing_kwargs") or {}).get("chat_template") or {})
+    kwargs.pop("restore_suffix", None)
+    template = template_from_chat_template(
+        tokenizer,
+        name=f"sentence-transformers:{Path(model).name or model}",
+        label_token_ids=label_ids,
+        structured=message.get("format") == "structured",
+        chat_template_kwargs=kwargs,
+    )
+    labels = "true/false token ids" if len(label_ids) == 2 else "one true token id"
+    max_seq_length = transformer.get("max_seq_length")
+    return Recipe(
+        template,
+        f"sentence-transformers CrossEncoder configuration (chat template, LogitScore {labels} {list(label_ids)})",
+        max_length=max_seq_length if isinstance(max_seq_length, int) else None,
+    )
+
+
+def template_from_chat_template(
+    tokenizer: Any,
+    *,
+    name: str,
+    label_token_ids: tuple[int, ...],
+    structured: bool = False,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> PromptTemplate:
+    """A whole-body template equal to the chat template rendering one ``"query"`` and one
+    ``"document"`` message, as sentence-transformers renders a pair.
+
+    The template is rendered with marker strings in place of the texts and cut at the markers; a second
+    render with other markers checks that the texts land verbatim and that nothing else depends on them.
+    """
+    kwargs = chat_template_kwargs or {}
+
+    def render(query: str, document: str) -> str:
+        def content(text: str) -> Any:
+            return [{"type": "text", "text": text}] if structured else text
+
+        messages = [
+            {"role": "query", "content": content(query)},
+            {"role": "document", "content": content(document)},
+        ]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+        return str(text)
+
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"{name}: the tokenizer has no chat template to render the query and document with")
+    rendered = render(_QUERY_MARK, _DOCUMENT_MARK)
+    for mark, role in ((_QUERY_MARK, "query"), (_DOCUMENT_MARK, "document")):
+        if rendered.count(mark) != 1:
+            raise ValueError(
+                f"{name}: the chat template renders the {role!r} message's text {rendered.count(mark)} times, "
+                "not once, so it has no single place for it"
+            )
+    probe = render(_PROBE_QUERY, _PROBE_DOCUMENT)
+    if probe != rendered.replace(_QUERY_MARK, _PROBE_QUERY).replace(_DOCUMENT_MARK, _PROBE_DOCUMENT):
+        raise ValueError(f"{name}: the chat template's output depends on the texts beyond inserting them")
+    body = rendered.replace("{", "{{").replace("}", "}}")
+    body = body.replace(_QUERY_MARK, "{query}").replace(_DOCUMENT_MARK, "{document}")
+    return PromptTemplate(
+        name=name,
+        body=body,
+        tokenization="whole",
+        label_token_ids=label_token_ids,
+        score_mode="label-softmax" if len(label_token_ids) == 2 else "logit-sigmoid",
+    )
+
+
+def _join(folder: str, file: str) -> str:
+    return f"{folder.strip('/')}/{file}" if folder.strip("/") else file
+
+
+def _read_json(model: str, file: str) -> Any:
+    """A JSON file of a local folder, or of a hub repository (through the local cache when offline)."""
+    path = Path(model) / file
+    if Path(model).is_dir():
+        if not path.is_file():
+            return None
+    else:
+        try:
+            from transformers.utils import cached_file
+
+            found = cached_file(model, file, _raise_exceptions_for_missing_entries=False)
+        except (OSError, ValueError):
+            return None
+        if found is None:
+            return None
+        path = Path(found)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{model}: cannot read {file}: {error}") from error
+
+
+def _name_in_config(model: str) -> str:
+    config = _read_json(model, "config.json")
+    return str(config.get("_name_or_path", "")) if isinstance(config, dict) else ""

@@ -1,0 +1,108 @@
+"""Folders saved for sentence-transformers' CrossEncoder: same prompt ids, scores and order as
+``CrossEncoder.predict`` itself."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from sentence_transformers import CrossEncoder
+from sentence_transformers.base.modules import Transformer
+from sentence_transformers.cross_encoder.modules import LogitScore
+
+from genscore_core import GenerativeScorer
+from genscore_core.tiny_model import make_tiny_model
+
+# A template whose texts sit right against other text ("Query:" + query + "?"), so that tokenizing the
+# rendered prompt whole (as sentence-transformers does) and piece by piece give different ids.
+CHAT_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the document answers the query. Answer yes or no.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "{% for m in messages %}{% if m.role == 'query' %}Query:{{ m.content }}?{% endif %}{% endfor %}\n"
+    "{% for m in messages %}{% if m.role == 'document' %}Document:{{ m.content }}{% endif %}{% endfor %}"
+    "<|im_end|>\n<|im_start|>assistant\n"
+)
+YES, NO = 9693, 2152
+
+PAIRS = [
+    ("capital of France", "Paris is the capital and largest city of France."),
+    ("capital of France", "Berlin is the capital of Germany.\n"),
+    ("who wrote {Hamlet}?", "Shakespeare wrote it around 1600 ... {json: true}"),
+    ("quantum", " leading space and trailing newline\n"),
+    ("rivers", "The Seine flows through Paris; the Thames through London!"),
+    ("empty-ish", "."),
+]
+
+
+def _save(base: Path, out: Path, label_ids: tuple[int, ...]) -> Path:
+    transformer = Transformer(str(base), transformer_task="text-generation")
+    transformer.tokenizer.chat_template = CHAT_TEMPLATE
+    head = LogitScore(true_token_id=label_ids[0], false_token_id=label_ids[1] if len(label_ids) > 1 else None)
+    CrossEncoder(modules=[transformer, head]).save(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def st_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("st")
+    base = make_tiny_model(root / "base", seed=3)
+    return {"two": _save(base, root / "two-token", (YES, NO)), "one": _save(base, root / "one-token", (YES,))}
+
+
+def _st_prompt_ids(model: CrossEncoder, pairs: list[tuple[str, str]]) -> list[list[int]]:
+    features = model.preprocess(pairs)
+    return [row[mask.bool()].tolist() for row, mask in zip(features["input_ids"], features["attention_mask"])]
+
+
+def test_two_token_folder(st_folders: dict[str, Path]) -> None:
+    folder = str(st_folders["two"])
+    scorer = GenerativeScorer(folder, device="cpu", dtype="float32")
+    assert scorer.recipe.source.startswith("sentence-transformers CrossEncoder configuration")
+    assert scorer.label_token_ids == [YES, NO]
+    assert scorer.score_mode == "label-softmax"
+    st = CrossEncoder(folder, device="cpu")
+    assert [p.token_ids for q, d in PAIRS for p in scorer.encode(q, [d])] == _st_prompt_ids(st, PAIRS)
+
+    log_odds = st.predict(PAIRS, activation_fn=torch.nn.Identity()).tolist()
+    scores = scorer.score_pairs(PAIRS)
+    for score, difference in zip(scores, log_odds, strict=True):
+        assert score == pytest.approx(1 / (1 + math.exp(-difference)), abs=1e-5)
+    # sentence-transformers' default activation is that very sigmoid.
+    assert scores == pytest.approx(st.predict(PAIRS).tolist(), abs=1e-5)
+
+    query = "capital of France"
+    documents = [d for _, d in PAIRS]
+    st_order = [hit["corpus_id"] for hit in st.rank(query, documents)]
+    assert [r.index for r in scorer.rerank(query, documents)] == st_order
+
+
+def test_one_token_folder(st_folders: dict[str, Path]) -> None:
+    folder = str(st_folders["one"])
+    st = CrossEncoder(folder, device="cpu")
+    raw = st.predict(PAIRS, activation_fn=torch.nn.Identity()).tolist()
+
+    logit = GenerativeScorer(folder, device="cpu", dtype="float32", score_mode="logit")
+    assert logit.label_token_ids == [YES]
+    assert [p.token_ids for q, d in PAIRS for p in logit.encode(q, [d])] == _st_prompt_ids(st, PAIRS)
+    assert logit.score_pairs(PAIRS) == pytest.approx(raw, abs=1e-5)
+
+    default = GenerativeScorer.from_model(logit.model, logit.tokenizer, model=folder)
+    assert default.score_mode == "logit-sigmoid"
+    assert default.score_pairs(PAIRS) == pytest.approx([1 / (1 + math.exp(-x)) for x in raw], abs=1e-5)
+    assert default.score_pairs(PAIRS) == pytest.approx(st.predict(PAIRS).tolist(), abs=1e-5)
+    with pytest.raises(ValueError, match="needs two or more"):
+        GenerativeScorer.from_model(logit.model, logit.tokenizer, model=folder, score_mode="label-softmax")
+
+
+def test_template_without_both_roles_is_refused(st_folders: dict[str, Path], tmp_path: Path) -> None:
+    base = make_tiny_model(tmp_path / "base")
+    transformer = Transformer(str(base), transformer_task="text-generation")
+    # Renders the document only: there is no place for the query.
+    transformer.tokenizer.chat_template = (
+        "{% for m in messages %}{% if m.role == 'document' %}{{ m.content }}{% endif %}{% endfor %}"
+    )
+    CrossEncoder(modules=[transformer, LogitScore(true_token_id=YES)]).save(str(tmp_path / "st"))
+    with pytest.raises(ValueError, match="renders the 'query' message's text 0 times"):
+        GenerativeScorer(str(tmp_path / "st"), device="cpu", dtype="float32")
