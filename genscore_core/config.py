@@ -35,6 +35,16 @@ class ScorerConfig(BaseModel):
     """Task instruction written into templates that take one; ``None`` uses the template's default."""
     max_length: int | None = Field(default=None, gt=0)
     """Longest prompt in tokens; ``None`` uses what the model supports."""
+    long_documents: Literal["truncate", "chunk"] = "truncate"
+    """A document longer than the prompt leaves room for: ``"truncate"`` drops its end (the template
+    always survives); ``"chunk"`` scores it as overlapping token windows, each with the template
+    intact, and gives it one score from theirs (``chunk_aggregation``); results name the reported
+    window's character span."""
+    chunk_overlap: int = Field(default=32, ge=0)
+    """Tokens shared by consecutive windows (at most half a window)."""
+    chunk_aggregation: Literal["max", "mean", "first", "last"] = "max"
+    """A chunked document's score: its best window's (``"max"``), the windows' mean, or the first or
+    last window's."""
     query_share: float = Field(default=0.75, gt=0.0, lt=1.0)
     """Share of the body budget the query may keep when a prompt has to be shortened."""
     device: str | None = None

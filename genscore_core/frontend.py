@@ -16,11 +16,12 @@ from genscore_core.backend import JobTexts, ScoringJob
 from genscore_core.config import ScorerConfig
 from genscore_core.errors import InvalidRequestError
 from genscore_core.loading import load_tokenizer
+from genscore_core.long_documents import WindowedPairs, cap_to_tokens, token_spans, window_spans
 from genscore_core.prepared import PreparedPairs, PreparedScore
 from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, build_raw_prompts
 from genscore_core.protocol import GenerativeScoringRequest, check_request
 from genscore_core.recipes import Recipe, resolve_recipe
-from genscore_core.templates import ScoreMode, resolve_label_ids
+from genscore_core.templates import ScoreMode, Span, resolve_label_ids
 
 
 class ScoringFrontEnd:
@@ -96,19 +97,87 @@ class ScoringFrontEnd:
             check_text(document, "documents", index)
         return self._builder.build(query, documents)
 
-    def prepare_pairs(self, pairs: Sequence[tuple[str, str]]) -> PreparedPairs:
+    def prepare_pairs(
+        self, pairs: Sequence[tuple[str, str]], *, max_tokens_per_doc: int | None = None
+    ) -> PreparedPairs:
         """Templated prompts of (query, document) pairs, one job per distinct query.
 
         Each job carries its texts too, so a backend that templates on its own side (``/v1/rerank``)
-        can score it.
+        can score it. ``max_tokens_per_doc`` first cuts each document after that many of its own
+        tokens; with ``long_documents="chunk"``, a document that does not fit is then scored as
+        overlapping windows (:mod:`genscore_core.long_documents`).
         """
-        by_query: dict[str, list[int]] = {}
         for position, pair in enumerate(pairs):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise InvalidRequestError(
                     f"pairs[{position}] is not a (query, document) pair", param="pairs", index=position
                 )
-            by_query.setdefault(pair[0], []).append(position)
+            check_text(pair[0], "query", position)
+            check_text(pair[1], "documents", position)
+        if max_tokens_per_doc is not None and (
+            isinstance(max_tokens_per_doc, bool)
+            or not isinstance(max_tokens_per_doc, int)
+            or max_tokens_per_doc < 1
+        ):
+            raise InvalidRequestError(
+                f"max_tokens_per_doc must be a positive integer, got {max_tokens_per_doc!r}",
+                param="max_tokens_per_doc",
+            )
+        if max_tokens_per_doc is None and self.config.long_documents == "truncate":
+            return self._prepare_whole(pairs)
+        documents = [document for _, document in pairs]
+        capped = [False] * len(pairs)
+        offsets: list[list[tuple[int, int]]] | None = None
+        if max_tokens_per_doc is not None:
+            offsets = token_spans(self.tokenizer, self._tokenizer_lock, documents)
+            capped = [len(o) > max_tokens_per_doc for o in offsets]
+            documents = [cap_to_tokens(d, o, max_tokens_per_doc) for d, o in zip(documents, offsets)]
+            offsets = [o[:max_tokens_per_doc] for o in offsets]
+        if self.config.long_documents == "truncate":
+            windowed: list[tuple[str, str]] = [(q, d) for (q, _), d in zip(pairs, documents)]
+            return WindowedPairs(
+                **vars(self._prepare_whole(windowed)),
+                owners=list(range(len(pairs))),
+                spans=[None] * len(pairs),
+                pair_count=len(pairs),
+                aggregation=self.config.chunk_aggregation,
+                capped=capped,
+            )
+        if offsets is None:
+            offsets = token_spans(self.tokenizer, self._tokenizer_lock, documents)
+        windowed = []
+        owners: list[int] = []
+        spans: list[Span | None] = []
+        room: dict[str, int] = {}
+        for index, ((query, _), document, doc_offsets) in enumerate(zip(pairs, documents, offsets)):
+            if query not in room:
+                # What the prompt leaves for the document: the prompt with an empty one is all the rest.
+                [empty] = self._builder.build(query, [""])
+                room[query] = self.max_length - len(empty.token_ids)
+            if room[query] < 1:
+                raise InvalidRequestError(
+                    f"the query and template leave no room for documents[{index}] within "
+                    f"max_length={self.max_length}",
+                    param="documents",
+                    index=index,
+                )
+            for span in window_spans(doc_offsets, room[query], self.config.chunk_overlap):
+                windowed.append((query, document[span.start : span.end]))
+                owners.append(index)
+                spans.append(span)
+        return WindowedPairs(
+            **vars(self._prepare_whole(windowed)),
+            owners=owners,
+            spans=spans,
+            pair_count=len(pairs),
+            aggregation=self.config.chunk_aggregation,
+            capped=capped,
+        )
+
+    def _prepare_whole(self, pairs: Sequence[tuple[str, str]]) -> PreparedPairs:
+        by_query: dict[str, list[int]] = {}
+        for position, (query, _) in enumerate(pairs):
+            by_query.setdefault(query, []).append(position)
         encoded: dict[int, EncodedPrompt] = {}
         jobs = []
         for query, positions in by_query.items():
@@ -130,9 +199,14 @@ class ScoringFrontEnd:
             jobs=jobs,
         )
 
-    def prepare_rerank(self, query: str, documents: Sequence[str]) -> PreparedPairs:
+    def prepare_rerank(
+        self, query: str, documents: Sequence[str], *, max_tokens_per_doc: int | None = None
+    ) -> PreparedPairs:
         """The one job of reranking ``documents`` for ``query``."""
-        return self.prepare_pairs([(query, document) for document in documents])
+        check_text(query, "query")
+        return self.prepare_pairs(
+            [(query, document) for document in documents], max_tokens_per_doc=max_tokens_per_doc
+        )
 
 
 def resolve_score_mode(setting: str, template_mode: ScoreMode, labels: int) -> ScoreMode:

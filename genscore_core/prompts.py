@@ -18,6 +18,13 @@ class EncodedPrompt:
     token_ids: list[int]
     truncated: bool
     """Whether the item (or query) was shortened to fit the maximum prompt length."""
+    window: tuple[int, int] | None = None
+    """Character span ``[start, end)`` of the document this prompt holds, when it holds a window of
+    it (``long_documents="chunk"``); None when it holds the whole document."""
+    windows: int = 1
+    """How many windows the document was split into."""
+    all_tokens: int | None = None
+    """Tokens of every window's prompt (usage), when there were several."""
 
 
 Offsets = list[tuple[int, int]]

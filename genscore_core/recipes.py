@@ -54,9 +54,13 @@ def resolve_recipe(template: str | PromptTemplate | dict[str, Any], model: str, 
     st = sentence_transformers_recipe(model, tokenizer)
     if st is not None:
         return _picked(st)
-    preset = template_for_name(model) or template_for_name(_name_in_config(model))
+    config = _read_json(model, "config.json")
+    config = config if isinstance(config, dict) else {}
+    preset = template_for_name(model) or template_for_name(str(config.get("_name_or_path", "")))
     if preset is not None:
         return _picked(Recipe(preset, f"preset {preset.name!r} from the model name"))
+    if config.get("model_type") == "qwen3":
+        return _picked(Recipe(QWEN3_RERANKER, "preset 'qwen3-reranker' (the default, for a Qwen3 model)"))
     recipe = Recipe(
         QWEN3_RERANKER, "preset 'qwen3-reranker' (the default: nothing in the model named a recipe)"
     )
@@ -203,8 +207,3 @@ def _read_json(model: str, file: str) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"{model}: cannot read {file}: {error}") from error
-
-
-def _name_in_config(model: str) -> str:
-    config = _read_json(model, "config.json")
-    return str(config.get("_name_or_path", "")) if isinstance(config, dict) else ""

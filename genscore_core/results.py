@@ -19,11 +19,17 @@ class RankedResult(BaseModel):
     index: int
     """Position of the document in the input."""
     score: float
-    """Probability of the positive label, in [0, 1]."""
+    """The score under the scorer's score mode: a probability in [0, 1], or with
+    ``score_mode="logit"`` the label's raw logit."""
     document: str
     truncated: bool
-    """Whether the document was shortened to fit the maximum prompt length."""
+    """Whether the document was shortened to fit the maximum prompt length (or ``max_tokens_per_doc``)."""
     prompt_tokens: int
+    window: tuple[int, int] | None = None
+    """With ``long_documents="chunk"``: the character span ``[start, end)`` of the window whose score is
+    reported (the best one, for ``"max"`` and ``"mean"``); None when the document was scored whole."""
+    windows: int = 1
+    """How many windows the document was scored as."""
 
 
 class RankedResults(BaseModel):
@@ -73,6 +79,8 @@ def rank_results(
             document=documents[i],
             truncated=p.truncated,
             prompt_tokens=len(p.token_ids),
+            window=p.window,
+            windows=p.windows,
         )
         for i, (score, p) in enumerate(scored)
     ]
@@ -81,7 +89,9 @@ def rank_results(
         results = [r for r in results if r.score >= score_threshold]
     if top_n is not None:
         results = results[:top_n]
-    return RankedResults(query=query, results=results, prompt_tokens=sum(len(p.token_ids) for _, p in scored))
+    return RankedResults(
+        query=query, results=results, prompt_tokens=sum(p.all_tokens or len(p.token_ids) for _, p in scored)
+    )
 
 
 def check_rank_options(top_n: object, score_threshold: object) -> None:

@@ -202,14 +202,18 @@ class GenerativeScorer:
         *,
         top_n: int | None = None,
         score_threshold: float | None = None,
+        max_tokens_per_doc: int | None = None,
     ) -> RankedResults:
         """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``.
+
+        ``max_tokens_per_doc`` cuts each document after that many of its own tokens first (Cohere's and
+        vLLM's rerank option); ``long_documents="chunk"`` then splits what still does not fit.
 
         Raises:
             InvalidRequestError: A bad option (``param`` names it) or document (``index`` says which).
         """
         check_rank_options(top_n, score_threshold)
-        prepared = self.front_end.prepare_rerank(query, documents)
+        prepared = self.front_end.prepare_rerank(query, documents, max_tokens_per_doc=max_tokens_per_doc)
         scored = prepared.assemble(self._run(prepared.jobs))
         return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
 
@@ -220,6 +224,7 @@ class GenerativeScorer:
         *,
         top_n: int | None = None,
         score_threshold: float | None = None,
+        max_tokens_per_doc: int | None = None,
     ) -> RankedResults:
         """:meth:`rerank` without blocking the event loop (prompts are built on a worker thread).
 
@@ -227,7 +232,9 @@ class GenerativeScorer:
         batcher as the backend.
         """
         check_rank_options(top_n, score_threshold)
-        prepared = await asyncio.to_thread(self.front_end.prepare_rerank, query, documents)
+        prepared = await asyncio.to_thread(
+            self.front_end.prepare_rerank, query, documents, max_tokens_per_doc=max_tokens_per_doc
+        )
         scored = prepared.assemble(await self.backend.ascore_jobs(prepared.jobs))
         return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
 

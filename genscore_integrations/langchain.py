@@ -37,12 +37,21 @@ except ImportError as exc:
         'pip install "genscore[langchain]"'
     ) from exc
 
-__all__ = ["RELEVANCE_SCORE_KEY", "TRUNCATED_KEY", "GenerativeCrossEncoder", "GenerativeReranker"]
+__all__ = [
+    "RELEVANCE_SCORE_KEY",
+    "TRUNCATED_KEY",
+    "WINDOW_KEY",
+    "GenerativeCrossEncoder",
+    "GenerativeReranker",
+]
 
 RELEVANCE_SCORE_KEY = "relevance_score"
 """Metadata key of the score, a probability in [0, 1] (LangChain's convention for rerankers)."""
 TRUNCATED_KEY = "genscore_truncated"
 """Metadata key of the flag telling whether the document was shortened to fit the prompt length."""
+WINDOW_KEY = "genscore_window"
+"""Metadata key of ``[start, end)``, the character span of the window whose score was reported, present when
+the scorer chunks long documents (``long_documents="chunk"``)."""
 
 
 _SCORER_SETTINGS = scorer_setting_names()
@@ -183,6 +192,8 @@ def _with_score(document: Document, result: RankedResult) -> Document:
     metadata = deepcopy(document.metadata)
     metadata[RELEVANCE_SCORE_KEY] = result.score
     metadata[TRUNCATED_KEY] = result.truncated
+    if result.window is not None:
+        metadata[WINDOW_KEY] = list(result.window)
     return document.model_copy(update={"metadata": metadata})
 
 

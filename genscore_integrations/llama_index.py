@@ -36,10 +36,13 @@ from genscore_core import (
     scorer_setting_names,
 )
 
-__all__ = ["RETRIEVAL_SCORE_KEY", "GenerativeRerank"]
+__all__ = ["RETRIEVAL_SCORE_KEY", "WINDOW_KEY", "GenerativeRerank"]
 
 RETRIEVAL_SCORE_KEY = "retrieval_score"
 """Metadata key that holds a node's retrieval score when ``keep_retrieval_score`` is on."""
+WINDOW_KEY = "genscore_window"
+"""Metadata key of ``[start, end)``, the character span of the window whose score was reported, present when
+the scorer chunks long documents (``long_documents="chunk"``; hidden from embedders and LLMs)."""
 
 dispatcher = get_dispatcher(__name__)
 
@@ -241,12 +244,19 @@ class GenerativeRerank(BaseNodePostprocessor):
             node = source.node.model_copy(deep=True)
             if self.keep_retrieval_score:
                 node.metadata[RETRIEVAL_SCORE_KEY] = source.score
-                # Bookkeeping, not content: keep it out of the text embedders and LLMs see.
-                for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
-                    if RETRIEVAL_SCORE_KEY not in excluded:
-                        excluded.append(RETRIEVAL_SCORE_KEY)
+                _hide_from_models(node, RETRIEVAL_SCORE_KEY)
+            if result.window is not None:
+                node.metadata[WINDOW_KEY] = list(result.window)
+                _hide_from_models(node, WINDOW_KEY)
             reranked.append(NodeWithScore(node=node, score=result.score))
         return reranked
+
+
+def _hide_from_models(node: Any, key: str) -> None:
+    """Bookkeeping, not content: keep ``key`` out of the text embedders and LLMs see."""
+    for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
+        if key not in excluded:
+            excluded.append(key)
 
 
 def _require_query(query_bundle: QueryBundle | None) -> str:

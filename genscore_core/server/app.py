@@ -192,13 +192,18 @@ def create_app(
         documents = request.texts()
         check_items(len(documents), "documents")
         ranked = await serving.arerank(
-            request.query, documents, top_n=request.top_n or None, score_threshold=request.score_threshold
+            request.query,
+            documents,
+            top_n=request.top_n or None,
+            score_threshold=request.score_threshold,
+            max_tokens_per_doc=request.max_tokens_per_doc,
         )
         tokens = ranked.prompt_tokens
         results = [
             RerankResult(
                 index=result.index,
                 relevance_score=result.score,
+                window=result.window,
                 document=RerankDocument(text=result.document) if request.return_documents else None,
             )
             for result in ranked

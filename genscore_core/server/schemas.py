@@ -51,6 +51,8 @@ class RerankRequest(BaseModel):
     """Put each document's text in its result."""
     score_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     """Drop results scoring below this (a genscore extension)."""
+    max_tokens_per_doc: int | None = Field(default=None, gt=0)
+    """Cut each document after this many of its own tokens before templating (Cohere, vLLM)."""
 
     def texts(self) -> list[str]:
         return [doc if isinstance(doc, str) else doc.text for doc in self.documents]
@@ -60,6 +62,8 @@ class RerankResult(BaseModel):
     index: int
     """Position of the document in the request."""
     relevance_score: float
+    window: tuple[int, int] | None = None
+    """The reported window's character span, when the server chunks long documents."""
     """Probability of the positive label, in [0, 1]."""
     document: RerankDocument | None = None
 

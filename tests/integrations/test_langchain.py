@@ -80,6 +80,7 @@ def test_public_api() -> None:
     assert lc.__all__ == [
         "RELEVANCE_SCORE_KEY",
         "TRUNCATED_KEY",
+        "WINDOW_KEY",
         "GenerativeCrossEncoder",
         "GenerativeReranker",
     ]
