@@ -25,7 +25,7 @@ class ScorerConfig(BaseModel):
     """Hugging Face hub id or local folder of a causal LM."""
     template: str | PromptTemplate = "auto"
     """Preset name (``"qwen3-reranker"``, ``"mxbai-rerank-v2"``), ``"auto"`` (from the model name) or a template."""
-    score_mode: Literal["auto"] | ScoreMode = "auto"
+    score_mode: Literal["auto", ScoreMode] = "auto"
     """How next-token logits become a score: ``"label-softmax"`` (softmax over the label tokens: the
     two-label probability), ``"vocab-softmax"`` (the first label's full-vocabulary probability),
     ``"logit"`` (the first label's raw logit, for single-token models; unbounded), ``"logit-sigmoid"``
