@@ -16,6 +16,7 @@ from genscore_core.errors import (
     PromptTooLongError,
     RemoteConfigurationError,
     RemoteScoringError,
+    ScoreRangeError,
     ServerBusyError,
 )
 from genscore_core.frontend import ScoringFrontEnd
@@ -27,9 +28,16 @@ from genscore_core.protocol import (
 )
 from genscore_core.results import RankedResult, RankedResults, check_rank_options
 from genscore_core.scorer import GenerativeScorer
-from genscore_core.templates import MXBAI_RERANK_V2, QWEN3_RERANKER, TEMPLATES, PromptTemplate
+from genscore_core.templates import (
+    BGE_RERANKER_V2_GEMMA,
+    MXBAI_RERANK_V2,
+    QWEN3_RERANKER,
+    TEMPLATES,
+    PromptTemplate,
+)
 
 __all__ = [
+    "BGE_RERANKER_V2_GEMMA",
     "DEFAULT_MODEL",
     "MXBAI_RERANK_V2",
     "QWEN3_RERANKER",
@@ -49,6 +57,7 @@ __all__ = [
     "RemoteConfigurationError",
     "RemoteScoringError",
     "ScoreData",
+    "ScoreRangeError",
     "ScorerConfig",
     "ScoringBackend",
     "ScoringEngine",

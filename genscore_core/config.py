@@ -24,7 +24,9 @@ class ScorerConfig(BaseModel):
     model: str = DEFAULT_MODEL
     """Hugging Face hub id or local folder of a causal LM."""
     template: str | PromptTemplate = "auto"
-    """Preset name (``"qwen3-reranker"``, ``"mxbai-rerank-v2"``), ``"auto"`` (from the model name) or a template."""
+    """Preset name (``"qwen3-reranker"``, ``"mxbai-rerank-v2"``, ``"bge-reranker-v2-gemma"``), a template, or
+    ``"auto"``: the folder's sentence-transformers CrossEncoder configuration, else a preset the model's
+    name points at, else qwen3-reranker (docs/models.md; ``scorer.recipe`` says which)."""
     score_mode: Literal["auto", ScoreMode] = "auto"
     """How next-token logits become a score: ``"label-softmax"`` (softmax over the label tokens: the
     two-label probability), ``"vocab-softmax"`` (the first label's full-vocabulary probability),

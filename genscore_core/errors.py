@@ -75,3 +75,8 @@ class RemoteScoringError(GenScoreError):
 
 class ServerBusyError(GenScoreError):
     """The server's queue is full or it is stopping: try again later (HTTP 503)."""
+
+
+class ScoreRangeError(GenScoreError):
+    """The model produced a score that is not finite, or outside the range of its score mode
+    (overflow in half precision, broken weights): such a score is never returned."""

@@ -16,16 +16,11 @@ from typing import Any
 
 import torch
 
-from genscore_core.errors import GenScoreError
+from genscore_core.errors import ScoreRangeError
 from genscore_core.kernels import label_logprobs
 from genscore_core.templates import ScoreMode
 
 _VOCAB_CHUNK = 16384
-
-
-class ScoreRangeError(GenScoreError):
-    """The model produced a score that is not finite, or outside the range of its score mode
-    (overflow in half precision, broken weights): such a score is never returned."""
 
 
 def score_range(mode: ScoreMode) -> tuple[float, float]:
