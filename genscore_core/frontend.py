@@ -15,11 +15,11 @@ from typing import Any
 from genscore_core.backend import JobTexts, ScoringJob
 from genscore_core.config import ScorerConfig
 from genscore_core.errors import InvalidRequestError
-from genscore_core.loading import load_tokenizer
+from genscore_core.loading import check_label_ids, load_tokenizer
 from genscore_core.long_documents import WindowedPairs, cap_to_tokens, token_spans, window_spans
 from genscore_core.prepared import PreparedPairs, PreparedScore
 from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, build_raw_prompts
-from genscore_core.protocol import GenerativeScoringRequest, check_request
+from genscore_core.protocol import GenerativeScoringRequest, check_request, check_text
 from genscore_core.recipes import Recipe, resolve_recipe
 from genscore_core.templates import ScoreMode, Span, resolve_label_ids
 
@@ -42,6 +42,9 @@ class ScoringFrontEnd:
         """The template in use and why it was picked (``recipe.source``, also logged)."""
         self.template = self.recipe.template
         self.label_token_ids = resolve_label_ids(tokenizer, self.template)
+        check_label_ids(
+            tokenizer, [str(label) for label in self.template.labels], self.label_token_ids, vocab_size
+        )
         self.score_mode: ScoreMode = resolve_score_mode(
             config.score_mode, self.template.score_mode, len(self.label_token_ids)
         )
@@ -95,6 +98,8 @@ class ScoringFrontEnd:
         check_text(query, "query")
         for index, document in enumerate(documents):
             check_text(document, "documents", index)
+        if not documents:
+            return []
         return self._builder.build(query, documents)
 
     def prepare_pairs(
@@ -219,12 +224,3 @@ def resolve_score_mode(setting: str, template_mode: ScoreMode, labels: int) -> S
             "template has one label: use 'logit' (its raw logit) or 'logit-sigmoid'"
         )
     return mode
-
-
-def check_text(value: object, param: str, index: int | None = None) -> None:
-    """Raise :class:`InvalidRequestError` naming ``param[index]`` unless ``value`` is a string."""
-    if not isinstance(value, str):
-        where = f"{param}[{index}]" if index is not None else param
-        raise InvalidRequestError(
-            f"{where} must be a string, got {type(value).__name__}", param=param, index=index
-        )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+
+from genscore_core.errors import GenScoreError
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -56,6 +58,79 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any
     return tokenizer
 
 
+# Class names of models whose next-token head is part of the checkpoint (Qwen3ForCausalLM,
+# GPT2LMHeadModel, Gemma3ForConditionalGeneration...).
+_CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+_EXPECTED_MODEL = (
+    "genscore needs a causal language model whose next-token head was trained with it, such as a "
+    "generative reranker (Qwen/Qwen3-Reranker-0.6B) or another *ForCausalLM checkpoint"
+)
+
+
+class NotARerankerError(GenScoreError, ValueError):
+    """The model or tokenizer cannot give meaningful scores (an encoder, a random head, unknown labels)."""
+
+
+def check_causal_lm_config(config: Any, name_or_path: str) -> None:
+    """Refuse, before any weight is loaded, a checkpoint that is not a causal LM.
+
+    ``AutoModelForCausalLM`` happily loads an encoder folder (BERT) by adding a freshly initialised
+    LM head; its "scores" are then noise. ``config.json`` records the class the weights were saved
+    from, which tells.
+    """
+    if getattr(config, "is_encoder_decoder", False):
+        raise NotARerankerError(
+            f"{name_or_path!r} is an encoder-decoder model ({config.model_type}); {_EXPECTED_MODEL}"
+        )
+    architectures = list(getattr(config, "architectures", None) or [])
+    if architectures and not any(arch.endswith(_CAUSAL_LM_SUFFIXES) for arch in architectures):
+        raise NotARerankerError(
+            f"{name_or_path!r} holds a {', '.join(architectures)} (model type {config.model_type!r}), "
+            f"not a causal language model; {_EXPECTED_MODEL}"
+        )
+
+
+def check_loaded_causal_lm(model: Any, missing_keys: list[str] | None, name_or_path: str) -> None:
+    """Refuse a model whose weights were not all in the checkpoint (transformers fills them at random)."""
+    kind = type(model).__name__
+    output_embeddings = getattr(model, "get_output_embeddings", None)
+    if output_embeddings is None or output_embeddings() is None:
+        raise NotARerankerError(
+            f"{name_or_path!r} is a {kind}, which has no next-token (LM) head; {_EXPECTED_MODEL}"
+        )
+    if missing_keys:
+        shown = ", ".join(sorted(missing_keys)[:5]) + (", ..." if len(missing_keys) > 5 else "")
+        raise NotARerankerError(
+            f"{name_or_path!r} lacks {len(missing_keys)} weight(s) of {kind} ({shown}); transformers would "
+            f"initialise them at random and the scores would be noise. {_EXPECTED_MODEL}"
+        )
+
+
+def check_label_ids(tokenizer: Any, words: Sequence[str], ids: Sequence[int], vocab_size: int) -> None:
+    """Refuse label ids that cannot tell the labels apart: an unknown-word token, or one id twice."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for word, token_id in zip(words, ids):
+        if unk is not None and token_id == unk:
+            raise NotARerankerError(
+                f"label word {word!r} is the unknown token {tokenizer.unk_token!r} (id {token_id}) for this "
+                f"tokenizer: its vocabulary lacks the word. Expected every label word {list(words)} to be "
+                "a known single token, as in the reranker's own tokenizer; pass the model's tokenizer or a "
+                "template with label words it knows"
+            )
+        if not 0 <= token_id < vocab_size:
+            raise NotARerankerError(
+                f"label word {word!r} is token {token_id}, outside the model's vocabulary of {vocab_size}; "
+                "the tokenizer does not belong to this model"
+            )
+    if len(set(ids)) != len(ids):
+        pairs = ", ".join(f"{w!r} -> {i}" for w, i in zip(words, ids))
+        raise NotARerankerError(
+            f"label words map to the same token id ({pairs}): every score would be the same. Expected "
+            "distinct single tokens, as in the reranker's own tokenizer"
+        )
+
+
 def load_causal_lm(
     name_or_path: str,
     *,
@@ -64,12 +139,16 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     show_progress: bool = True,
 ) -> Any:
-    from transformers import AutoModelForCausalLM
+    """Load a causal LM, refusing checkpoints that are not one (see :class:`NotARerankerError`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    check_causal_lm_config(config, name_or_path)
     with transformers_progress_bars(show_progress):
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=dtype, trust_remote_code=trust_remote_code
+        model, info = AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True
         )
+    check_loaded_causal_lm(model, list(info.get("missing_keys") or []), name_or_path)
     return model.to(device).eval()
 
 

@@ -8,17 +8,20 @@ server can answer them with HTTP 400 as the protocol does, and 422 for the rest.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from genscore_core.errors import InvalidRequestError
 
 MAX_LABEL_TOKENS = 128
 
-TokenIds = list[int]
+# Strict: JSON ``true``, ``"9693"`` and ``9693.0`` are not token ids. Lax parsing would score token 1
+# for ``true`` and accept the others silently.
+TokenIds = list[StrictInt]
 
 
 class GenerativeScoringRequest(BaseModel):
@@ -28,9 +31,9 @@ class GenerativeScoringRequest(BaseModel):
 
     model: str | None = None
     """Model name; echoed back in the response."""
-    query: str | TokenIds
+    query: StrictStr | TokenIds
     """The query as text, or as pre-tokenized ids."""
-    items: list[str | TokenIds]
+    items: list[StrictStr | TokenIds]
     """One prompt per item: all texts or all token-id lists."""
     label_token_ids: TokenIds
     """Token ids whose next-token probabilities are read; the score is that of the first."""
@@ -98,6 +101,28 @@ def check_label_token_ids(label_token_ids: list[int], vocab_size: int) -> None:
         seen[token_id] = position
 
 
+# Lone surrogates are what invalid UTF-8 (decoded with ``surrogateescape``) and a JSON ``"\\ud800"``
+# escape turn into; no tokenizer can encode them.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(value: object, param: str, index: int | None = None) -> None:
+    """Raise :class:`InvalidRequestError` unless ``value`` is a string of valid Unicode text."""
+    where = f"{param}[{index}]" if index is not None else param
+    if not isinstance(value, str):
+        raise InvalidRequestError(
+            f"{where} must be a string, got {type(value).__name__}", param=param, index=index
+        )
+    bad = _SURROGATE.search(value)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"{where} is not valid text: it holds a lone surrogate U+{ord(bad.group()):04X} at character "
+            f"{bad.start()} (text decoded from invalid UTF-8, or a broken \\u escape); send UTF-8 text",
+            param=param,
+            index=index,
+        )
+
+
 def _check_token_ids(ids: list[int], vocab_size: int, what: str, param: str, index: int | None) -> None:
     # min/max run in C: a 256-document request is checked in well under a millisecond.
     if not ids or (min(ids) >= 0 and max(ids) < vocab_size):
@@ -126,7 +151,11 @@ def check_request(request: GenerativeScoringRequest, vocab_size: int) -> None:
                 param="items",
                 index=index,
             )
-        if not isinstance(item, str):
+        if isinstance(item, str):
+            check_text(item, "items", index)
+        else:
             _check_token_ids(item, vocab_size, f"item {index}", "items", index)
-    if not isinstance(request.query, str):
+    if isinstance(request.query, str):
+        check_text(request.query, "query")
+    else:
         _check_token_ids(request.query, vocab_size, "query", "query", None)

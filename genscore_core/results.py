@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -84,7 +85,7 @@ def rank_results(
         )
         for i, (score, p) in enumerate(scored)
     ]
-    results.sort(key=lambda r: -r.score)  # stable: ties keep input order
+    results.sort(key=_rank_key)  # stable: ties keep input order
     if score_threshold is not None:
         results = [r for r in results if r.score >= score_threshold]
     if top_n is not None:
@@ -92,6 +93,12 @@ def rank_results(
     return RankedResults(
         query=query, results=results, prompt_tokens=sum(p.all_tokens or len(p.token_ids) for _, p in scored)
     )
+
+
+def _rank_key(result: RankedResult) -> tuple[bool, float]:
+    # A NaN compares false with everything, which would scramble a plain sort around it (and
+    # ``top_n`` could then drop the best document): NaN scores rank last instead.
+    return (math.isnan(result.score), -result.score)
 
 
 def check_rank_options(top_n: object, score_threshold: object) -> None:

@@ -14,6 +14,8 @@ from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine
 from genscore_core.frontend import ScoringFrontEnd
 from genscore_core.loading import (
+    check_causal_lm_config,
+    check_loaded_causal_lm,
     load_causal_lm,
     load_tokenizer,
     model_max_length,
@@ -83,6 +85,8 @@ class GenerativeScorer:
         (default: the model's ``name_or_path``). ``device`` and ``dtype`` are those of ``causal_lm``.
         """
         name = settings.pop("model", None) or getattr(causal_lm, "name_or_path", None) or DEFAULT_MODEL
+        check_causal_lm_config(causal_lm.config, name)
+        check_loaded_causal_lm(causal_lm, None, name)
         front_end, engine = _local_parts(causal_lm.eval(), tokenizer, ScorerConfig(model=name, **settings))
         return cls(front_end=front_end, backend=engine)
 
