@@ -145,9 +145,10 @@ def load_causal_lm(
     config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     check_causal_lm_config(config, name_or_path)
     with transformers_progress_bars(show_progress):
-        model, info = AutoModelForCausalLM.from_pretrained(
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
             name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True
         )
+    model, info = loaded
     check_loaded_causal_lm(model, list(info.get("missing_keys") or []), name_or_path)
     return model.to(device).eval()
 

@@ -10,7 +10,14 @@ from typing import Any
 from genscore_core.errors import PromptTooLongError
 from genscore_core.protocol import GenerativeScoringRequest
 from genscore_core.templates import PromptTemplate, RenderedBody
-from genscore_core.truncation import drop_tail_of_range, query_token_cap, token_range, truncate_raw
+from genscore_core.truncation import (
+    cut_to_token_budget,
+    drop_tail_of_range,
+    max_chars_per_token,
+    query_token_cap,
+    token_range,
+    truncate_raw,
+)
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,7 @@ class TemplatePromptBuilder:
         template.render_body("", "", instruction)
 
     def build(self, query: str, documents: Sequence[str]) -> list[EncodedPrompt]:
+        query, *documents = bounded_texts(self.tokenizer, [query, *documents], self.body_budget)
         bodies = [self.template.render_body(query, doc, self.instruction) for doc in documents]
         prompts = []
         for index, (body, (ids, offsets)) in enumerate(zip(bodies, self.tokenization.encode(bodies))):
@@ -250,13 +258,16 @@ def build_raw_prompts(
     """The protocol's prompts: query and item concatenated at token level (item first if asked)."""
     lock = tokenizer_lock or threading.Lock()
     text_items = [item for item in request.items if isinstance(item, str)]
+    # The query is never cut into, only refused when too long: it keeps max_length + 1 tokens.
+    query = request.query
+    if isinstance(query, str):
+        [query] = bounded_texts(tokenizer, [query], max_length)
+    text_items = bounded_texts(tokenizer, text_items, max_length)
     with lock:
-        if isinstance(request.query, str):
-            query_ids: list[int] = tokenizer.encode(
-                request.query, add_special_tokens=request.add_special_tokens
-            )
+        if isinstance(query, str):
+            query_ids: list[int] = tokenizer.encode(query, add_special_tokens=request.add_special_tokens)
         else:
-            query_ids = list(request.query)
+            query_ids = list(query)
         encoded_text = tokenizer(text_items, add_special_tokens=False)["input_ids"] if text_items else []
     item_ids = iter(encoded_text)
     prompts = []
@@ -265,3 +276,11 @@ def build_raw_prompts(
         prompt, truncated = truncate_raw(query_ids, ids, max_length, request.item_first, index)
         prompts.append(EncodedPrompt(prompt, truncated))
     return prompts
+
+
+def bounded_texts(tokenizer: Any, texts: list[str], tokens: int) -> list[str]:
+    """The texts cut, before tokenization, to what a prompt of ``tokens`` tokens can use of them.
+
+    Memory then follows the prompt length, not the input's (see :func:`cut_to_token_budget`).
+    """
+    return cut_to_token_budget(texts, tokens, max_chars_per_token(tokenizer))

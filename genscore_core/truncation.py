@@ -7,7 +7,12 @@ the query) is shortened.
 
 from __future__ import annotations
 
+import json
+import math
+import threading
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 from genscore_core.errors import PromptTooLongError
 from genscore_core.templates import Span
@@ -64,3 +69,108 @@ def truncate_raw(
             index=index,
         )
     return prompt, truncated
+
+
+# -- cutting text before tokenization -----------------------------------------------------------------
+
+# Characters of text that one *byte* of NFC/NFKC-normalized text can stand for: U+01D5 (2 bytes in
+# UTF-8) is composed from 3 characters. Checked over every code point by the tests.
+NFC_CHARS_PER_BYTE = 1.5
+# Characters that one normalized *character* can stand for: U+1F82 is composed from 4.
+NFC_CHARS_PER_CHAR = 4
+# Normalizers that never merge characters: a normalized character stands for at most one of the text.
+_NON_MERGING_NORMALIZERS = frozenset({"NFD", "NFKD", "Lowercase", "Prepend"})
+_COMPOSING_NORMALIZERS = frozenset({"NFC", "NFKC"})
+# Extra characters kept past the bound, so that the word the cut falls in (whose tokens can change)
+# lies well after every token that can be kept.
+CUT_MARGIN_CHARS = 4096
+
+_bounds: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
+_bounds_lock = threading.Lock()
+
+
+def max_chars_per_token(tokenizer: Any) -> int | None:
+    """The most characters of input text that any one token of ``tokenizer`` can cover.
+
+    ``None`` when no bound exists: a model with an unknown-word token (one ``[UNK]`` can stand for a
+    whole word of any length) or a normalizer that may delete text. Cached per tokenizer.
+    """
+    with _bounds_lock:
+        if tokenizer in _bounds:
+            return _bounds[tokenizer]
+    bound = _chars_per_token_bound(tokenizer)
+    with _bounds_lock:
+        _bounds[tokenizer] = bound
+    return bound
+
+
+def _chars_per_token_bound(tokenizer: Any) -> int | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    model = backend.model
+    if type(model).__name__ != "BPE" or (model.unk_token is not None and not model.byte_fallback):
+        return None
+    factor = _normalizer_factor(backend.normalizer, _is_byte_level(backend))
+    if factor is None:
+        return None
+    longest = max((len(token) for token in backend.get_vocab(with_added_tokens=False)), default=1)
+    # Added (special) tokens are matched in the raw text, before normalization.
+    added = max((len(str(token)) for token in tokenizer.added_tokens_decoder.values()), default=1)
+    return max(math.ceil(longest * factor), added, 1)
+
+
+def _is_byte_level(backend: Any) -> bool:
+    state = backend.pre_tokenizer.__getstate__() if backend.pre_tokenizer is not None else b""
+    return b'"ByteLevel"' in state
+
+
+def _normalizer_factor(normalizer: Any, byte_level: bool) -> float | None:
+    """Characters of text per character of a vocabulary entry, or ``None`` when unbounded."""
+    if normalizer is None:
+        return 1.0
+    spec = json.loads(normalizer.__getstate__())
+    steps = spec["normalizers"] if spec.get("type") == "Sequence" else [spec]
+    factor = 1.0
+    for step in steps:
+        kind = step.get("type")
+        if kind in _COMPOSING_NORMALIZERS:
+            # A byte-level vocabulary entry is one character per byte of normalized text.
+            factor *= NFC_CHARS_PER_BYTE if byte_level else NFC_CHARS_PER_CHAR
+        elif kind == "Replace" and "String" in step.get("pattern", {}) and step.get("content"):
+            factor *= max(1.0, len(step["pattern"]["String"]) / len(step["content"]))
+        elif kind not in _NON_MERGING_NORMALIZERS:
+            return None  # Strip, StripAccents, BertNormalizer... may delete characters
+    return factor
+
+
+def cut_to_token_budget(texts: Sequence[str], tokens: int, chars_per_token: int | None) -> list[str]:
+    """Shorten each text, before it is tokenized, to a prefix that still holds more than ``tokens`` tokens.
+
+    A prompt can keep at most ``tokens`` tokens of any one text, so tokenizing a long text whole (an
+    8 MB document, with character offsets) only costs memory. Each text longer than
+    ``limit = (tokens + 1) * chars_per_token + CUT_MARGIN_CHARS`` characters is cut to its first
+    ``limit`` characters.
+
+    Why the cut text still fills the budget: every token covers at most ``chars_per_token``
+    characters of the text (:func:`max_chars_per_token`: the longest vocabulary entry, in bytes for a
+    byte-level vocabulary, since one character is at least one byte, times what the normalizer can
+    merge into one character or byte; a vocabulary without an unknown-word token loses no text, so
+    the tokens cover every character). ``n`` characters therefore make at least
+    ``n / chars_per_token`` tokens, and the cut text makes at least ``tokens + 1`` tokens from its
+    first ``(tokens + 1) * chars_per_token`` characters alone: the text still overflows the budget, is
+    marked truncated, and truncation keeps only tokens that lie within those characters.
+
+    Why those tokens are the same as the uncut text's: pre-tokenizers split text into words by
+    looking at most one character ahead, and BPE encodes each word on its own, so only the word the
+    cut falls into can be encoded differently. The kept tokens end at least ``chars_per_token +
+    CUT_MARGIN_CHARS`` characters before the cut; a difference would have to travel back that far
+    through one word's merges. The tests compare cut and uncut prompts on long CJK, emoji,
+    whitespace-only and single-word texts.
+
+    ``chars_per_token=None`` (no bound for this tokenizer) leaves the texts whole.
+    """
+    if chars_per_token is None:
+        return list(texts)
+    limit = (tokens + 1) * chars_per_token + CUT_MARGIN_CHARS
+    return [text[:limit] if len(text) > limit else text for text in texts]
