@@ -187,7 +187,8 @@ class GenerativeScorer:
 
     def score_documents(self, query: str, documents: Sequence[str]) -> list[float]:
         """Score of each document for ``query``, in input order."""
-        return self.score_pairs([(query, d) for d in documents])
+        prepared = self.front_end.prepare_rerank(query, documents)
+        return [score for score, _ in prepared.assemble(self._run(prepared.jobs))]
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         """Score of each (query, document) pair, in input order; pairs may mix queries."""
