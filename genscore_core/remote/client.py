@@ -12,11 +12,12 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -102,7 +103,7 @@ class HttpTransport:
         }
         self._client = httpx.Client(transport=transport, **self._options)
         self._async_transport = async_transport
-        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = (
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
@@ -136,7 +137,7 @@ class HttpTransport:
     # -- async --------------------------------------------------------------------------------------
 
     async def apost_json(self, path: str, payload: dict[str, Any]) -> Any:
-        client = self._async_client()
+        client = await self._async_client()
         failure = _Failure("no attempt made")
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -152,15 +153,34 @@ class HttpTransport:
             return self._decode(response, path)
         raise self._gave_up(path, failure)
 
-    def _async_client(self) -> httpx.AsyncClient:
-        # An AsyncClient's connections belong to the loop that opened them: keep one per loop.
+    async def _async_client(self) -> httpx.AsyncClient:
+        # An AsyncClient's connections belong to the loop that opened them: keep one per loop, and
+        # close it when that loop shuts down. Otherwise every ``asyncio.run(scorer.arerank(...))``
+        # leaves a socket open (the client holds its loop, so the weak key is never dropped either).
         loop = asyncio.get_running_loop()
         with self._lock:
-            client = self._async_clients.get(loop)
-            if client is None or client.is_closed:
-                client = httpx.AsyncClient(transport=self._async_transport, **self._options)
-                self._async_clients[loop] = client
-            return client
+            entry = self._async_clients.get(loop)
+            if entry is not None and not entry.client.is_closed:
+                return entry.client
+            client = httpx.AsyncClient(transport=self._async_transport, **self._options)
+            closer = self._close_with_loop(loop, client)
+            self._async_clients[loop] = _LoopClient(client, closer)
+        # Started here, the generator belongs to this loop: ``loop.shutdown_asyncgens()`` (which
+        # ``asyncio.run`` and ``asyncio.Runner`` call before closing the loop) finalizes it.
+        await closer.__anext__()
+        return client
+
+    async def _close_with_loop(
+        self, loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient
+    ) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            with self._lock:
+                entry = self._async_clients.get(loop)
+                if entry is not None and entry.client is client:
+                    del self._async_clients[loop]
+            await client.aclose()
 
     # -- shared -------------------------------------------------------------------------------------
 
@@ -210,7 +230,7 @@ class HttpTransport:
     def close(self) -> None:
         self._client.close()
         with self._lock:
-            clients = list(self._async_clients.values())
+            clients = [entry.client for entry in self._async_clients.values()]
             self._async_clients.clear()
         for client in clients:
             # Closing needs the client's own loop; what cannot be closed here is dropped.
@@ -225,9 +245,16 @@ class HttpTransport:
         """Close the async client of the running loop (and the sync client)."""
         self._client.close()
         with self._lock:
-            client = self._async_clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
+            entry = self._async_clients.pop(asyncio.get_running_loop(), None)
+        if entry is not None:
+            await entry.client.aclose()
+
+
+@dataclass(frozen=True)
+class _LoopClient:
+    client: httpx.AsyncClient
+    closer: AsyncIterator[None]
+    """The async generator that closes ``client`` when its loop shuts down (kept alive here)."""
 
 
 @dataclass(frozen=True)
@@ -365,7 +392,28 @@ class TokenScoringClient(HttpBackend):
         return self._collect(jobs, calls, await asyncio.gather(*(send(call) for call in calls)))
 
 
+# Servers compute in float32 or bf16; a probability a rounding step past 0 or 1 is still one.
+PROBABILITY_ROUNDING = 1e-6
+
+
 def as_probability(value: Any) -> float:
+    """A score from a server's answer: a finite number within [0, 1] (up to rounding, then clamped).
+
+    Raises:
+        ValueError: ``value`` is not such a number (the message quotes it).
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"expected a number, got {value!r}")
-    return float(value)
+        raise ValueError(f"score {value!r} is not a number")
+    score = float(value)
+    if not math.isfinite(score) or not -PROBABILITY_ROUNDING <= score <= 1.0 + PROBABILITY_ROUNDING:
+        raise ValueError(f"score {value!r} is not a probability in [0, 1]")
+    return min(max(score, 0.0), 1.0)
+
+
+def as_index(value: Any, count: int) -> int:
+    """An item index from a server's answer: an exact integer in ``[0, count)`` (``true`` is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"index {value!r} is not an integer")
+    if not 0 <= value < count:
+        raise ValueError(f"index {value!r} is outside [0, {count})")
+    return value

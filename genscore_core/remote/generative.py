@@ -6,7 +6,7 @@ from typing import Any
 
 from genscore_core.backend import ScoringJob
 from genscore_core.config import ServerKind
-from genscore_core.remote.client import HttpTransport, TokenScoringClient, as_probability
+from genscore_core.remote.client import HttpTransport, TokenScoringClient, as_index, as_probability
 
 
 class GenerativeScoringClient(TokenScoringClient):
@@ -39,8 +39,8 @@ class GenerativeScoringClient(TokenScoringClient):
         scores: list[float | None] = [None] * count
         try:
             for entry in data:
-                scores[entry["index"]] = as_probability(entry["score"])
-        except (KeyError, TypeError, IndexError) as error:
+                scores[as_index(entry["index"], count)] = as_probability(entry["score"])
+        except (KeyError, TypeError, ValueError) as error:
             raise self._bad_answer(f"a malformed score entry ({error})") from None
         if any(score is None for score in scores):
             raise self._bad_answer("duplicate score indices")

@@ -15,7 +15,7 @@ from typing import Any
 
 from genscore_core.backend import JobTexts, ProgressCallback, ScoringJob
 from genscore_core.errors import InvalidRequestError
-from genscore_core.remote.client import HttpBackend, as_probability
+from genscore_core.remote.client import HttpBackend, as_index, as_probability
 
 
 class RerankClient(HttpBackend):
@@ -79,8 +79,8 @@ class RerankClient(HttpBackend):
         try:
             for entry in entries:
                 value = entry["relevance_score"] if "relevance_score" in entry else entry["score"]
-                scores[entry["index"]] = as_probability(value)
-        except (KeyError, TypeError, IndexError) as error:
+                scores[as_index(entry["index"], count)] = as_probability(value)
+        except (KeyError, TypeError, ValueError) as error:
             raise self._bad_answer(f"a malformed result ({error})") from None
         if any(score is None for score in scores):
             raise self._bad_answer("duplicate result indices")

@@ -34,6 +34,14 @@ class SGLangScoreClient(TokenScoringClient):
             got = len(rows) if isinstance(rows, list) else "no"
             raise self._bad_answer(f"{got} score rows for {count} items")
         try:
-            return [as_probability(row[0]) for row in rows]
-        except (TypeError, IndexError, KeyError) as error:
+            return [_first_probability(row) for row in rows]
+        except ValueError as error:
             raise self._bad_answer(f"a malformed score row ({error})") from None
+
+
+def _first_probability(row: Any) -> float:
+    # Every label's probability is checked, though only the first is the score.
+    if not isinstance(row, list) or not row:
+        raise ValueError(f"score row {row!r} is not a list of probabilities")
+    values = [as_probability(value) for value in row]
+    return values[0]

@@ -1,0 +1,195 @@
+"""Answers of scoring servers are checked: a real (faulty) server on loopback answers bad values."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from genscore_core import GenerativeScorer
+from genscore_core.errors import RemoteScoringError
+from genscore_core.server import create_app
+from tests.server._support import TEST_LIMITS, LiveServer, serve_in_thread
+
+KINDS = ("genscore", "vllm", "sglang", "rerank")
+QUERY = "capital of France"
+DOCUMENTS = ["Paris is the capital of France.", "Berlin is in Germany.", "Lyon has good food."]
+
+
+class Faults:
+    """What the faulty server puts in its next answers: JSON text for entry 1's score and index."""
+
+    score = "0.5"
+    index: str | None = None
+
+
+def faulty_app(faults: Faults) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    def entries(count: int, score_key: str) -> str:
+        parts = []
+        for i in range(count):
+            score = faults.score if i == 1 else str(0.1 + 0.2 * i)
+            index = faults.index if i == 1 and faults.index is not None else str(i)
+            parts.append(f'{{"index": {index}, "{score_key}": {score}}}')
+        return "[" + ", ".join(parts) + "]"
+
+    def answer(text: str) -> Response:
+        # Raw text: JSON encoders refuse NaN and Infinity, which some servers still send.
+        return Response(text, media_type="application/json")
+
+    @app.post("/generative_scoring")
+    async def generative(request: Request) -> Response:
+        count = len((await request.json())["items"])
+        return answer(f'{{"object": "list", "data": {entries(count, "score")}}}')
+
+    @app.post("/v1/score")
+    async def sglang(request: Request) -> Response:
+        count = len((await request.json())["items"])
+        rows = [f"[{faults.score if i == 1 else 0.1 + 0.2 * i}, 0.5]" for i in range(count)]
+        return answer(f'{{"object": "scoring", "scores": [{", ".join(rows)}]}}')
+
+    @app.post("/v1/rerank")
+    async def rerank(request: Request) -> Response:
+        count = len((await request.json())["documents"])
+        return answer(f'{{"results": {entries(count, "relevance_score")}}}')
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def faults() -> Faults:
+    return Faults()
+
+
+@pytest.fixture(scope="module")
+def faulty_server(faults: Faults) -> Iterator[LiveServer]:
+    with serve_in_thread(faulty_app(faults)) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def remotes(tiny_model_dir: Path, faulty_server: LiveServer) -> Iterator[dict[str, GenerativeScorer]]:
+    scorers = {
+        kind: GenerativeScorer(
+            str(tiny_model_dir),
+            server_url=faulty_server.url,
+            server_kind=kind,
+            server_max_retries=0,
+            max_length=512,
+        )
+        for kind in KINDS
+    }
+    yield scorers
+    for scorer in scorers.values():
+        scorer.close()
+
+
+@pytest.fixture
+def fault(faults: Faults) -> Iterator[Faults]:
+    yield faults
+    faults.score, faults.index = "0.5", None
+
+
+def _calls(scorer: GenerativeScorer, kind: str) -> list[Any]:
+    calls: list[Any] = [
+        lambda: scorer.rerank(QUERY, DOCUMENTS),
+        lambda: asyncio.run(scorer.arerank(QUERY, DOCUMENTS)),
+        lambda: scorer.score_pairs([(QUERY, d) for d in DOCUMENTS]),
+    ]
+    if kind != "rerank":  # raw protocol requests exist only as token ids
+        request = {"query": [1, 2], "items": [[3], [4], [5]], "label_token_ids": [9693, 2152]}
+        calls.append(lambda: scorer.score(request))
+        calls.append(lambda: asyncio.run(scorer.ascore(request)))
+    return calls
+
+
+BAD_SCORES = {
+    "1.5": "1.5",
+    "-0.2": "-0.2",
+    "NaN": "nan",
+    "Infinity": "inf",
+    "-Infinity": "-inf",
+    '"0.5"': "'0.5'",
+    "true": "True",
+    "null": "None",
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bad", sorted(BAD_SCORES))
+def test_bad_scores_are_refused_naming_server_and_value(
+    remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, kind: str, bad: str
+) -> None:
+    fault.score = bad
+    for call in _calls(remotes[kind], kind):
+        with pytest.raises(RemoteScoringError) as caught:
+            call()
+        message = str(caught.value)
+        assert faulty_server.url in message
+        assert f"score {BAD_SCORES[bad]} " in message
+
+
+@pytest.mark.parametrize("kind", ["genscore", "vllm", "rerank"])
+@pytest.mark.parametrize(("bad", "shown"), [("true", "True"), ("-1", "-1"), ("1.0", "1.0"), ("7", "7")])
+def test_bad_indices_are_refused(
+    remotes: dict[str, GenerativeScorer],
+    fault: Faults,
+    faulty_server: LiveServer,
+    kind: str,
+    bad: str,
+    shown: str,
+) -> None:
+    fault.index = bad
+    for call in _calls(remotes[kind], kind):
+        with pytest.raises(RemoteScoringError) as caught:
+            call()
+        assert faulty_server.url in str(caught.value)
+        assert f"index {shown} " in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_probabilities_a_rounding_step_outside_are_clamped(
+    remotes: dict[str, GenerativeScorer], fault: Faults, kind: str
+) -> None:
+    fault.score = "1.0000004"
+    ranked = remotes[kind].rerank(QUERY, DOCUMENTS)
+    assert [r.index for r in ranked] == [1, 2, 0]
+    assert ranked[0].score == 1.0
+
+
+def _open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")
+def test_async_clients_close_with_their_event_loop(tiny_model_dir: Path, scorer: GenerativeScorer) -> None:
+    with serve_in_thread(create_app(scorer, TEST_LIMITS)) as live:
+        remote = GenerativeScorer(str(tiny_model_dir), server_url=live.url, max_length=512)
+        expected = scorer.rerank(QUERY, DOCUMENTS)
+        asyncio.run(remote.arerank(QUERY, DOCUMENTS))
+        before = _open_files()
+        for _ in range(100):
+            ranked = asyncio.run(remote.arerank(QUERY, DOCUMENTS))
+        after = _open_files()
+        remote.close()
+    assert [r.index for r in ranked] == [r.index for r in expected]
+    assert after - before < 5, f"{before} open files before 100 event loops, {after} after"
+
+
+def test_faulty_server_answers_good_values_when_told(remotes: dict[str, GenerativeScorer]) -> None:
+    # The stand-in itself: 0.1, 0.5, 0.5 (entry 1 is the one faults replace).
+    assert json.loads("[0.1, 0.5, 0.5]") == pytest.approx(
+        remotes["genscore"].score_pairs([(QUERY, d) for d in DOCUMENTS])
+    )
