@@ -83,6 +83,7 @@ def _pairs(seed: int) -> list[tuple[str, str]]:
     return [*pairs, (text(200), text(20))]  # a query past its 3/4 share
 
 
+@pytest.mark.slow
 def test_bge_gemma_matches_the_model_card_recipe(gemma_dir: Path) -> None:
     scorer = GenerativeScorer(str(gemma_dir), device="cpu", dtype="float32", max_length=MAX_LENGTH)
     assert scorer.template is BGE_RERANKER_V2_GEMMA

@@ -60,6 +60,7 @@ def test_template_states_piecewise_tokenization() -> None:
     assert MXBAI_RERANK_V2.body_pieces == ("{instruction}query: {query}", "\n", "document: {document}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("instruction", [None, "Find the passage that answers the question?"])
 def test_token_ids_and_scores_match_mixedbreads_recipe(tiny_qwen2_dir: Path, instruction: str | None) -> None:
     scorer = GenerativeScorer(
