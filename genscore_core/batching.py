@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
 import torch
-
-T = TypeVar("T")
 
 
 def length_sorted_batches(
@@ -53,20 +50,5 @@ def left_pad(
 
 
 def is_out_of_memory(error: BaseException) -> bool:
+    """A device (or host) allocation failure, which a smaller batch may avoid."""
     return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
-
-
-def run_splitting_on_oom(run: Callable[[list[T]], list[torch.Tensor]], batch: list[T]) -> list[torch.Tensor]:
-    """Run ``run(batch)``; on an out-of-memory error, halve the batch and retry each half.
-
-    A single prompt that still does not fit re-raises, since no split can help it.
-    """
-    try:
-        return run(batch)
-    except (torch.OutOfMemoryError, RuntimeError) as error:
-        if not is_out_of_memory(error) or len(batch) == 1:
-            raise
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    middle = len(batch) // 2
-    return run_splitting_on_oom(run, batch[:middle]) + run_splitting_on_oom(run, batch[middle:])

@@ -13,8 +13,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.config import ScorerConfig
 from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup
@@ -44,12 +42,14 @@ def group_prompts(prompts: Sequence[list[int]]) -> PrefixGroup:
 
 
 def select_forward(model: Any, config: ScorerConfig, pad_token_id: int) -> ForwardStrategy:
-    """Pick how prompts go through the model (the one place that decides it).
+    """Pick the forward that runs prompts through the model (the one place that decides it).
 
     ``"auto"`` and ``"packed"`` use the packed forward where the architecture supports it (on the
     CPU too: it measured 2.2x the padded forward there, docs/benchmarks.md); ``"padded"``, or an
     unsupported model, gets the padded forward of the model's own code. Packed batches hold no
-    padding, so unless ``max_batch_tokens`` was set they take the packed forward's own, larger default.
+    padding, so unless ``max_batch_tokens`` was set they take the packed forward's own, larger default
+    (measured on W1, docs/benchmarks.md). The budget means the same in both: token positions one batch
+    runs through the model (:class:`~genscore_core.forward.ForwardStrategy`).
     """
     if config.forward != "padded":
         from genscore_core.packed import DEFAULT_MAX_BATCH_TOKENS, PackedForward, unsupported_reason
@@ -99,7 +99,8 @@ class ScoringEngine(ScoringBackend):
         groups = [group_prompts(prompts) for prompts, _ in distinct]
         scores: dict[int, list[float]] = {}
         if groups:
-            with self._lock, torch.inference_mode():
+            # Inference mode is the forward's (ForwardStrategy); the head reads detached weights.
+            with self._lock:
                 hidden = self.forward.last_hidden_states(groups, on_progress)  # [N distinct, H]
                 offset = 0
                 for job, (prompts, where) in zip(active, distinct):

@@ -80,3 +80,11 @@ class ServerBusyError(GenScoreError):
 class ScoreRangeError(GenScoreError):
     """The model produced a score that is not finite, or outside the range of its score mode
     (overflow in half precision, broken weights): such a score is never returned."""
+
+
+class KernelUnavailableError(ConfigurationError):
+    """A kernel implementation was asked for explicitly (``impl="triton"``) and cannot run here.
+
+    The message says what to install or set (``setting`` is ``"impl"``). ``impl="auto"`` never raises
+    it: it falls back to torch.
+    """

@@ -51,8 +51,11 @@ class LabelHead:
         cap = getattr(config, "final_logit_softcapping", None)
         self.softcap: float | None = float(cap) if cap else None
         """Gemma 2's cap on the logits; None when the head does not cap them."""
-        self.weight: torch.Tensor = head.weight  # [V, H]
-        self.bias: torch.Tensor | None = getattr(head, "bias", None)
+        # Detached views of the parameters: no autograd graph is recorded on the forward's
+        # inference-mode outputs, so the head needs no inference mode of its own.
+        self.weight: torch.Tensor = head.weight.detach()  # [V, H]
+        bias = getattr(head, "bias", None)
+        self.bias: torch.Tensor | None = bias.detach() if bias is not None else None
         # Some heads multiply logits by a constant; folding it into h keeps every path exact.
         self.logit_scale = float(getattr(config, "logit_scale", None) or 1.0)
         self.vocab_size = int(self.weight.shape[0])

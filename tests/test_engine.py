@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
-from genscore_core.batching import left_pad, length_sorted_batches, run_splitting_on_oom
+from genscore_core.batching import left_pad, length_sorted_batches
 from genscore_core.engine import distinct_prompts
 from genscore_core.loading import resolve_device, resolve_dtype
 
@@ -73,40 +73,6 @@ def test_batch_composition_does_not_change_scores(
         )
         scores = other.score_documents("capital of France", DOCS)
         assert max(abs(a - b) for a, b in zip(scores, reference, strict=True)) <= 1e-5
-
-
-def test_out_of_memory_splits_the_batch() -> None:
-    seen: list[int] = []
-
-    def run(batch: list[int]) -> list[torch.Tensor]:
-        seen.append(len(batch))
-        if len(batch) > 2:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return [torch.tensor(float(i)) for i in batch]
-
-    out = run_splitting_on_oom(run, list(range(7)))
-    assert [float(t) for t in out] == list(range(7))
-    assert seen == [7, 3, 1, 2, 4, 2, 2]  # halves until each piece fits
-
-
-def test_out_of_memory_on_one_prompt_is_raised() -> None:
-    def run(batch: list[int]) -> list[torch.Tensor]:
-        raise torch.OutOfMemoryError("CUDA out of memory")
-
-    with pytest.raises(torch.OutOfMemoryError):
-        run_splitting_on_oom(run, [0])
-
-
-def test_other_errors_are_not_retried() -> None:
-    calls = []
-
-    def run(batch: list[int]) -> list[torch.Tensor]:
-        calls.append(batch)
-        raise RuntimeError("shape mismatch")
-
-    with pytest.raises(RuntimeError, match="shape mismatch"):
-        run_splitting_on_oom(run, [0, 1, 2, 3])
-    assert len(calls) == 1
 
 
 class _ShapeRecorder(TorchDispatchMode):

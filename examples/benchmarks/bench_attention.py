@@ -30,10 +30,10 @@ import numpy as np
 import torch
 import triton
 
-from genscore_core.packed.attention import (
-    DEFAULT_CONFIG,
-    LAST_TOKEN_CONFIG,
-    KernelConfig,
+from genscore_core.kernels.attention import (
+    DEFAULT_TILING,
+    LAST_TOKEN_TILING,
+    AttentionTiling,
     Segments,
     segment_attention,
     segment_attention_reference,
@@ -42,14 +42,14 @@ from genscore_core.packed.attention import (
 HEADS, KV_HEADS, DIM = 16, 8, 128
 PREFIX, SUFFIX, DOCS, DOC_LEN = 90, 12, 256, (128, 512)
 SWEEP = [
-    KernelConfig(block_m=64, block_n=64, heads=2, num_warps=8, num_stages=3),
-    KernelConfig(block_m=64, block_n=32, heads=2, num_warps=8, num_stages=3),
-    KernelConfig(block_m=64, block_n=32, heads=1, num_warps=4, num_stages=3),
-    KernelConfig(block_m=128, block_n=32, heads=2, num_warps=8, num_stages=3),
-    KernelConfig(block_m=64, block_n=64, heads=2, num_warps=4, num_stages=2, tma=True),
-    KernelConfig(block_m=64, block_n=32, heads=2, num_warps=4, num_stages=3, tma=True),
-    KernelConfig(block_m=64, block_n=32, heads=2, num_warps=8, num_stages=4, tma=True),
-    KernelConfig(block_m=64, block_n=32, heads=1, num_warps=4, num_stages=3, tma=True),
+    AttentionTiling(block_m=64, block_n=64, heads=2, num_warps=8, num_stages=3),
+    AttentionTiling(block_m=64, block_n=32, heads=2, num_warps=8, num_stages=3),
+    AttentionTiling(block_m=64, block_n=32, heads=1, num_warps=4, num_stages=3),
+    AttentionTiling(block_m=128, block_n=32, heads=2, num_warps=8, num_stages=3),
+    AttentionTiling(block_m=64, block_n=64, heads=2, num_warps=4, num_stages=2, tma=True),
+    AttentionTiling(block_m=64, block_n=32, heads=2, num_warps=4, num_stages=3, tma=True),
+    AttentionTiling(block_m=64, block_n=32, heads=2, num_warps=8, num_stages=4, tma=True),
+    AttentionTiling(block_m=64, block_n=32, heads=1, num_warps=4, num_stages=3, tma=True),
 ]
 
 
@@ -64,7 +64,7 @@ def w1_table(rng: random.Random) -> np.ndarray:
     return np.asarray(rows, dtype=np.int64)
 
 
-def label(config: KernelConfig) -> str:
+def label(config: AttentionTiling) -> str:
     tma = " TMA" if config.tma else ""
     return (
         f"BM{config.block_m} BN{config.block_n} H{config.heads} w{config.num_warps} s{config.num_stages}{tma}"
@@ -141,13 +141,13 @@ def main() -> None:
     ms = triton.testing.do_bench(flash)
     rows.append(("flash varlen (prefix copied per prompt)", ms, work / ms / 1e9, error(flash_out), 0.0))
     # The same kernel with blocks ordered by their own work alone (blocks of a segment scattered).
-    scattered = Segments.build(table, device, DEFAULT_CONFIG, by_segment=False)
+    scattered = Segments.build(table, device, DEFAULT_TILING, by_segment=False)
     out = segment_attention(q, k, v, scattered, scale, impl="triton")
     ms = triton.testing.do_bench(lambda: segment_attention(q, k, v, scattered, scale, impl="triton"))
-    rows.append(("triton " + label(DEFAULT_CONFIG) + ", blocks by own work", ms, work / ms / 1e9, error(out),
+    rows.append(("triton " + label(DEFAULT_TILING) + ", blocks by own work", ms, work / ms / 1e9, error(out),
                  float((out.float() - flash_out.float()).abs().max())))  # fmt: skip
-    best: tuple[float, KernelConfig] | None = None
-    for config in [DEFAULT_CONFIG] + [c for c in SWEEP if c != DEFAULT_CONFIG]:
+    best: tuple[float, AttentionTiling] | None = None
+    for config in [DEFAULT_TILING] + [c for c in SWEEP if c != DEFAULT_TILING]:
         segments = Segments.build(table, device, config)
         try:
             out = segment_attention(q, k, v, segments, scale, impl="triton")
@@ -161,7 +161,7 @@ def main() -> None:
             f"triton BM{config.block_m} BN{config.block_n} H{config.heads} "
             f"w{config.num_warps} s{config.num_stages}"
             + (" TMA" if config.tma else "")
-            + (" (default)" if config == DEFAULT_CONFIG else "")
+            + (" (default)" if config == DEFAULT_TILING else "")
         )
         diff = float((out.float() - flash_out.float()).abs().max())
         rows.append((name, ms, work / ms / 1e9, error(out), diff))
@@ -193,10 +193,10 @@ def main() -> None:
         )
     )
     for config in (
-        LAST_TOKEN_CONFIG,
-        KernelConfig(block_m=16, block_n=32),
-        KernelConfig(block_m=16, tma=True),
-        KernelConfig(block_m=16, block_n=32, tma=True),
+        LAST_TOKEN_TILING,
+        AttentionTiling(block_m=16, block_n=32),
+        AttentionTiling(block_m=16, tma=True),
+        AttentionTiling(block_m=16, block_n=32, tma=True),
     ):
         segments = Segments.build(last, device, config)
         out = segment_attention(ql, k, v, segments, scale, impl="triton")

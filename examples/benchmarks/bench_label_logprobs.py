@@ -3,10 +3,12 @@
     PYTHONPATH=. python examples/benchmarks/bench_label_logprobs.py
 
 It needs only torch and triton, but ``import genscore_core`` pulls in pydantic. On a machine without
-it, point an empty ``genscore_core`` package at the kernels folder (how docs/benchmarks.md was made):
+it, point an empty ``genscore_core`` package at the kernels folder and the errors module (how
+docs/benchmarks.md was made):
 
     mkdir -p /tmp/shim/genscore_core && touch /tmp/shim/genscore_core/__init__.py
     ln -s $PWD/genscore_core/kernels /tmp/shim/genscore_core/kernels
+    ln -s $PWD/genscore_core/errors.py /tmp/shim/genscore_core/errors.py
     PYTHONPATH=/tmp/shim python examples/benchmarks/bench_label_logprobs.py
 
 Steps, all in the same process (machines are shared; only same-run ratios mean much):
@@ -41,7 +43,11 @@ import triton
 import triton.testing
 
 from genscore_core.kernels.label_logprobs import LabelLogprobs, label_logprobs
-from genscore_core.kernels.label_logprobs_triton import KernelConfig, default_config, label_logprobs_triton
+from genscore_core.kernels.label_logprobs_triton import (
+    LabelLogprobsTiling,
+    default_config,
+    label_logprobs_triton,
+)
 
 HIDDEN, VOCAB = 1024, 151669  # Qwen3-Reranker-0.6B LM head (tied embeddings)
 CHECK_BATCHES = (1, 16, 128, 1024)
@@ -89,7 +95,7 @@ SWEEP: dict[int, list[tuple[int, int, int, int, int, bool]]] = {
 SWEEP_TILES_PER_SPLIT = (1, 2, 8)
 
 
-def fmt(cfg: KernelConfig) -> str:
+def fmt(cfg: LabelLogprobsTiling) -> str:
     return "/".join(str(x) for x in cfg[:6]) + ("/swap" if cfg.swap_ab else "/noswap")
 
 
@@ -195,9 +201,11 @@ def check_correctness(w: torch.Tensor, gen: torch.Generator) -> bool:
     return ok
 
 
-def sweep(w: torch.Tensor, ceiling: float, gen: torch.Generator) -> dict[int, tuple[KernelConfig, float]]:
+def sweep(
+    w: torch.Tensor, ceiling: float, gen: torch.Generator
+) -> dict[int, tuple[LabelLogprobsTiling, float]]:
     log("## config sweep (K = 2, median us; % of copy ceiling)")
-    best: dict[int, tuple[KernelConfig, float]] = {}
+    best: dict[int, tuple[LabelLogprobsTiling, float]] = {}
     for batch, shapes in SWEEP.items():
         h = torch.randn(batch, HIDDEN, device=DEVICE, dtype=torch.bfloat16, generator=gen)
         ids = torch.randint(0, VOCAB, (batch, 2), device=DEVICE, generator=gen)
@@ -205,7 +213,7 @@ def sweep(w: torch.Tensor, ceiling: float, gen: torch.Generator) -> dict[int, tu
         for shape in shapes:
             for tps in SWEEP_TILES_PER_SPLIT:
                 block_b, block_v, block_h, warps, stages, swap = shape
-                cfg = KernelConfig(block_b, block_v, block_h, warps, stages, tps, swap)
+                cfg = LabelLogprobsTiling(block_b, block_v, block_h, warps, stages, tps, swap)
                 try:
                     ms = bench_ms(functools.partial(label_logprobs_triton, h, w, ids, config=cfg))[0]
                 except Exception as exc:  # out of shared memory, registers, ...
@@ -259,7 +267,7 @@ def add_tuned(
     w: torch.Tensor,
     ceiling: float,
     gen: torch.Generator,
-    tuned: dict[int, KernelConfig],
+    tuned: dict[int, LabelLogprobsTiling],
 ) -> None:
     """Time each row again with the sweep's best config for its batch size."""
     for row in rows:

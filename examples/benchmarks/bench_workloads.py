@@ -41,10 +41,9 @@ from typing import Any
 
 import torch
 
-from genscore_core import GenerativeScorer, ScoringJob
+from genscore_core import GenerativeScorer, ScoringEngine, ScoringJob
 from genscore_core.forward import PrefixGroup
-from genscore_core.packed import PackedForward, ops
-from genscore_core.packed.decoder import PackedDecoder
+from genscore_core.packed import PackedForward, PackedOptions
 from genscore_core.templates import QWEN3_RERANKER
 
 YES, NO = 9693, 2152
@@ -492,25 +491,20 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
     steps["all steps (prefix reuse, Triton ops, trimmed last layer)"] = w1_forward_rate(base, groups)
     no_reuse = [PrefixGroup([], [w1.queries[0] + it for it in w1.items[0]])]
     steps["without prefix reuse"] = w1_forward_rate(base, no_reuse)
-    ops._triton_ops.cache_clear()
-    real = ops._triton_ops
-    ops._triton_ops = lambda: None  # type: ignore[assignment]
-    try:
-        steps["without Triton ops (torch ops)"] = w1_forward_rate(base, groups)
-    finally:
-        ops._triton_ops = real  # type: ignore[assignment]
-    PackedDecoder.trim_last_layer = False
-    steps["without the trimmed last layer"] = w1_forward_rate(base, groups)
-    PackedDecoder.trim_last_layer = True
+
+    # Each step is the same forward built with different options, over the same weights.
+    def variant(**options: Any) -> PackedForward:
+        return PackedForward(model, max_batch_tokens=best_budget, options=PackedOptions(**options))
+
+    steps["without Triton ops (torch ops)"] = w1_forward_rate(variant(fused_ops="torch"), groups)
+    steps["without the trimmed last layer"] = w1_forward_rate(variant(trim_last_layer=False), groups)
     # A bf16 residual stream moves a third fewer bytes through the add+norm kernels; what it costs
     # in accuracy decides (measured, then dropped: docs/benchmarks.md).
-    PackedDecoder.residual_dtype = torch.bfloat16
-    try:
-        steps["with a bf16 residual stream"] = w1_forward_rate(base, groups)
-        e = errors(score_request(scorer, w1.queries[0], w1.items[0]), ref)
-        report.note(f"W1 with a bf16 residual stream vs the fp32 reference: max {e[0]:.1e}, mean {e[1]:.1e}")
-    finally:
-        PackedDecoder.residual_dtype = torch.float32
+    bf16_residual = variant(residual_dtype="bfloat16")
+    steps["with a bf16 residual stream"] = w1_forward_rate(bf16_residual, groups)
+    bf16_engine = ScoringEngine(bf16_residual, scorer.engine.head)
+    e = errors(bf16_engine.score_jobs([ScoringJob(w1.prompts(), [YES, NO])])[0], ref)
+    report.note(f"W1 with a bf16 residual stream vs the fp32 reference: max {e[0]:.1e}, mean {e[1]:.1e}")
     for budget in sorted({16384, 32768, 65536, 131072} - {best_budget}):
         forward = PackedForward(model, max_batch_tokens=budget)
         rate = w1_forward_rate(forward, groups)

@@ -3,8 +3,8 @@
 log P(label | h) = h . W[label] (+ b[label]) - logsumexp_v(h . W[v] (+ b[v]))
 
 ``label_logprobs`` is the one entry point: it runs the fused Triton kernel
-(``label_logprobs_triton.py``) on CUDA tensors when triton is installed, and the plain-torch
-reference below everywhere else. Neither path ever holds a [B, V] tensor: the kernel keeps a running
+(``label_logprobs_triton.py``) or the plain-torch reference below, as ``impl`` asks
+(:mod:`genscore_core.kernels.dispatch`). Neither path ever holds a [B, V] tensor: the kernel keeps a running
 max and sum per (row, vocabulary split), and the reference walks the vocabulary in chunks.
 
 Example:
@@ -17,16 +17,13 @@ Example:
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-_VOCAB_CHUNK = 16384
+from genscore_core.kernels.dispatch import KernelImpl, use_triton
 
-Impl = Literal["auto", "triton", "torch"]
+_VOCAB_CHUNK = 16384
 
 
 class LabelLogprobs(NamedTuple):
@@ -65,11 +62,6 @@ def label_logprobs_reference(
     return LabelLogprobs(logprobs, running)
 
 
-@functools.cache
-def _triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
 def _check_inputs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -104,7 +96,7 @@ def label_logprobs(
     label_mask: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     *,
-    impl: Impl = "auto",
+    impl: KernelImpl = "auto",
 ) -> LabelLogprobs:
     """Label log-probabilities on whatever implementation suits the device.
 
@@ -114,25 +106,18 @@ def label_logprobs(
         label_ids: [B, K] integer label ids per row; rows may have different label sets.
         label_mask: Optional [B, K] bool; False marks padding (its id is never read).
         bias: Optional [V] LM head bias.
-        impl: "auto" picks the Triton kernel for CUDA tensors when triton is installed and the
-            torch reference otherwise; "triton" forces the kernel (on CPU tensors it needs
-            ``TRITON_INTERPRET=1`` set before triton is imported); "torch" forces the reference.
+        impl: "auto" runs the Triton kernel on CUDA tensors when triton works and the torch
+            reference otherwise; "triton" forces the kernel (on CPU tensors it needs
+            ``TRITON_INTERPRET=1`` set before triton is imported) and raises
+            :class:`~genscore_core.errors.KernelUnavailableError` where it cannot run; "torch" forces
+            the reference. See :mod:`genscore_core.kernels.dispatch`.
 
     Returns:
         ``LabelLogprobs(logprobs [B, K] fp32, -inf where masked; log_normalizer [B] fp32)``.
     """
     _check_inputs(hidden, weight, label_ids, label_mask, bias)
-    if impl not in ("auto", "triton", "torch"):
-        raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
-    use_triton = impl == "triton" or (impl == "auto" and hidden.is_cuda and _triton_available())
-    if not use_triton:
+    if not use_triton(impl, hidden.device, kernel="label_logprobs"):
         return label_logprobs_reference(hidden, weight, label_ids, label_mask, bias)
-    if not _triton_available():
-        raise ImportError("impl='triton' needs triton: pip install 'genscore[triton]'")
-    if not hidden.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(
-            "impl='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported"
-        )
     # Imported here so that the package works without triton installed.
     from genscore_core.kernels.label_logprobs_triton import label_logprobs_triton
 

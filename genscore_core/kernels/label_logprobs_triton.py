@@ -27,7 +27,7 @@ import triton.language as tl
 from genscore_core.kernels.label_logprobs import LabelLogprobs
 
 
-class KernelConfig(NamedTuple):
+class LabelLogprobsTiling(NamedTuple):
     """Tiling of ``_partial_lse_kernel``.
 
     ``tiles_per_split`` vocabulary tiles per program (the online softmax runs across them);
@@ -44,7 +44,7 @@ class KernelConfig(NamedTuple):
     swap_ab: bool
 
 
-def default_config(n_rows: int) -> KernelConfig:
+def default_config(n_rows: int) -> LabelLogprobsTiling:
     """Tiling by batch size: the best of a sweep on one H200 (H = 1024, V = 151669, bf16).
 
     See docs/benchmarks.md (K1). Only B = 1, 16, 64, 128 and 1024 were swept: B = 2..8 use the
@@ -55,17 +55,17 @@ def default_config(n_rows: int) -> KernelConfig:
     # than several: the GPU overlaps a new program's first loads with the others' work, while
     # a program's own next tile waits for its epilogue.
     if n_rows <= 8:
-        return KernelConfig(16, 64, 128, 4, 4, 1, True)
+        return LabelLogprobsTiling(16, 64, 128, 4, 4, 1, True)
     if n_rows <= 16:
-        return KernelConfig(16, 128, 128, 4, 3, 1, False)
+        return LabelLogprobsTiling(16, 128, 128, 4, 3, 1, False)
     if n_rows <= 32:
-        return KernelConfig(32, 128, 64, 4, 4, 1, False)
+        return LabelLogprobsTiling(32, 128, 64, 4, 4, 1, False)
     if n_rows <= 64:
-        return KernelConfig(64, 128, 64, 4, 4, 1, False)
+        return LabelLogprobsTiling(64, 128, 64, 4, 4, 1, False)
     if n_rows <= 128:
-        return KernelConfig(128, 128, 64, 8, 3, 1, False)
+        return LabelLogprobsTiling(128, 128, 64, 8, 3, 1, False)
     # Large B: a compute-bound matmul with a max / sum-of-exp epilogue.
-    return KernelConfig(128, 256, 64, 8, 3, 1, False)
+    return LabelLogprobsTiling(128, 256, 64, 8, 3, 1, False)
 
 
 @triton.jit
@@ -237,7 +237,7 @@ def label_logprobs_triton(
     bias: torch.Tensor | None = None,
     *,
     out: LabelLogprobs | None = None,
-    config: KernelConfig | None = None,
+    config: LabelLogprobsTiling | None = None,
 ) -> LabelLogprobs:
     """Launch the fused kernels. Inputs are assumed validated by ``label_logprobs``.
 

@@ -14,23 +14,27 @@ One call runs one :class:`~genscore_core.packed.plan.PackedBatch` through all la
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
 
 from genscore_core.forward import decoder_of
-from genscore_core.packed import ops
-from genscore_core.packed.attention import (
-    DEFAULT_CONFIG,
-    LAST_TOKEN_CONFIG,
-    AttentionImpl,
+from genscore_core.kernels import fused_ops
+from genscore_core.kernels.attention import (
+    DEFAULT_TILING,
+    LAST_TOKEN_TILING,
     Segments,
     check_table,
     plan_blocks,
     segment_attention,
 )
+from genscore_core.kernels.attention import (
+    unsupported_reason as attention_unsupported,
+)
+from genscore_core.kernels.dispatch import KernelImpl, use_triton
 from genscore_core.packed.plan import PackedBatch
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
@@ -143,8 +147,8 @@ class DeviceBatch:
         last = table.copy()
         last[:, 0] = np.arange(len(last))
         last[:, 1] = 1
-        blocks = plan_blocks(table, DEFAULT_CONFIG)
-        last_blocks = plan_blocks(last, LAST_TOKEN_CONFIG)
+        blocks = plan_blocks(table, DEFAULT_TILING)
+        last_blocks = plan_blocks(last, LAST_TOKEN_TILING)
         host = [batch.input_ids, batch.positions, batch.segment_last, batch.prompt_segments]
         host += [torch.from_numpy(a.reshape(-1)) for a in (table, blocks, last, last_blocks)]
         if batch.save:
@@ -160,31 +164,48 @@ class DeviceBatch:
             positions=parts[1],
             segment_last=parts[2],
             prompt_segments=parts[3],
-            segments=Segments(table, parts[4].view(-1, 6), parts[5].view(-1, 2), DEFAULT_CONFIG),
-            last_segments=Segments(last, parts[6].view(-1, 6), parts[7].view(-1, 2), LAST_TOKEN_CONFIG),
+            segments=Segments(table, parts[4].view(-1, 6), parts[5].view(-1, 2), DEFAULT_TILING),
+            last_segments=Segments(last, parts[6].view(-1, 6), parts[7].view(-1, 2), LAST_TOKEN_TILING),
             save_rows=parts[8] if batch.save else None,
         )
 
 
-class PackedDecoder:
-    """Runs packed batches through a Qwen3/Qwen2/Llama causal LM's decoder layers."""
+class PackedOptions(BaseModel):
+    """How the packed decoder computes; the defaults are what the engine runs.
 
-    kernels: AttentionImpl = "auto"
-    """Which implementation runs attention and the fused operations: "triton", "torch" (the
-    references), or "auto" (Triton on CUDA). Tests set "triton" to run the kernels on the CPU
-    through Triton's interpreter."""
+    The other values exist so that tests can run the Triton kernels on the CPU (``kernels="triton"``
+    under ``TRITON_INTERPRET=1``) and benchmarks can measure what each step is worth.
+    """
 
-    residual_dtype: torch.dtype = torch.float32
-    """The residual stream's dtype (benchmarks measure bf16 against it)."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
+    attention: KernelImpl = "auto"
+    """Implementation of the segment attention (:mod:`genscore_core.kernels.dispatch`)."""
+    fused_ops: KernelImpl = "auto"
+    """Implementation of add+RMSNorm, q/k norm+rotary and silu*mul."""
+    residual_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The residual stream's dtype (benchmarks measure bf16 against the float32 default)."""
     trim_last_layer: bool = True
-    """Compute the last layer's queries, attention and MLP only where the output is read (benchmarks
-    turn it off to measure what it saves)."""
+    """Compute the last layer's queries, attention and MLP only where the output is read."""
 
-    def __init__(self, model: Any) -> None:
+    @classmethod
+    def all_kernels(cls, impl: KernelImpl, **other: Any) -> PackedOptions:
+        """The same implementation for attention and the fused operations."""
+        return cls(attention=impl, fused_ops=impl, **other)
+
+
+class PackedDecoder:
+    """Runs packed batches through a Qwen3/Qwen2/Llama causal LM's decoder layers.
+
+    Raises :class:`~genscore_core.errors.KernelUnavailableError` when ``options`` ask for Triton
+    explicitly and it cannot run this model here.
+    """
+
+    def __init__(self, model: Any, options: PackedOptions | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the packed forward cannot run {type(model).__name__}: {reason}")
+        self.options = options = options if options is not None else PackedOptions()
         decoder = decoder_of(model)
         config = model.config
         self.embed: torch.Tensor = decoder.embed_tokens.weight
@@ -200,6 +221,22 @@ class PackedDecoder:
         self.layers = [self._layer(layer) for layer in decoder.layers]
         self._cos = torch.empty(0, self.head_dim, device=self.device)
         self._sin = torch.empty(0, self.head_dim, device=self.device)
+        self.residual_dtype = getattr(torch, options.residual_dtype)
+        # Resolved once, so that a Triton request the model cannot meet fails here, not mid-batch.
+        probe_q = torch.empty(0, self.num_heads, self.head_dim, device="meta")
+        probe_k = torch.empty(0, self.num_kv_heads, self.head_dim, device="meta")
+        odd_rope = None
+        if self.head_dim & (self.head_dim - 1):
+            odd_rope = f"head dimension {self.head_dim} is not a power of two"
+        triton_attention = use_triton(
+            options.attention, self.device, kernel="segment_attention",
+            unsupported=attention_unsupported(probe_q, probe_k),
+        )  # fmt: skip
+        triton_ops = use_triton(options.fused_ops, self.device, kernel="fused ops")
+        triton_rope = use_triton(options.fused_ops, self.device, kernel="rope", unsupported=odd_rope)
+        self.attention_impl: KernelImpl = "triton" if triton_attention else "torch"
+        self.ops_impl: KernelImpl = "triton" if triton_ops else "torch"
+        self.rope_impl: KernelImpl = "triton" if triton_rope else "torch"
 
     @staticmethod
     def _layer(layer: Any) -> _Layer:
@@ -253,12 +290,12 @@ class PackedDecoder:
                 torch.empty(shape, dtype=self.dtype, device=self.device),
             )
 
-        triton = None if self.kernels == "auto" else self.kernels == "triton"
+        impl = self.ops_impl
         residual = F.embedding(dev.input_ids, self.embed).to(self.residual_dtype)  # [T, H]
-        h = ops.add_rmsnorm(residual, None, self.layers[0].ln1, self.eps, self.dtype, triton=triton)
+        h = fused_ops.add_rmsnorm(residual, None, self.layers[0].ln1, self.eps, self.dtype, impl=impl)
         positions_q = dev.positions
         for index, layer in enumerate(self.layers):
-            last = self.trim_last_layer and index == n_layers - 1
+            last = self.options.trim_last_layer and index == n_layers - 1
             # Row t of K/V is stream token t; loaded prefixes follow the stream.
             k = torch.empty((batch.kv_len, kv_width), dtype=self.dtype, device=self.device)
             v = torch.empty_like(k)
@@ -266,9 +303,9 @@ class PackedDecoder:
             _linear_into(h, layer.v, v[:tokens])
             k = k.view(batch.kv_len, self.num_kv_heads, self.head_dim)
             v = v.view(batch.kv_len, self.num_kv_heads, self.head_dim)
-            ops.rope(
+            fused_ops.rope(
                 k[:tokens], self.num_kv_heads, layer.k_norm, self.eps, cos, sin, dev.positions, k[:tokens],
-                triton=triton,
+                impl=self.rope_impl,
             )  # fmt: skip
             if loaded is not None:
                 k[tokens:].copy_(loaded[0][index])
@@ -282,18 +319,20 @@ class PackedDecoder:
                 residual = residual.index_select(0, dev.segment_last)
                 positions_q = dev.positions.index_select(0, dev.segment_last)
             q = F.linear(h, *layer.q).view(h.shape[0], self.num_heads, self.head_dim)
-            ops.rope(q, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q, triton=triton)
+            fused_ops.rope(
+                q, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q, impl=self.rope_impl
+            )
             segments = dev.last_segments if last else dev.segments
-            attn = segment_attention(q, k, v, segments, self.scale, impl=self.kernels)
+            attn = segment_attention(q, k, v, segments, self.scale, impl=self.attention_impl)
             del q, k, v
             if last:
                 attn = attn.index_select(0, dev.prompt_segments)
                 residual = residual.index_select(0, dev.prompt_segments)
             attn_out = F.linear(attn.view(attn.shape[0], -1), *layer.o)
             del attn
-            h = ops.add_rmsnorm(residual, attn_out, layer.ln2, self.eps, self.dtype, triton=triton)
+            h = fused_ops.add_rmsnorm(residual, attn_out, layer.ln2, self.eps, self.dtype, impl=impl)
             del attn_out
-            act = ops.silu_mul(F.linear(h, *layer.gate), F.linear(h, *layer.up), triton=triton)
+            act = fused_ops.silu_mul(F.linear(h, *layer.gate), F.linear(h, *layer.up), impl=impl)
             mlp_out = F.linear(act, *layer.down)
             del act
             if index == n_layers - 1:
@@ -301,12 +340,12 @@ class PackedDecoder:
                     rows = dev.segment_last.index_select(0, dev.prompt_segments)
                     residual = residual.index_select(0, rows)
                     mlp_out = mlp_out.index_select(0, rows)
-                h = ops.add_rmsnorm(
-                    residual, mlp_out, self.final_norm, self.eps, torch.float32, triton=triton
+                h = fused_ops.add_rmsnorm(
+                    residual, mlp_out, self.final_norm, self.eps, torch.float32, impl=impl
                 )
             else:
-                h = ops.add_rmsnorm(
-                    residual, mlp_out, self.layers[index + 1].ln1, self.eps, self.dtype, triton=triton
+                h = fused_ops.add_rmsnorm(
+                    residual, mlp_out, self.layers[index + 1].ln1, self.eps, self.dtype, impl=impl
                 )
             del mlp_out
         return h, saved

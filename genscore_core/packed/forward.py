@@ -2,86 +2,132 @@
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from genscore_core.batching import is_out_of_memory
-from genscore_core.forward import PrefixGroup, ProgressCallback
-from genscore_core.packed.decoder import DeviceBatch, PackedDecoder
-from genscore_core.packed.plan import build_batch, plan_batches
-
-logger = logging.getLogger(__name__)
+from genscore_core.forward import ForwardStrategy, PrefixGroup
+from genscore_core.packed.decoder import DeviceBatch, PackedDecoder, PackedOptions
+from genscore_core.packed.plan import GroupSlice, build_batch, plan_batches
 
 DEFAULT_MAX_BATCH_TOKENS = 65536
-_MIN_BATCH_TOKENS = 1024
 
 
-class PackedForward:
+@dataclass
+class _PackedCall:
+    groups: Sequence[PrefixGroup]
+    outputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    """(group, first prompt) of each finished slice -> its rows."""
+    cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """K/V [layers, P, Hkv, D] of the prefixes of groups that go on in a later batch."""
+
+
+class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
     """Variable-length batches by a token budget; each group's shared prefix is computed once.
 
-    Implements :class:`~genscore_core.forward.ForwardStrategy` for Qwen3, Qwen2 and Llama-style causal
-    LMs (see :func:`~genscore_core.packed.supports`), reading the loaded model's weights in place.
+    Meets :class:`~genscore_core.forward.ForwardStrategy` for Qwen3, Qwen2 and Llama-style causal LMs
+    (see :func:`~genscore_core.packed.supports`), reading the loaded model's weights in place.
 
     Args:
         model: The causal LM.
-        max_batch_tokens: Tokens computed per forward batch (no padding; a shared prefix counts once).
-            Memory grows with it: about 24 KB a token for a Qwen3-0.6B shape in bf16 (0.97 GiB
-            at 64k on W1, docs/benchmarks.md).
+        max_batch_tokens: Token positions run per batch: every prompt's own tokens, plus each shared
+            prefix once, in the batch that computes it (a later batch of the same group reads its
+            keys and values back). Memory grows with it: about 24 KB a token for a Qwen3-0.6B shape
+            in bf16 (0.97 GiB at 64k on W1, docs/benchmarks.md).
+        options: How the decoder computes (kernel implementations, benchmark steps).
     """
 
-    def __init__(self, model: Any, *, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        options: PackedOptions | None = None,
+    ) -> None:
         if max_batch_tokens <= 0:
             raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
-        self.decoder = PackedDecoder(model)
+        self.decoder = PackedDecoder(model, options)
         self.max_batch_tokens = max_batch_tokens
 
-    @torch.inference_mode()
-    def last_hidden_states(
-        self, groups: Sequence[PrefixGroup], on_progress: ProgressCallback | None = None
-    ) -> torch.Tensor:
-        """Final-norm hidden states (float32) at each prompt's last token: [prompts, hidden]."""
-        while True:
-            try:
-                return self._run(groups, on_progress)
-            except (torch.OutOfMemoryError, RuntimeError) as error:
-                if not is_out_of_memory(error) or self.max_batch_tokens <= _MIN_BATCH_TOKENS:
-                    raise
-            # Fewer tokens per batch from now on; the whole call starts again.
-            self.max_batch_tokens = max(self.max_batch_tokens // 2, _MIN_BATCH_TOKENS)
-            logger.warning("out of memory: max_batch_tokens lowered to %d", self.max_batch_tokens)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+    def _start(self, groups: Sequence[PrefixGroup]) -> _PackedCall:
+        return _PackedCall(groups)
 
-    def _run(self, groups: Sequence[PrefixGroup], on_progress: ProgressCallback | None) -> torch.Tensor:
+    def _plan(
+        self, call: _PackedCall, remaining: list[list[GroupSlice]] | None, budget: int
+    ) -> list[list[GroupSlice]]:
+        if remaining is None:
+            return plan_batches(call.groups, budget)
+        ranges = [(s.group, s.start, s.stop) for slices in remaining for s in slices]
+        return plan_batches(call.groups, budget, ranges=ranges, prefix_ready=call.cache.keys())
+
+    def _cost(self, call: _PackedCall, batch: list[GroupSlice]) -> int:
+        return build_batch(call.groups, self._flagged(call, batch)).num_tokens
+
+    def _split(
+        self, call: _PackedCall, batch: list[GroupSlice]
+    ) -> tuple[list[GroupSlice], list[GroupSlice]] | None:
+        prompts = [(s.group, i) for s in batch for i in range(s.start, s.stop)]
+        if len(prompts) < 2:
+            return None
+        middle = len(prompts) // 2
+        return _slices(prompts[:middle]), _slices(prompts[middle:])
+
+    def _prompts(self, batch: list[GroupSlice]) -> int:
+        return sum(s.stop - s.start for s in batch)
+
+    def _flagged(self, call: _PackedCall, batch: list[GroupSlice]) -> list[GroupSlice]:
+        """``batch`` with the prefix flags of this moment: a prefix is computed unless a previous
+        batch kept it, and kept when the group goes on after this batch."""
+        flagged = []
+        for s in batch:
+            has_prefix = len(call.groups[s.group].prefix_ids) > 0
+            compute = s.group not in call.cache
+            goes_on = s.stop < len(call.groups[s.group].suffix_ids)
+            flagged.append(
+                dataclasses.replace(s, compute_prefix=compute, save_prefix=compute and goes_on and has_prefix)
+            )
+        return flagged
+
+    def _run_batch(self, call: _PackedCall, batch: list[GroupSlice]) -> None:
         decoder = self.decoder
-        plans = plan_batches(groups, self.max_batch_tokens)
-        last_batch = {part.group: b for b, slices in enumerate(plans) for part in slices}
-        # K/V of prefixes whose group goes on in a later batch: [layers, P, Hkv, D] each.
-        cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        outputs: list[torch.Tensor] = []
-        for b, slices in enumerate(plans):
-            batch = build_batch(groups, slices)
-            dev = DeviceBatch.from_batch(batch, decoder.device)
-            loaded = None
-            if batch.load:
-                keys = [cache[g] for g, _ in batch.load]
-                loaded = (torch.cat([k for k, _ in keys], dim=1), torch.cat([v for _, v in keys], dim=1))
-            hidden, saved = decoder.run(dev, loaded)
-            if saved is not None:
-                offset = 0
-                for g, slots in batch.save:
-                    n = slots.numel()
-                    cache[g] = (saved[0][:, offset : offset + n], saved[1][:, offset : offset + n])
-                    offset += n
-            for part in slices:
-                if last_batch[part.group] == b:
-                    cache.pop(part.group, None)
-            outputs.append(hidden)
-            if on_progress is not None:
-                on_progress(batch.num_prompts)
-        if not outputs:
-            return torch.empty(0, self.decoder.final_norm.shape[0], device=decoder.device)
-        return torch.cat(outputs)
+        slices = self._flagged(call, batch)
+        packed = build_batch(call.groups, slices)
+        dev = DeviceBatch.from_batch(packed, decoder.device)
+        loaded = None
+        if packed.load:
+            keys = [call.cache[g] for g, _ in packed.load]
+            loaded = (torch.cat([k for k, _ in keys], dim=1), torch.cat([v for _, v in keys], dim=1))
+        hidden, saved = decoder.run(dev, loaded)
+        # Only now, with the batch done, does the call's state change.
+        if saved is not None:
+            offset = 0
+            for g, slots in packed.save:
+                n = slots.numel()
+                call.cache[g] = (saved[0][:, offset : offset + n], saved[1][:, offset : offset + n])
+                offset += n
+        offset = 0
+        for s in slices:
+            n = s.stop - s.start
+            call.outputs[(s.group, s.start)] = hidden[offset : offset + n]
+            offset += n
+            if s.stop == len(call.groups[s.group].suffix_ids):
+                call.cache.pop(s.group, None)
+
+    def _finish(self, call: _PackedCall) -> torch.Tensor:
+        if not call.outputs:
+            return torch.empty(0, self.decoder.final_norm.shape[0], device=self.decoder.device)
+        return torch.cat([call.outputs[key] for key in sorted(call.outputs)])
+
+
+def _slices(prompts: list[tuple[int, int]]) -> list[GroupSlice]:
+    """Consecutive (group, prompt) pairs as slices; the prefix flags are set when the batch runs."""
+    slices: list[GroupSlice] = []
+    for group, index in prompts:
+        if slices and slices[-1].group == group and slices[-1].stop == index:
+            slices[-1] = dataclasses.replace(slices[-1], stop=index + 1)
+        else:
+            slices.append(GroupSlice(group, index, index + 1, compute_prefix=False, save_prefix=False))
+    return slices

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,16 +38,33 @@ class GroupSlice:
     """The group goes on in a later batch, which will need this prefix KV."""
 
 
-def plan_batches(groups: Sequence[PrefixGroup], max_batch_tokens: int) -> list[list[GroupSlice]]:
+def plan_batches(
+    groups: Sequence[PrefixGroup],
+    max_batch_tokens: int,
+    *,
+    ranges: Sequence[tuple[int, int, int]] | None = None,
+    prefix_ready: Collection[int] = (),
+) -> list[list[GroupSlice]]:
     """Split groups into batches of at most ``max_batch_tokens`` stream tokens, of balanced size.
 
     A prefix counts once, in the batch that computes it. A single prompt larger than the budget gets
     a batch of its own rather than an error. Batches are made about equal (total / number of batches)
     so that the last one is not a small, inefficient remainder.
+
+    ``ranges`` limits the plan to the prompts ``[start, stop)`` of each listed ``(group, start, stop)``,
+    in that order (the rest of a call, planned again after an out-of-memory error); groups in
+    ``prefix_ready`` have their prefix computed already, so it costs nothing.
     """
     if max_batch_tokens <= 0:
         raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
-    total = sum(len(g.prefix_ids) + sum(len(s) for s in g.suffix_ids) for g in groups)
+    if ranges is None:
+        ranges = [(g, 0, len(group.suffix_ids)) for g, group in enumerate(groups)]
+    ready = set(prefix_ready)
+    total = sum(
+        (0 if g in ready else len(groups[g].prefix_ids))
+        + sum(len(s) for s in groups[g].suffix_ids[start:stop])
+        for g, start, stop in ranges
+    )
     if total == 0:
         return []
     target = math.ceil(total / math.ceil(total / max_batch_tokens))
@@ -55,9 +72,11 @@ def plan_batches(groups: Sequence[PrefixGroup], max_batch_tokens: int) -> list[l
     batches: list[list[tuple[int, int, int]]] = []  # (group, start, stop)
     current: list[tuple[int, int, int]] = []
     used = 0
-    prefix_done: set[int] = set()
-    for g, group in enumerate(groups):
-        for i, suffix in enumerate(group.suffix_ids):
+    prefix_done: set[int] = set(ready)
+    for g, start, stop in ranges:
+        group = groups[g]
+        for i in range(start, stop):
+            suffix = group.suffix_ids[i]
             cost = len(suffix) + (0 if g in prefix_done else len(group.prefix_ids))
             if current and used + cost > max_batch_tokens:
                 batches.append(current)
@@ -85,8 +104,11 @@ def plan_batches(groups: Sequence[PrefixGroup], max_batch_tokens: int) -> list[l
                 group=g,
                 start=start,
                 stop=stop,
-                compute_prefix=first_batch[g] == b,
-                save_prefix=first_batch[g] == b and last_batch[g] > b and len(groups[g].prefix_ids) > 0,
+                compute_prefix=first_batch[g] == b and g not in ready,
+                save_prefix=first_batch[g] == b
+                and g not in ready
+                and last_batch[g] > b
+                and len(groups[g].prefix_ids) > 0,
             )
             for g, start, stop in batch
         ]

@@ -130,15 +130,15 @@ def test_kernel_matches_float64(
     [
         # 3 row blocks, H loop with a remainder (80 = 32 + 32 + 16), 3 tiles per split so the last
         # split runs past the vocabulary, single-stage pipeline.
-        lpt.KernelConfig(16, 32, 32, num_warps=4, num_stages=1, tiles_per_split=3, swap_ab=True),
-        lpt.KernelConfig(16, 32, 32, num_warps=4, num_stages=1, tiles_per_split=3, swap_ab=False),
-        lpt.KernelConfig(32, 64, 64, num_warps=4, num_stages=2, tiles_per_split=1, swap_ab=True),
-        lpt.KernelConfig(32, 64, 64, num_warps=4, num_stages=2, tiles_per_split=1, swap_ab=False),
+        lpt.LabelLogprobsTiling(16, 32, 32, num_warps=4, num_stages=1, tiles_per_split=3, swap_ab=True),
+        lpt.LabelLogprobsTiling(16, 32, 32, num_warps=4, num_stages=1, tiles_per_split=3, swap_ab=False),
+        lpt.LabelLogprobsTiling(32, 64, 64, num_warps=4, num_stages=2, tiles_per_split=1, swap_ab=True),
+        lpt.LabelLogprobsTiling(32, 64, 64, num_warps=4, num_stages=2, tiles_per_split=1, swap_ab=False),
     ],
     ids=["swap-3rowblocks-3tiles", "noswap-3rowblocks-3tiles", "swap-2rowblocks", "noswap-2rowblocks"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_tilings(config: lpt.KernelConfig, dtype: torch.dtype) -> None:
+def test_kernel_tilings(config: lpt.LabelLogprobsTiling, dtype: torch.dtype) -> None:
     inputs = make_inputs(37, 80, 1000, 3, dtype, with_bias=True, ragged=True)
     out = lpt.label_logprobs_triton(**inputs, out=poisoned(37, 3), config=config)
     assert_matches(out, float64_expected(**inputs), dtype)

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from genscore_core.forward import PrefixGroup
-from genscore_core.packed import PackedForward
+from genscore_core.packed import PackedForward, PackedOptions
 from tests.test_packed_forward import ATOL, _reference
 
 pytest.importorskip("triton")
@@ -36,8 +36,8 @@ def _groups(vocab: int) -> list[PrefixGroup]:
 
 
 def _triton_forward(model: Any, budget: int) -> PackedForward:
-    forward = PackedForward(model, max_batch_tokens=budget)
-    forward.decoder.kernels = "triton"
+    forward = PackedForward(model, max_batch_tokens=budget, options=PackedOptions.all_kernels("triton"))
+    assert (forward.decoder.attention_impl, forward.decoder.ops_impl) == ("triton", "triton")
     return forward
 
 

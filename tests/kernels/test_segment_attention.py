@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from genscore_core.packed.attention import (
-    KernelConfig,
+from genscore_core.kernels.attention import (
+    AttentionTiling,
     Segments,
     segment_attention,
     segment_attention_reference,
@@ -77,21 +77,27 @@ def test_reference_matches_definition(last_only: bool) -> None:
 @pytest.mark.parametrize(
     "config, heads, kv_heads, dim, dtype, last_only, seed",
     [
-        (KernelConfig(block_m=16, block_n=16, heads=2), 4, 2, 16, torch.float32, False, 0),
-        (KernelConfig(block_m=32, block_n=16, heads=1), 4, 2, 32, torch.float32, False, 1),
-        (KernelConfig(block_m=16, block_n=32, heads=4), 8, 2, 16, torch.float32, False, 2),
-        (KernelConfig(block_m=16, block_n=16, heads=2), 6, 2, 16, torch.float32, False, 3),  # group 3
-        (KernelConfig(block_m=16, block_n=16, heads=2), 2, 2, 16, torch.float32, False, 4),  # no GQA
-        (KernelConfig(block_m=16, block_n=16, heads=2), 4, 2, 16, torch.float32, True, 5),
-        (KernelConfig(block_m=16, block_n=16, heads=2, tma=True), 4, 2, 16, torch.float32, False, 7),
-        (KernelConfig(block_m=32, block_n=16, heads=1, tma=True), 4, 2, 16, torch.float32, True, 8),
+        (AttentionTiling(block_m=16, block_n=16, heads=2), 4, 2, 16, torch.float32, False, 0),
+        (AttentionTiling(block_m=32, block_n=16, heads=1), 4, 2, 32, torch.float32, False, 1),
+        (AttentionTiling(block_m=16, block_n=32, heads=4), 8, 2, 16, torch.float32, False, 2),
+        (AttentionTiling(block_m=16, block_n=16, heads=2), 6, 2, 16, torch.float32, False, 3),  # group 3
+        (AttentionTiling(block_m=16, block_n=16, heads=2), 2, 2, 16, torch.float32, False, 4),  # no GQA
+        (AttentionTiling(block_m=16, block_n=16, heads=2), 4, 2, 16, torch.float32, True, 5),
+        (AttentionTiling(block_m=16, block_n=16, heads=2, tma=True), 4, 2, 16, torch.float32, False, 7),
+        (AttentionTiling(block_m=32, block_n=16, heads=1, tma=True), 4, 2, 16, torch.float32, True, 8),
         # float16, not bfloat16: the interpreter's bfloat16 tl.dot is wrong on the CPU (Triton 3.9);
         # examples/benchmarks/bench_workloads.py checks bfloat16 on the GPU.
-        (KernelConfig(block_m=16, block_n=16, heads=2), 4, 2, 16, torch.float16, False, 6),
+        (AttentionTiling(block_m=16, block_n=16, heads=2), 4, 2, 16, torch.float16, False, 6),
     ],
 )
 def test_kernel_matches_reference(
-    config: KernelConfig, heads: int, kv_heads: int, dim: int, dtype: torch.dtype, last_only: bool, seed: int
+    config: AttentionTiling,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    dtype: torch.dtype,
+    last_only: bool,
+    seed: int,
 ) -> None:
     rng = random.Random(seed)
     table, tq, tk = random_layout(rng, rng.randint(3, 9), last_only)
@@ -110,7 +116,7 @@ def test_kernel_matches_reference(
 @pytest.mark.parametrize("by_segment", [True, False])
 def test_blocks_cover_every_query_once_longest_first(by_segment: bool) -> None:
     table, _, _ = random_layout(random.Random(7), 20, False)
-    segments = Segments.build(table, torch.device("cpu"), KernelConfig(block_m=16), by_segment=by_segment)
+    segments = Segments.build(table, torch.device("cpu"), AttentionTiling(block_m=16), by_segment=by_segment)
     blocks = segments.blocks.tolist()
     covered = sorted((s, first + i) for s, first in blocks for i in range(16) if first + i < table[s, 1])
     assert covered == sorted((s, j) for s in range(len(table)) for j in range(int(table[s, 1])))

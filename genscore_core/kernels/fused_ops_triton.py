@@ -1,4 +1,4 @@
-"""Triton kernels for the packed decoder's small operations; ``ops.py`` holds their torch versions.
+"""Triton kernels for the packed decoder's small operations; ``fused_ops.py`` holds their torch versions.
 
 Each kernel is one pass over its tensors, computing in float32 and rounding once on the store:
 
@@ -7,7 +7,7 @@ Each kernel is one pass over its tensors, computing in float32 and rounding once
   program per token;
 * ``silu_mul``: silu(gate) * up.
 
-This module imports triton at the top; ``ops.py`` imports it only on CUDA.
+This module imports triton at the top; ``fused_ops.py`` imports it only when it is needed.
 """
 
 from __future__ import annotations

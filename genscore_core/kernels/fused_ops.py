@@ -2,31 +2,16 @@
 
 The residual stream stays in float32: norms and rotary embeddings are computed in float32 and only the
 inputs of matrix products are cast to the model's dtype, so bf16 rounding does not pile up over the
-layers. On CUDA (with Triton installed) each operation is one Triton kernel (``triton_ops.py``);
-elsewhere, and as the reference in tests, the torch versions below compute the same function.
+layers. Each operation is one Triton kernel (``fused_ops_triton.py``) or the torch version below, which
+computes the same function, as ``impl`` asks (:mod:`genscore_core.kernels.dispatch`).
 """
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
-
 import torch
 import torch.nn.functional as F
 
-
-@functools.lru_cache(maxsize=1)
-def _triton_ops() -> ModuleType | None:
-    try:
-        from genscore_core.packed import triton_ops
-    except ImportError:
-        return None
-    return triton_ops
-
-
-def use_triton(tensor: torch.Tensor) -> bool:
-    """Whether the Triton kernels run on this tensor's device."""
-    return tensor.is_cuda and _triton_ops() is not None
+from genscore_core.kernels.dispatch import KernelImpl, use_triton
 
 
 def add_rmsnorm(
@@ -36,16 +21,17 @@ def add_rmsnorm(
     eps: float,
     out_dtype: torch.dtype,
     *,
-    triton: bool | None = None,
+    impl: KernelImpl = "auto",
 ) -> torch.Tensor:
     """``residual += delta`` (in place), then ``RMSNorm(residual) * weight`` as ``out_dtype``.
 
     ``residual``: [T, H], float32 in the decoder; ``delta``: [T, H] in any float dtype, or None to only
     normalise. The arithmetic is float32 whatever the dtypes.
     """
-    kernels = _triton_ops() if (residual.is_cuda if triton is None else triton) else None
-    if kernels is not None:
-        return kernels.add_rmsnorm(residual, delta, weight, eps, out_dtype)
+    if use_triton(impl, residual.device, kernel="add_rmsnorm"):
+        from genscore_core.kernels import fused_ops_triton
+
+        return fused_ops_triton.add_rmsnorm(residual, delta, weight, eps, out_dtype)
     if residual.dtype == torch.float32:
         r = residual if delta is None else residual.add_(delta.float())
     else:  # a lower-precision residual (a benchmark step): add in float32, store rounded
@@ -65,7 +51,7 @@ def rope(
     positions: torch.Tensor,
     out: torch.Tensor,
     *,
-    triton: bool | None = None,
+    impl: KernelImpl = "auto",
 ) -> None:
     """Per-head RMSNorm (when ``norm_weight`` is given, as Qwen3's q/k norms) and rotary embedding.
 
@@ -73,10 +59,11 @@ def rope(
     tables; ``positions``: [T]. Writes [T, heads, D] to ``out``, which may be ``x`` itself.
     """
     head_dim = out.shape[-1]
-    on_triton = (x.is_cuda if triton is None else triton) and head_dim & (head_dim - 1) == 0
-    kernels = _triton_ops() if on_triton else None
-    if kernels is not None:
-        kernels.rope(x, num_heads, norm_weight, eps, cos, sin, positions, out)
+    odd = f"head dimension {head_dim} is not a power of two" if head_dim & (head_dim - 1) else None
+    if use_triton(impl, x.device, kernel="rope", unsupported=odd):
+        from genscore_core.kernels import fused_ops_triton
+
+        fused_ops_triton.rope(x, num_heads, norm_weight, eps, cos, sin, positions, out)
         return
     t = x.shape[0]
     h = x.reshape(t, num_heads, -1).float()
@@ -90,9 +77,10 @@ def rope(
     out.copy_(((h * c) + (rotated * s)).to(out.dtype).view(out.shape))
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, triton: bool | None = None) -> torch.Tensor:
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: KernelImpl = "auto") -> torch.Tensor:
     """``silu(gate) * up`` computed in float32, returned in ``gate``'s dtype."""
-    kernels = _triton_ops() if (gate.is_cuda if triton is None else triton) else None
-    if kernels is not None:
-        return kernels.silu_mul(gate, up)
+    if use_triton(impl, gate.device, kernel="silu_mul"):
+        from genscore_core.kernels import fused_ops_triton
+
+        return fused_ops_triton.silu_mul(gate, up)
     return (F.silu(gate.float()) * up.float()).to(gate.dtype)

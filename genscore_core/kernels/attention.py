@@ -12,28 +12,25 @@ prefix is addressed where it was computed, the key/value buffer holds each prefi
 prompts share it.
 
 On CUDA this is one Triton kernel (``attention_triton.py``); elsewhere, and as the reference in tests,
-one ``scaled_dot_product_attention`` call per segment with an explicit mask.
+``scaled_dot_product_attention`` per block of queries with an explicit mask, in bounded memory.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-AttentionImpl = Literal["auto", "triton", "torch"]
+from genscore_core.kernels.dispatch import KernelImpl, use_triton
 
 SEGMENT_FIELDS = ("q_start", "q_len", "k_start", "k_len", "prefix_start", "prefix_len")
 """The columns of a segment table."""
 
 
 @dataclass(frozen=True)
-class KernelConfig:
+class AttentionTiling:
     """Tile sizes and launch settings of the Triton kernel (tuned on an H200; see docs/benchmarks.md)."""
 
     block_m: int = 64
@@ -56,8 +53,8 @@ class KernelConfig:
         return n
 
 
-DEFAULT_CONFIG = KernelConfig(block_m=64, block_n=32, heads=2, num_warps=8, num_stages=3, tma=True)
-LAST_TOKEN_CONFIG = KernelConfig(block_m=16, block_n=64, heads=2, num_warps=4, num_stages=2, tma=True)
+DEFAULT_TILING = AttentionTiling(block_m=64, block_n=32, heads=2, num_warps=8, num_stages=3, tma=True)
+LAST_TOKEN_TILING = AttentionTiling(block_m=16, block_n=64, heads=2, num_warps=4, num_stages=2, tma=True)
 """For the last layer, where each segment has a single query."""
 
 
@@ -65,14 +62,14 @@ LAST_TOKEN_CONFIG = KernelConfig(block_m=16, block_n=64, heads=2, num_warps=4, n
 class Segments:
     """A segment table on the host and on the device, with the kernel's work list.
 
-    ``blocks`` lists (segment, first query) for every ``config.block_m`` queries (see
+    ``blocks`` lists (segment, first query) for every ``tiling.block_m`` queries (see
     :func:`plan_blocks` for the order).
     """
 
     host: np.ndarray  # [S, 6] int64, columns SEGMENT_FIELDS
     table: torch.Tensor  # [S, 6] int64 on the device
     blocks: torch.Tensor  # [NB, 2] int64 on the device
-    config: KernelConfig
+    tiling: AttentionTiling
 
     @property
     def num_blocks(self) -> int:
@@ -83,18 +80,18 @@ class Segments:
         cls,
         host: np.ndarray,
         device: torch.device,
-        config: KernelConfig = DEFAULT_CONFIG,
+        tiling: AttentionTiling = DEFAULT_TILING,
         *,
         by_segment: bool = True,
     ) -> Segments:
         """Plan the blocks (see :func:`plan_blocks`) and copy the table and blocks to ``device``."""
         host = check_table(host)
-        blocks = plan_blocks(host, config, by_segment=by_segment)
+        blocks = plan_blocks(host, tiling, by_segment=by_segment)
         flat = torch.from_numpy(np.concatenate([host.reshape(-1), blocks.reshape(-1)]))
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
         table, block_list = flat.split([host.size, blocks.size])
-        return cls(host=host, table=table.view(-1, 6), blocks=block_list.view(-1, 2), config=config)
+        return cls(host=host, table=table.view(-1, 6), blocks=block_list.view(-1, 2), tiling=tiling)
 
 
 def check_table(host: np.ndarray) -> np.ndarray:
@@ -107,21 +104,21 @@ def check_table(host: np.ndarray) -> np.ndarray:
     return host
 
 
-def plan_blocks(host: np.ndarray, config: KernelConfig, *, by_segment: bool = True) -> np.ndarray:
-    """[NB, 2] int64: (segment, first query) of each block of ``config.block_m`` queries.
+def plan_blocks(host: np.ndarray, tiling: AttentionTiling, *, by_segment: bool = True) -> np.ndarray:
+    """[NB, 2] int64: (segment, first query) of each block of ``tiling.block_m`` queries.
 
     Longest work first, so that no long block starts last. ``by_segment`` (the default) keeps the
     blocks of one segment together, so they run at the same time and read the segment's keys from
     L2 rather than each from memory; otherwise blocks are ordered by their own work alone.
     """
     q_len, k_len, prefix_len = host[:, 1], host[:, 3], host[:, 5]
-    per_segment = -(-q_len // config.block_m)
+    per_segment = -(-q_len // tiling.block_m)
     segment = np.repeat(np.arange(len(host)), per_segment)
     first = (
         np.arange(len(segment)) - np.repeat(np.cumsum(per_segment) - per_segment, per_segment)
-    ) * config.block_m
+    ) * tiling.block_m
     # Keys each block reads.
-    work = prefix_len[segment] + (k_len - q_len)[segment] + np.minimum(first + config.block_m, q_len[segment])
+    work = prefix_len[segment] + (k_len - q_len)[segment] + np.minimum(first + tiling.block_m, q_len[segment])
     if by_segment:
         segment_work = np.bincount(segment, weights=work, minlength=len(host))
         rank = np.empty(len(host), dtype=np.int64)
@@ -132,13 +129,14 @@ def plan_blocks(host: np.ndarray, config: KernelConfig, *, by_segment: bool = Tr
     return np.stack([segment[order], first[order]], axis=1).astype(np.int64)
 
 
-@functools.lru_cache(maxsize=1)
-def _triton_attention() -> ModuleType | None:
-    try:
-        from genscore_core.packed import attention_triton
-    except ImportError:
-        return None
-    return attention_triton
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor) -> str | None:
+    """Why the Triton kernel cannot take these query/key tensors (None when it can)."""
+    dim = q.shape[-1]
+    if dim < 16 or dim & (dim - 1):
+        return f"head dimension {dim} is not a power of two of at least 16"
+    if q.shape[1] % k.shape[1]:
+        return f"{q.shape[1]} query heads do not divide into {k.shape[1]} key/value heads"
+    return None
 
 
 def segment_attention(
@@ -148,21 +146,22 @@ def segment_attention(
     segments: Segments,
     scale: float,
     *,
-    impl: AttentionImpl = "auto",
+    impl: KernelImpl = "auto",
 ) -> torch.Tensor:
     """q [Tq, Hq, D], k/v [Tk, Hkv, D] -> [Tq, Hq, D]: each segment's causal attention over its prefix
     and its own keys. Rows of ``q`` outside every segment come back unspecified.
 
-    ``impl``: "triton" (CUDA, or the CPU under ``TRITON_INTERPRET=1``), "torch" (the reference), or
-    "auto": Triton on CUDA when it is installed, else torch.
+    ``impl`` picks the Triton kernel or the torch reference (:mod:`genscore_core.kernels.dispatch`).
     """
-    if impl == "triton" or (impl == "auto" and q.is_cuda):
-        kernels = _triton_attention()
-        if kernels is not None:
-            return kernels.segment_attention(q, k, v, segments, scale)  # type: ignore[no-any-return]
-        if impl == "triton":
-            raise RuntimeError("impl='triton' needs the triton package")
+    if use_triton(impl, q.device, kernel="segment_attention", unsupported=unsupported_reason(q, k)):
+        from genscore_core.kernels import attention_triton
+
+        return attention_triton.segment_attention(q, k, v, segments, scale)
     return segment_attention_reference(q, k, v, segments.host, scale)
+
+
+SCORE_BLOCK_ELEMENTS = 1 << 21
+"""Most attention scores the reference holds at once (8 MiB in float32), whatever the prompt length."""
 
 
 def segment_attention_reference(
@@ -171,25 +170,43 @@ def segment_attention_reference(
     v: torch.Tensor,
     table: np.ndarray,
     scale: float,
+    *,
+    block_elements: int = SCORE_BLOCK_ELEMENTS,
 ) -> torch.Tensor:
-    """One SDPA call per segment on ``[prefix keys ; own keys]`` with a bottom-right causal mask."""
+    """SDPA per block of queries of each segment, on ``[prefix keys ; own keys]`` with a bottom-right
+    causal mask.
+
+    Memory is bounded by ``block_elements`` scores, not by the square of the prompt length: a segment
+    of n queries over m keys runs in blocks of about ``block_elements / (heads * m)`` queries, and each
+    block reads only the keys its last query sees. Query heads are folded onto their key/value head
+    (``[Hkv, group * rows, D]``), so grouped keys are never repeated per query head.
+    """
     out = torch.zeros_like(q)
-    groups = q.shape[1] // k.shape[1]
+    heads, dim = q.shape[1], q.shape[2]
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
     for q_start, q_len, k_start, k_len, prefix_start, prefix_len in table.tolist():
         if q_len == 0:
             continue
-        rows = slice(prefix_start, prefix_start + prefix_len)
-        own = slice(k_start, k_start + k_len)
-        ks = torch.cat([k[rows], k[own]]).transpose(0, 1)  # [Hkv, m, D]
-        vs = torch.cat([v[rows], v[own]]).transpose(0, 1)
-        if groups > 1:
-            ks = ks.repeat_interleave(groups, dim=0)
-            vs = vs.repeat_interleave(groups, dim=0)
-        qs = q[q_start : q_start + q_len].transpose(0, 1)  # [Hq, n, D]
-        n, m = q_len, prefix_len + k_len
-        mask = None
-        if n > 1:  # -inf above the bottom-right-aligned diagonal (an additive mask is the CPU fast path)
-            mask = torch.full((n, m), float("-inf"), dtype=q.dtype, device=q.device).triu_(m - n + 1)
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
-        out[q_start : q_start + q_len] = o.transpose(0, 1)
+        keys = torch.cat([k[prefix_start : prefix_start + prefix_len], k[k_start : k_start + k_len]])
+        values = torch.cat([v[prefix_start : prefix_start + prefix_len], v[k_start : k_start + k_len]])
+        keys = keys.transpose(0, 1)  # [Hkv, m, D]
+        values = values.transpose(0, 1)
+        # Query j (0-based within the segment) sees keys [0, first_hidden + j).
+        first_hidden = prefix_len + k_len - q_len + 1
+        rows = max(1, min(q_len, block_elements // (heads * keys.shape[1])))
+        for j0 in range(0, q_len, rows):
+            n = min(rows, q_len - j0)
+            m = first_hidden + j0 + n - 1  # keys the block's last query sees
+            qs = q[q_start + j0 : q_start + j0 + n].reshape(n, kv_heads, group, dim)
+            qs = qs.permute(1, 2, 0, 3).reshape(kv_heads, group * n, dim)
+            mask = None
+            if n > 1:  # -inf above the diagonal (an additive mask is the CPU fast path)
+                mask = torch.full((n, m), float("-inf"), dtype=q.dtype, device=q.device).triu_(m - n + 1)
+                if group > 1:
+                    mask = mask.repeat(group, 1)
+            o = F.scaled_dot_product_attention(qs, keys[:, :m], values[:, :m], attn_mask=mask, scale=scale)
+            out[q_start + j0 : q_start + j0 + n] = (
+                o.view(kv_heads, group, n, dim).permute(2, 0, 1, 3).reshape(n, heads, dim)
+            )
     return out

@@ -1,6 +1,6 @@
 """Triton kernel for the packed decoder's attention; ``attention.py`` holds the torch reference.
 
-Each query segment attends to two key ranges (see :class:`~genscore_core.packed.attention.Segments`):
+Each query segment attends to two key ranges (see :class:`~genscore_core.kernels.attention.Segments`):
 its group's shared prefix, which every query sees in full, then its own keys, causally aligned to the
 bottom right. Reading the prefix keys where they lie means no per-prompt copy of them is ever made.
 
@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from genscore_core.packed.attention import Segments
+from genscore_core.kernels.attention import Segments
 
 LOG2E = 1.4426950408889634
 
@@ -164,7 +164,7 @@ def segment_attention(
     group = heads // k.shape[1]
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and dim & (dim - 1) == 0
     out = torch.empty_like(q)
-    config = segments.config
+    config = segments.tiling
     per_program = config.heads_per_program(group)
     if segments.num_blocks == 0:
         return out
