@@ -160,8 +160,8 @@ def segment_attention(
     return segment_attention_reference(q, k, v, segments.host, scale)
 
 
-SCORE_BLOCK_ELEMENTS = 1 << 21
-"""Most attention scores the reference holds at once (8 MiB in float32), whatever the prompt length."""
+MASK_BLOCK_ELEMENTS = 1 << 21
+"""Most mask elements the reference holds at once (8 MiB in float32), whatever the prompt length."""
 
 
 def segment_attention_reference(
@@ -171,42 +171,47 @@ def segment_attention_reference(
     table: np.ndarray,
     scale: float,
     *,
-    block_elements: int = SCORE_BLOCK_ELEMENTS,
+    block_elements: int = MASK_BLOCK_ELEMENTS,
 ) -> torch.Tensor:
-    """SDPA per block of queries of each segment, on ``[prefix keys ; own keys]`` with a bottom-right
-    causal mask.
+    """SDPA per segment on ``[prefix keys ; own keys]`` with a bottom-right causal mask, in bounded memory.
 
-    Memory is bounded by ``block_elements`` scores, not by the square of the prompt length: a segment
-    of n queries over m keys runs in blocks of about ``block_elements / (heads * m)`` queries, and each
-    block reads only the keys its last query sees. Query heads are folded onto their key/value head
-    (``[Hkv, group * rows, D]``), so grouped keys are never repeated per query head.
+    Memory does not grow with the square of the prompt length. A segment without a prefix whose
+    queries are its keys is SDPA's own causal case, and a single query needs no mask; any other
+    segment runs in blocks of about ``block_elements / keys`` queries, each with its slice of the
+    mask, reading only the keys its last query sees. Inputs are 4-D with grouped heads left to SDPA
+    (``enable_gqa``): that is what sends the CPU to its fused kernel, which tiles the scores, rather
+    than to the reference path that holds them all.
     """
     out = torch.zeros_like(q)
-    heads, dim = q.shape[1], q.shape[2]
-    kv_heads = k.shape[1]
-    group = heads // kv_heads
     for q_start, q_len, k_start, k_len, prefix_start, prefix_len in table.tolist():
         if q_len == 0:
             continue
-        keys = torch.cat([k[prefix_start : prefix_start + prefix_len], k[k_start : k_start + k_len]])
-        values = torch.cat([v[prefix_start : prefix_start + prefix_len], v[k_start : k_start + k_len]])
-        keys = keys.transpose(0, 1)  # [Hkv, m, D]
-        values = values.transpose(0, 1)
+        own_k, own_v = k[k_start : k_start + k_len], v[k_start : k_start + k_len]
+        if prefix_len:
+            keys = torch.cat([k[prefix_start : prefix_start + prefix_len], own_k])
+            values = torch.cat([v[prefix_start : prefix_start + prefix_len], own_v])
+        else:
+            keys, values = own_k, own_v
+        keys = keys.transpose(0, 1).unsqueeze(0)  # [1, Hkv, m, D]
+        values = values.transpose(0, 1).unsqueeze(0)
+        queries = q[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+        if q_len == 1 or keys.shape[2] == q_len:  # no mask, or SDPA's own (top-left) causal one
+            o = F.scaled_dot_product_attention(
+                queries, keys, values, is_causal=q_len > 1, scale=scale, enable_gqa=True
+            )
+            out[q_start : q_start + q_len] = o[0].transpose(0, 1)
+            continue
         # Query j (0-based within the segment) sees keys [0, first_hidden + j).
         first_hidden = prefix_len + k_len - q_len + 1
-        rows = max(1, min(q_len, block_elements // (heads * keys.shape[1])))
+        rows = max(1, min(q_len, block_elements // keys.shape[2]))
         for j0 in range(0, q_len, rows):
             n = min(rows, q_len - j0)
             m = first_hidden + j0 + n - 1  # keys the block's last query sees
-            qs = q[q_start + j0 : q_start + j0 + n].reshape(n, kv_heads, group, dim)
-            qs = qs.permute(1, 2, 0, 3).reshape(kv_heads, group * n, dim)
-            mask = None
-            if n > 1:  # -inf above the diagonal (an additive mask is the CPU fast path)
-                mask = torch.full((n, m), float("-inf"), dtype=q.dtype, device=q.device).triu_(m - n + 1)
-                if group > 1:
-                    mask = mask.repeat(group, 1)
-            o = F.scaled_dot_product_attention(qs, keys[:, :m], values[:, :m], attn_mask=mask, scale=scale)
-            out[q_start + j0 : q_start + j0 + n] = (
-                o.view(kv_heads, group, n, dim).permute(2, 0, 1, 3).reshape(n, heads, dim)
-            )
+            # -inf above the diagonal (an additive mask is the CPU fast path).
+            mask = torch.full((n, m), float("-inf"), dtype=q.dtype, device=q.device).triu_(m - n + 1)
+            o = F.scaled_dot_product_attention(
+                queries[:, :, j0 : j0 + n], keys[:, :, :m], values[:, :, :m], attn_mask=mask, scale=scale,
+                enable_gqa=True,
+            )  # fmt: skip
+            out[q_start + j0 : q_start + j0 + n] = o[0].transpose(0, 1)
     return out

@@ -74,6 +74,24 @@ def test_reference_matches_definition(last_only: bool) -> None:
     torch.testing.assert_close(got.double(), dense_reference(q, k, v, table, 0.25), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("block_elements", [1, 100, 1 << 21])
+def test_reference_in_blocks_matches_definition(block_elements: int) -> None:
+    """Long prompt segments after a prefix, run in query blocks of every size from one query up."""
+    rows, stream = [[0, 30, 0, 30, 0, 0]], 30
+    for length in (1, 2, 57, 200):
+        rows.append([stream, length, stream, length, 0, 30])
+        stream += length
+    rows.append([stream, 150, stream, 150, 0, 0])  # no prefix: SDPA's own causal mask
+    table = np.asarray(rows, dtype=np.int64)
+    q, k, v = (
+        torch.randn(stream + 150, 6, 16),
+        torch.randn(stream + 150, 2, 16),
+        torch.randn(stream + 150, 2, 16),
+    )
+    got = segment_attention_reference(q, k, v, table, 0.3, block_elements=block_elements)
+    torch.testing.assert_close(got.double(), dense_reference(q, k, v, table, 0.3), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "config, heads, kv_heads, dim, dtype, last_only, seed",
     [
