@@ -22,8 +22,7 @@ import json, resource, sys
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from genscore_core.config import ScorerConfig
-from genscore_core.engine import ScoringEngine, ScoringJob, select_forward
-from genscore_core.scoring import LabelHead
+from genscore_core.engine import ScoringEngine, ScoringJob
 
 def resident(key):
     with open("/proc/self/status") as status:
@@ -39,8 +38,8 @@ config = Qwen3Config(
     num_key_value_heads=8, head_dim=16, max_position_embeddings=length + 1,
 )
 model = Qwen3ForCausalLM(config).eval()
-forward = select_forward(model, ScorerConfig(forward=kind), pad_token_id=0)
-engine = ScoringEngine(forward, LabelHead(model))
+engine = ScoringEngine.for_model(model, ScorerConfig(forward=kind), pad_token_id=0)
+forward = engine.forward
 job = ScoringJob([torch.randint(0, 1000, (length,)).tolist()], [5, 6])
 try:
     with open("/proc/self/clear_refs", "w") as refs:

@@ -502,7 +502,7 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
     # in accuracy decides (measured, then dropped: docs/benchmarks.md).
     bf16_residual = variant(residual_dtype="bfloat16")
     steps["with a bf16 residual stream"] = w1_forward_rate(bf16_residual, groups)
-    bf16_engine = ScoringEngine(bf16_residual, scorer.engine.head)
+    bf16_engine = ScoringEngine(model, bf16_residual, scorer.engine.head)
     e = errors(bf16_engine.score_jobs([ScoringJob(w1.prompts(), [YES, NO])])[0], ref)
     report.note(f"W1 with a bf16 residual stream vs the fp32 reference: max {e[0]:.1e}, mean {e[1]:.1e}")
     for budget in sorted({16384, 32768, 65536, 131072} - {best_budget}):
