@@ -61,7 +61,8 @@ def use_triton(
         if impl == "triton":
             raise KernelUnavailableError(
                 f"impl='triton' for {kernel} needs a working triton ({problem}): {INSTALL_HINT}, "
-                "or pass impl='auto' or 'torch'"
+                "or pass impl='auto' or 'torch'",
+                setting="impl",
             )
         return False
     # The interpreter flag is read when kernels are defined, so it only counts if it was set before.
@@ -70,11 +71,12 @@ def use_triton(
         if impl == "triton":
             raise KernelUnavailableError(
                 f"impl='triton' for {kernel} needs CUDA tensors (got {device.type}); to run Triton on "
-                "the CPU set TRITON_INTERPRET=1 before triton is imported, or pass impl='auto' or 'torch'"
+                "the CPU set TRITON_INTERPRET=1 before triton is imported, or pass impl='auto' or 'torch'",
+                setting="impl",
             )
         return False
     if unsupported is not None:
         if impl == "triton":
-            raise KernelUnavailableError(f"impl='triton' cannot run {kernel}: {unsupported}")
+            raise KernelUnavailableError(f"impl='triton' cannot run {kernel}: {unsupported}", setting="impl")
         return False
     return True
