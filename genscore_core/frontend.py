@@ -18,7 +18,7 @@ from genscore_core.errors import InvalidRequestError
 from genscore_core.loading import check_label_ids, load_tokenizer
 from genscore_core.long_documents import WindowedPairs, cap_to_tokens, token_spans, window_spans
 from genscore_core.prepared import PreparedPairs, PreparedScore
-from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, build_raw_prompts
+from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, bounded_texts, build_raw_prompts
 from genscore_core.protocol import GenerativeScoringRequest, check_request, check_text
 from genscore_core.recipes import Recipe, resolve_recipe
 from genscore_core.templates import ScoreMode, Span, resolve_label_ids
@@ -134,6 +134,8 @@ class ScoringFrontEnd:
         capped = [False] * len(pairs)
         offsets: list[list[tuple[int, int]]] | None = None
         if max_tokens_per_doc is not None:
+            # Only the first max_tokens_per_doc tokens are kept: tokenize no more text than holds them.
+            documents = bounded_texts(self.tokenizer, documents, max_tokens_per_doc)
             offsets = token_spans(self.tokenizer, self._tokenizer_lock, documents)
             capped = [len(o) > max_tokens_per_doc for o in offsets]
             documents = [cap_to_tokens(d, o, max_tokens_per_doc) for d, o in zip(documents, offsets)]
