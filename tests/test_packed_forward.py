@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 from transformers import AutoModelForCausalLM
 
 from genscore_core import GenerativeScorer
@@ -25,6 +26,7 @@ from genscore_core.forward import PaddedForward, PrefixGroup
 from genscore_core.packed import (
     DEFAULT_MAX_BATCH_TOKENS,
     PackedForward,
+    PackedOptions,
     build_batch,
     plan_batches,
     supports,
@@ -216,3 +218,38 @@ def test_selection(qwen3: Any) -> None:
     assert isinstance(chosen, PackedForward) and chosen.max_batch_tokens == 1000
     assert isinstance(select_forward(qwen3, ScorerConfig(), 0), PackedForward)  # "auto", on the CPU too
     assert isinstance(select_forward(qwen3, ScorerConfig(forward="padded"), 0), PaddedForward)
+
+
+# -- options (passed in, never patched onto the class) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        PackedOptions(trim_last_layer=False),
+        PackedOptions.all_kernels("torch"),
+        PackedOptions(fused_ops="torch"),
+    ],
+)
+def test_options_keep_the_numbers(qwen3: Any, options: PackedOptions) -> None:
+    groups = _random_groups(random.Random(6), qwen3.config.vocab_size, SPEC)
+    forward = PackedForward(qwen3, max_batch_tokens=30, options=options)
+    assert forward.decoder.options is options
+    torch.testing.assert_close(
+        forward.last_hidden_states(groups), _reference(qwen3, groups), atol=ATOL, rtol=ATOL
+    )
+
+
+def test_a_bf16_residual_stream_is_an_option_of_one_forward(qwen3: Any) -> None:
+    groups = _random_groups(random.Random(6), qwen3.config.vocab_size, SPEC)
+    reference = _reference(qwen3, groups)
+    rounded = PackedForward(qwen3, options=PackedOptions(residual_dtype="bfloat16")).last_hidden_states(
+        groups
+    )
+    default = PackedForward(qwen3).last_hidden_states(groups)
+    # Only the forward built with it rounds its residual; another one built after it does not.
+    assert (rounded - reference).abs().max() > 1e-4
+    torch.testing.assert_close(rounded, reference, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(default, reference, atol=ATOL, rtol=ATOL)
+    with pytest.raises(ValidationError):
+        PackedOptions(residual_dtype="float16")  # type: ignore[arg-type]
