@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -24,6 +25,9 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}{% if m.role == 'document' %}Document:{{ m.content }}{% endif %}{% endfor %}"
     "<|im_end|>\n<|im_start|>assistant\n"
 )
+# The same prompt for messages whose content is a list of typed parts (sentence-transformers' structured
+# message format; Qwen3 folders are saved "flat", so that folder's config is switched after saving).
+STRUCTURED_TEMPLATE = CHAT_TEMPLATE.replace("m.content }}", "m.content[0].text }}")
 YES, NO = 9693, 2152
 
 PAIRS = [
@@ -36,11 +40,15 @@ PAIRS = [
 ]
 
 
-def _save(base: Path, out: Path, label_ids: tuple[int, ...]) -> Path:
+def _save(base: Path, out: Path, label_ids: tuple[int, ...], template: str = CHAT_TEMPLATE) -> Path:
     transformer = Transformer(str(base), transformer_task="text-generation")
-    transformer.tokenizer.chat_template = CHAT_TEMPLATE
+    transformer.tokenizer.chat_template = template
     head = LogitScore(true_token_id=label_ids[0], false_token_id=label_ids[1] if len(label_ids) > 1 else None)
     CrossEncoder(modules=[transformer, head]).save(str(out))
+    if template is STRUCTURED_TEMPLATE:
+        settings = json.loads((out / "sentence_bert_config.json").read_text())
+        settings["modality_config"]["message"]["format"] = "structured"
+        (out / "sentence_bert_config.json").write_text(json.dumps(settings))
     return out
 
 
@@ -48,7 +56,11 @@ def _save(base: Path, out: Path, label_ids: tuple[int, ...]) -> Path:
 def st_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("st")
     base = make_tiny_model(root / "base", seed=3)
-    return {"two": _save(base, root / "two-token", (YES, NO)), "one": _save(base, root / "one-token", (YES,))}
+    return {
+        "two": _save(base, root / "two-token", (YES, NO)),
+        "one": _save(base, root / "one-token", (YES,)),
+        "structured": _save(base, root / "structured", (YES, NO), STRUCTURED_TEMPLATE),
+    }
 
 
 def _st_prompt_ids(model: CrossEncoder, pairs: list[tuple[str, str]]) -> list[list[int]]:
@@ -56,8 +68,13 @@ def _st_prompt_ids(model: CrossEncoder, pairs: list[tuple[str, str]]) -> list[li
     return [row[mask.bool()].tolist() for row, mask in zip(features["input_ids"], features["attention_mask"])]
 
 
-def test_two_token_folder(st_folders: dict[str, Path]) -> None:
-    folder = str(st_folders["two"])
+@pytest.mark.parametrize("kind", ["two", "structured"])
+def test_two_token_folder(st_folders: dict[str, Path], kind: str) -> None:
+    folder = str(st_folders[kind])
+    message_format = json.loads((st_folders[kind] / "sentence_bert_config.json").read_text())
+    assert message_format["modality_config"]["message"]["format"] == (
+        "flat" if kind == "two" else "structured"
+    )
     scorer = GenerativeScorer(folder, device="cpu", dtype="float32")
     assert scorer.recipe.source.startswith("sentence-transformers CrossEncoder configuration")
     assert scorer.label_token_ids == [YES, NO]
