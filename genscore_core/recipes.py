@@ -3,12 +3,15 @@
 ``template="auto"`` resolves here, in this order, and the scorer keeps what was picked and why
 (``scorer.recipe``), and logs it:
 
-1. a sentence-transformers ``CrossEncoder`` configuration in the folder (``modules.json`` naming a
+1. a preset the model's id or folder name points at (``mxbai-rerank``, ``bge-reranker...gemma``,
+   ``qwen3-reranker``): each preset is checked against its authors' own code, so it wins over a
+   sentence-transformers configuration the same repository may also ship;
+2. a sentence-transformers ``CrossEncoder`` configuration in the folder (``modules.json`` naming a
    text-generation ``Transformer`` followed by a ``LogitScore``): the prompt is the tokenizer's chat
    template rendering a ``"query"`` and a ``"document"`` message, tokenized whole, and the labels are
    the ``LogitScore`` token ids;
-2. a preset the model's name points at (``mxbai-rerank``, ``bge-reranker...gemma``, ``qwen3-reranker``);
-3. Qwen3-Reranker's recipe, with a warning that nothing in the folder said so.
+3. a preset the ``_name_or_path`` of the folder's ``config.json`` points at;
+4. Qwen3-Reranker's recipe: quietly for a Qwen3 model, with a warning otherwise.
 """
 
 from __future__ import annotations
@@ -51,14 +54,17 @@ def resolve_recipe(template: str | PromptTemplate | dict[str, Any], model: str, 
         resolved = get_template(template, model)
         how = "the template= setting" if isinstance(template, str) else "a template passed in"
         return _picked(Recipe(resolved, f"template {resolved.name!r} from {how}"))
+    preset = template_for_name(model)
+    if preset is not None:
+        return _picked(Recipe(preset, f"preset {preset.name!r} from the model name"))
     st = sentence_transformers_recipe(model, tokenizer)
     if st is not None:
         return _picked(st)
     config = _read_json(model, "config.json")
     config = config if isinstance(config, dict) else {}
-    preset = template_for_name(model) or template_for_name(str(config.get("_name_or_path", "")))
+    preset = template_for_name(str(config.get("_name_or_path", "")))
     if preset is not None:
-        return _picked(Recipe(preset, f"preset {preset.name!r} from the model name"))
+        return _picked(Recipe(preset, f"preset {preset.name!r} from the name in config.json"))
     if config.get("model_type") == "qwen3":
         return _picked(Recipe(QWEN3_RERANKER, "preset 'qwen3-reranker' (the default, for a Qwen3 model)"))
     recipe = Recipe(

@@ -123,3 +123,31 @@ def test_template_without_both_roles_is_refused(st_folders: dict[str, Path], tmp
     CrossEncoder(modules=[transformer, LogitScore(true_token_id=YES)]).save(str(tmp_path / "st"))
     with pytest.raises(ValueError, match="renders the 'query' message's text 0 times"):
         GenerativeScorer(str(tmp_path / "st"), device="cpu", dtype="float32")
+
+
+def test_detection_order(
+    st_folders: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from transformers import AutoTokenizer
+
+    from genscore_core import MXBAI_RERANK_V2, QWEN3_RERANKER
+    from genscore_core.recipes import resolve_recipe
+
+    folder = st_folders["two"]
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    # A name genscore knows wins over the sentence-transformers configuration beside it.
+    named = tmp_path / "mxbai-rerank-large-v2"
+    named.symlink_to(folder, target_is_directory=True)
+    assert resolve_recipe("auto", str(named), tokenizer).template is MXBAI_RERANK_V2
+    # An explicit template wins over everything, and says so.
+    explicit = resolve_recipe("qwen3-reranker", str(folder), tokenizer)
+    assert explicit.template is QWEN3_RERANKER and "template= setting" in explicit.source
+    # Nothing known: a Qwen3 model gets Qwen3-Reranker's recipe quietly, another model with a warning.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with caplog.at_level("WARNING", logger="genscore_core.recipes"):
+        fallback = resolve_recipe("auto", str(plain), tokenizer)
+    assert fallback.template is QWEN3_RERANKER
+    assert "nothing in the model named a recipe" in fallback.source
+    assert "no sentence-transformers configuration and no known reranker name" in caplog.text
