@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from copy import Error as CopyError
 from copy import deepcopy
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -188,8 +189,15 @@ def _ranked_documents(documents: list[Document], ranked: RankedResults) -> list[
 
 
 def _with_score(document: Document, result: RankedResult) -> Document:
-    """A copy of ``document`` (same class, ``id`` and fields) with deep-copied, annotated metadata."""
-    metadata = deepcopy(document.metadata)
+    """A copy of ``document`` (same class, ``id`` and fields) with deep-copied, annotated metadata.
+
+    Metadata that cannot be deep-copied (a lock, a generator, an open file) is copied shallowly: the
+    new dict still leaves the input's untouched, and the scored document is not lost over it.
+    """
+    try:
+        metadata = deepcopy(document.metadata)
+    except (TypeError, CopyError):
+        metadata = dict(document.metadata)
     metadata[RELEVANCE_SCORE_KEY] = result.score
     metadata[TRUNCATED_KEY] = result.truncated
     if result.window is not None:

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -241,7 +242,7 @@ class GenerativeRerank(BaseNodePostprocessor):
         reranked = []
         for result in ranked:
             source = nodes[result.index]
-            node = source.node.model_copy(deep=True)
+            node = _copy_node(source.node)
             if self.keep_retrieval_score:
                 node.metadata[RETRIEVAL_SCORE_KEY] = source.score
                 _hide_from_models(node, RETRIEVAL_SCORE_KEY)
@@ -250,6 +251,21 @@ class GenerativeRerank(BaseNodePostprocessor):
                 _hide_from_models(node, WINDOW_KEY)
             reranked.append(NodeWithScore(node=node, score=result.score))
         return reranked
+
+
+def _copy_node(node: Any) -> Any:
+    """A deep copy of ``node``; shallow (with its own metadata dict and key lists) when something in it
+    cannot be deep-copied (a lock, a generator, an open file), so that the scored node is not lost."""
+    try:
+        return node.model_copy(deep=True)
+    except (TypeError, copy.Error):
+        return node.model_copy(
+            update={
+                "metadata": dict(node.metadata),
+                "excluded_embed_metadata_keys": list(node.excluded_embed_metadata_keys),
+                "excluded_llm_metadata_keys": list(node.excluded_llm_metadata_keys),
+            }
+        )
 
 
 def _hide_from_models(node: Any, key: str) -> None:
