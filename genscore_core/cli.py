@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +17,9 @@ from genscore_core.errors import GenScoreError
 from genscore_core.server.cli import add_serve_command
 
 EXIT_BAD_INPUT = 2
+# What a shell reports for a process ended by SIGINT and SIGPIPE.
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
 # Keys the output writes itself; a document field of the same name would be lost.
 _RESERVED_FIELDS = ("index", "score", "truncated")
 # Show a progress bar only when scoring takes long enough to need one.
@@ -25,19 +30,30 @@ class InputError(Exception):
     """Bad command-line input: reported on one line, exit code 2."""
 
 
-def read_documents(stream: TextIO, source: str) -> list[dict[str, Any]]:
-    """Documents from JSON lines (objects with a ``text`` field) or plain text lines.
+def is_utf8_text(text: str) -> bool:
+    """False for text holding lone surrogates: what Python makes of bytes that are not UTF-8 in
+    ``argv`` (and, under the C/POSIX locale, on stdin)."""
+    return not any("\ud800" <= char <= "\udfff" for char in text)
 
-    The format is decided by the first non-blank line: ``{`` means JSON lines. Blank lines separate
-    nothing and are skipped in both formats.
+
+def read_documents(stream: TextIO, source: str) -> list[dict[str, Any]]:
+    """Documents from JSON lines (objects with a ``text`` field), a JSON array, or plain text lines.
+
+    The format is decided by the first non-blank line: ``{`` means JSON lines, ``[`` one JSON array
+    (of strings or of objects with a ``text`` field). Blank lines separate nothing and are skipped.
+    A UTF-8 byte-order mark at the start is not part of the text.
     """
     documents: list[dict[str, Any]] = []
     json_lines: bool | None = None
     for number, raw in enumerate(stream, start=1):
         line = raw.rstrip("\r\n")
+        if number == 1:
+            line = line.removeprefix("\ufeff")
         if not line.strip():
             continue
         if json_lines is None:
+            if line.lstrip().startswith("["):
+                return _json_array(line + "\n" + stream.read(), source)
             json_lines = line.lstrip().startswith("{")
         if not json_lines:
             documents.append({"text": line})
@@ -48,27 +64,58 @@ def read_documents(stream: TextIO, source: str) -> list[dict[str, Any]]:
             raise InputError(f"{source}, line {number}: invalid JSON ({error.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise InputError(f"{source}, line {number}: expected a JSON object with a string 'text' field")
-        clash = [key for key in _RESERVED_FIELDS if key in record]
-        if clash:
-            raise InputError(
-                f"{source}, line {number}: field {clash[0]!r} is reserved for the output; rename it"
-            )
+        _check_fields(record, f"{source}, line {number}")
         documents.append(record)
     if not documents:
         raise InputError(f"{source}: no documents to rerank")
     return documents
 
 
+def _check_fields(record: dict[str, Any], where: str) -> None:
+    clash = [key for key in _RESERVED_FIELDS if key in record]
+    if clash:
+        raise InputError(f"{where}: field {clash[0]!r} is reserved for the output; rename it")
+
+
+def _json_array(text: str, source: str) -> list[dict[str, Any]]:
+    try:
+        array = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(
+            f"{source}: starts with '[' but is not one JSON array (line {error.lineno}: {error.msg})"
+        ) from None
+    documents: list[dict[str, Any]] = []
+    for position, element in enumerate(array):
+        if isinstance(element, str):
+            documents.append({"text": element})
+        elif isinstance(element, dict) and isinstance(element.get("text"), str):
+            _check_fields(element, f"{source}, element {position}")
+            documents.append(element)
+        else:
+            raise InputError(
+                f"{source}, element {position}: expected a string or an object with a string 'text' field"
+            )
+    if not documents:
+        raise InputError(f"{source}: no documents to rerank")
+    return documents
+
+
 def _open_documents(path: str | None) -> tuple[TextIO, str]:
+    # Strict UTF-8 whatever the locale: under C/POSIX, Python decodes stdin with surrogateescape,
+    # which turns each invalid byte into a lone surrogate that no tokenizer can encode.
     if path is None or path == "-":
+        if isinstance(sys.stdin, io.TextIOWrapper):
+            sys.stdin.reconfigure(encoding="utf-8", errors="strict")
         return sys.stdin, "stdin"
     try:
-        return open(path, encoding="utf-8"), path  # closed by the caller
+        return open(path, encoding="utf-8", errors="strict"), path  # closed by the caller
     except OSError as error:
         raise InputError(f"cannot read {path}: {error.strerror}") from None
 
 
 def _rerank(args: argparse.Namespace) -> int:
+    if not is_utf8_text(args.query):
+        raise InputError("--query is not UTF-8 text")
     stream, source = _open_documents(args.documents)
     try:
         documents = read_documents(stream, source)
@@ -88,11 +135,14 @@ def _rerank(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "show_progress": not args.no_progress and len(documents) >= _PROGRESS_MIN_DOCUMENTS,
     }
+    args.progress_bar = settings["show_progress"]
     if args.batch_tokens is not None:
         settings["max_batch_tokens"] = args.batch_tokens
     scorer = GenerativeScorer(args.model, **settings)
     ranked = scorer.rerank(args.query, [doc["text"] for doc in documents], top_n=args.top_n)
     out = sys.stdout
+    if isinstance(out, io.TextIOWrapper):
+        out.reconfigure(encoding="utf-8")  # JSON lines are UTF-8 whatever the locale
     for result in ranked:
         record = {"index": result.index, "score": result.score, "truncated": result.truncated}
         record.update(documents[result.index])
@@ -154,6 +204,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)
+    except KeyboardInterrupt:
+        # One line, at once: exiting normally would wait for worker threads to finish their batch.
+        # A progress bar interrupted mid-line is left without its newline.
+        start = "\n" if getattr(args, "progress_bar", False) else ""
+        _quietly(lambda: print(f"{start}genscore: interrupted", file=sys.stderr, flush=True))
+        _quietly(sys.stdout.flush)
+        os._exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # The reader went away (``genscore rerank ... | head -1``): nothing left to say to it.
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
     except InputError as error:
         print(f"genscore: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -161,6 +222,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"genscore: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return code
+
+
+def _quietly(action: Any) -> None:
+    try:
+        action()
+    except (OSError, ValueError):
+        pass
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the flush at exit does not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -1,0 +1,155 @@
+"""``genscore rerank`` on odd input, run as users run it: the console script in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from genscore_core import GenerativeScorer
+
+GENSCORE = shutil.which("genscore")
+QUERY = "capital of France"
+TEXTS = ["Paris is the capital of France.", "Berlin is in Germany.", "Lyon has good food."]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.getcwd(), **extra}
+
+
+def _command(model: Path, *args: str | bytes) -> list[str | bytes]:
+    assert GENSCORE is not None, "the genscore console script is not installed"
+    return [GENSCORE, "rerank", "--model", str(model), "--max-length", "512", "--no-progress", *args]
+
+
+def _run(
+    model: Path, *args: str | bytes, stdin: bytes = b"", **env: str
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        _command(model, *args), input=stdin, capture_output=True, timeout=300, env=_env(**env)
+    )
+
+
+def _expect_ranked(
+    result: subprocess.CompletedProcess[bytes], scorer: GenerativeScorer, texts: list[str]
+) -> list[dict]:
+    assert result.returncode == 0, result.stderr.decode()
+    lines = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    expected = scorer.rerank(QUERY, texts)
+    assert [line["index"] for line in lines] == [r.index for r in expected]
+    for line, ranked in zip(lines, expected):
+        assert line["text"] == texts[line["index"]]
+        assert line["score"] == pytest.approx(ranked.score, abs=1e-6)
+    return lines
+
+
+def test_a_byte_order_mark_is_not_text(
+    tiny_model_dir: Path, scorer: GenerativeScorer, tmp_path: Path
+) -> None:
+    plain = tmp_path / "plain.txt"
+    plain.write_bytes(b"\xef\xbb\xbf" + "\n".join(TEXTS).encode() + b"\n")
+    _expect_ranked(_run(tiny_model_dir, "--query", QUERY, "--documents", str(plain)), scorer, TEXTS)
+    lines = b"\xef\xbb\xbf" + b"\n".join(json.dumps({"text": t}).encode() for t in TEXTS)
+    _expect_ranked(_run(tiny_model_dir, "--query", QUERY, stdin=lines), scorer, TEXTS)
+
+
+def test_a_json_array_is_read_as_documents(
+    tiny_model_dir: Path, scorer: GenerativeScorer, tmp_path: Path
+) -> None:
+    strings = tmp_path / "strings.json"
+    strings.write_text(json.dumps(TEXTS, indent=2))
+    _expect_ranked(_run(tiny_model_dir, "--query", QUERY, "--documents", str(strings)), scorer, TEXTS)
+    records = [{"text": t, "id": f"doc-{i}"} for i, t in enumerate(TEXTS)]
+    lines = _expect_ranked(
+        _run(tiny_model_dir, "--query", QUERY, stdin=json.dumps(records).encode()), scorer, TEXTS
+    )
+    assert all(line["id"] == f"doc-{line['index']}" for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("stdin", "message"),
+    [
+        (b'["one", 2]', "stdin, element 1: expected a string or an object with a string 'text' field"),
+        (b'["one",\n "two"', "stdin: starts with '[' but is not one JSON array"),
+        (b'{"text": "bad \\ud800 escape"}', "documents[0] is not valid text"),
+    ],
+)
+def test_bad_input_is_one_line(tiny_model_dir: Path, stdin: bytes, message: str) -> None:
+    result = _run(tiny_model_dir, "--query", QUERY, stdin=stdin)
+    assert result.returncode == 2
+    lines = result.stderr.decode().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+@pytest.mark.parametrize("locale", ["C", "POSIX"])
+def test_invalid_bytes_are_not_utf8_text_under_the_c_locale(tiny_model_dir: Path, locale: str) -> None:
+    result = _run(
+        tiny_model_dir, "--query", QUERY, stdin=b"good line\nbad \xff\n", LC_ALL=locale, LANG=locale
+    )
+    assert (result.returncode, result.stderr) == (2, b"genscore: error: stdin: not UTF-8 text\n")
+    result = _run(tiny_model_dir, "--query", b"bad \xff query", stdin=b"fine\n", LC_ALL=locale, LANG=locale)
+    assert (result.returncode, result.stderr) == (2, b"genscore: error: --query is not UTF-8 text\n")
+
+
+def test_a_closed_pipe_ends_quietly(tiny_model_dir: Path) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will ever read: the first write fails
+    try:
+        result = subprocess.run(
+            _command(tiny_model_dir, "--query", QUERY),
+            input="\n".join(TEXTS).encode(),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=300,
+            env=_env(),
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == b""
+    assert result.returncode == 141
+
+
+def test_head_one_reads_the_best_line_and_nothing_else_is_said(tiny_model_dir: Path, tmp_path: Path) -> None:
+    documents = tmp_path / "many.txt"
+    documents.write_text("\n".join(f"document {i} about {'France ' * (i % 7)}" for i in range(3000)) + "\n")
+    command = " ".join(
+        [str(GENSCORE), "rerank", "--model", str(tiny_model_dir), "--max-length", "128", "--no-progress",
+         "--query", "France", "--documents", str(documents), "| head -1"]
+    )  # fmt: skip
+    result = subprocess.run(["bash", "-c", command], capture_output=True, timeout=300, env=_env())
+    assert result.returncode == 0
+    assert len(result.stdout.splitlines()) == 1 and json.loads(result.stdout)["index"] >= 0
+    assert result.stderr == b""
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_with_one_line(tiny_model_dir: Path, tmp_path: Path) -> None:
+    documents = tmp_path / "long.txt"
+    documents.write_text(
+        "\n".join(f"{i} " + "a long document about many things " * 60 for i in range(4000)) + "\n"
+    )
+    assert GENSCORE is not None
+    process = subprocess.Popen(
+        [GENSCORE, "rerank", "--model", str(tiny_model_dir), "--max-length", "512", "--query", "things",
+         "--documents", str(documents)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+    )  # fmt: skip
+    assert process.stderr is not None
+    seen = b""
+    while b"scoring" not in seen:  # the progress bar: the forward has started
+        chunk = process.stderr.read1(4096)
+        assert chunk, f"genscore ended before scoring: {seen.decode(errors='replace')}"
+        seen += chunk
+    process.send_signal(signal.SIGINT)
+    rest, more = process.communicate(timeout=300)
+    stderr = (seen + more).decode(errors="replace")
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    said = [line for line in stderr.replace("\r", "\n").splitlines() if line.startswith("genscore")]
+    assert said == ["genscore: interrupted"]
+    assert rest == b""
