@@ -173,7 +173,7 @@ class DeviceBatch:
 class PackedOptions(BaseModel):
     """How the packed decoder computes; the defaults are what the engine runs.
 
-    The other values exist so that tests can run the Triton kernels on the CPU (``kernels="triton"``
+    The other values exist so that tests can run the Triton kernels on the CPU (``all_kernels("triton")``
     under ``TRITON_INTERPRET=1``) and benchmarks can measure what each step is worth.
     """
 

@@ -126,7 +126,7 @@ class PackedBatch:
 
     input_ids: torch.Tensor  # [T] int64, the stream
     positions: torch.Tensor  # [T] int64, position of each stream token in its own prompt
-    segments: np.ndarray  # [S, 6] int64, see genscore_core.packed.attention.SEGMENT_FIELDS
+    segments: np.ndarray  # [S, 6] int64, see genscore_core.kernels.attention.SEGMENT_FIELDS
     kv_len: int
     segment_last: torch.Tensor  # [S] int64, stream index of the last token of each segment
     prompt_segments: torch.Tensor  # [N] int64, index (among segments) of each prompt's segment
