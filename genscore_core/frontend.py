@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from genscore_core.backend import JobTexts, ScoringJob
 from genscore_core.config import ScorerConfig
@@ -21,6 +21,7 @@ from genscore_core.prepared import PreparedPairs, PreparedScore
 from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, bounded_texts, build_raw_prompts
 from genscore_core.protocol import GenerativeScoringRequest, check_request, check_text
 from genscore_core.recipes import Recipe, resolve_recipe
+from genscore_core.request_life import TokenizerLock
 from genscore_core.templates import ScoreMode, Span, resolve_label_ids
 
 
@@ -52,7 +53,8 @@ class ScoringFrontEnd:
             max_length = min(max_length, self.recipe.max_length)
         self.max_length = max_length
         # Rust tokenizers are not safe to call from several threads at once.
-        self._tokenizer_lock = threading.Lock()
+        # A TokenizerLock also drops requests abandoned while they waited for it (genscore serve).
+        self._tokenizer_lock = cast(threading.Lock, TokenizerLock())
         self._builder = TemplatePromptBuilder(
             tokenizer,
             self.template,
@@ -61,6 +63,12 @@ class ScoringFrontEnd:
             query_share=config.query_share,
             tokenizer_lock=self._tokenizer_lock,
         )
+
+    @property
+    def tokenizer_waiting(self) -> int:
+        """Threads waiting for the tokenizer now (a server reports it in ``/stats``)."""
+        lock = self._tokenizer_lock
+        return lock.waiting if isinstance(lock, TokenizerLock) else 0
 
     @classmethod
     def for_server(cls, config: ScorerConfig) -> ScoringFrontEnd:

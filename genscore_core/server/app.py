@@ -34,8 +34,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from genscore_core import __version__
 from genscore_core.errors import InvalidRequestError, ServerBusyError
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse
+from genscore_core.request_life import AbandonStats
 from genscore_core.scorer import GenerativeScorer
 from genscore_core.server.batcher import RequestBatcher
+from genscore_core.server.connections import AbandonedRequestMiddleware
 from genscore_core.server.limits import ServerLimits
 from genscore_core.server.schemas import (
     ModelCard,
@@ -167,6 +169,10 @@ def create_app(
     app.state.limits = limits
     app.add_middleware(InternalErrorMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_body_bytes)
+    # Outermost: a request whose client left is cancelled wherever it is, and not tokenized after.
+    abandon_stats = AbandonStats()
+    app.state.abandon_stats = abandon_stats
+    app.add_middleware(AbandonedRequestMiddleware, stats=abandon_stats)
     _add_error_handlers(app)
 
     def check_items(count: int, param: str) -> None:
@@ -236,6 +242,11 @@ def create_app(
             "shared_batches": counters.shared_batches,
             "failures": counters.failures,
             "batch_sizes": {str(size): n for size, n in sorted(counters.batch_sizes.items())},
+            "in_flight": abandon_stats.in_flight,
+            "waiting_to_tokenize": scorer.front_end.tokenizer_waiting,
+            "tokenized_requests": abandon_stats.tokenized,
+            "abandoned": abandon_stats.abandoned,
+            "abandoned_untokenized": abandon_stats.skipped,
         }
 
     return app

@@ -21,6 +21,9 @@ _LIMIT_FLAGS = {
     "batch_max_tokens": "batch_max_tokens",
     "batch_max_wait_ms": "batch_max_wait_ms",
     "max_queued_requests": "max_queued_requests",
+    "max_connections": "max_connections",
+    "header_timeout": "header_timeout_s",
+    "keep_alive_timeout": "keep_alive_timeout_s",
 }
 
 
@@ -38,6 +41,13 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a positive number, got 0")
     return value
 
 
@@ -97,6 +107,26 @@ def add_serve_command(commands: Any) -> None:
         default=defaults.max_queued_requests,
         help="requests allowed to wait; more get 503 (default %(default)s)",
     )
+    connections = serve.add_argument_group("connections")
+    connections.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=defaults.max_connections,
+        help="open connections served at once; more get 503 (default %(default)s)",
+    )
+    connections.add_argument(
+        "--header-timeout",
+        type=_positive_float,
+        default=defaults.header_timeout_s,
+        help="seconds a client may take to send a request's headers; slower ones are disconnected "
+        "(default %(default)s)",
+    )
+    connections.add_argument(
+        "--keep-alive-timeout",
+        type=positive_int,
+        default=defaults.keep_alive_timeout_s,
+        help="seconds an idle keep-alive connection stays open (default %(default)s)",
+    )
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
@@ -140,5 +170,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "genscore serve has no authentication, so put it behind a proxy or firewall",
             file=sys.stderr,
         )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    from genscore_core.server.connections import uvicorn_options
+
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **uvicorn_options(limits))
     return 0

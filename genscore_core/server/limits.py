@@ -24,3 +24,11 @@ class ServerLimits(BaseModel):
     """How long the first request of a batch waits for others; 0 takes only what is already queued."""
     max_queued_requests: int = Field(default=4096, gt=0)
     """Requests waiting to be scored; beyond this new ones get a 503 (with ``Retry-After``)."""
+    max_connections: int = Field(default=512, gt=0)
+    """Open connections served at once; beyond this new requests get a 503. Keeps slow or idle clients
+    from holding every file descriptor the process has (commonly 1,024)."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """Seconds a connection may take to send a whole request head, from opening or from its previous
+    answer; slower ones are closed (a client trickling headers holds a connection otherwise forever)."""
+    keep_alive_timeout_s: int = Field(default=5, gt=0)
+    """Seconds an idle keep-alive connection is kept open between requests."""

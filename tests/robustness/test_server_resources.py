@@ -1,19 +1,27 @@
-"""``genscore serve`` as a subprocess: memory follows the prompt, not the request."""
+"""``genscore serve``'s resources: memory follows the prompt, abandoned requests cost nothing, slow and
+idle clients cannot hold every connection."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.server._support import free_port, wait_healthy
+from genscore_core import GenerativeScorer
+from genscore_core.server import ServerLimits, create_app
+from genscore_core.server.connections import uvicorn_options
+from tests.server._support import TEST_LIMITS, free_port, serve_in_thread, wait_healthy
 
 GENSCORE = shutil.which("genscore")
 
@@ -75,3 +83,99 @@ def test_rss_after_an_8mb_document_returns_near_where_it_was(served: Served) -> 
         assert client.post("/v1/rerank", json=SMALL).status_code == 200
         after = served.rss_mb()
     assert after - before < 300, f"RSS {before:.0f} MB before, {after:.0f} MB after an 8 MB document"
+
+
+# -- abandoned requests ----------------------------------------------------------------------------------
+
+
+def _stats(url: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/stats", timeout=30).json()
+
+
+def _until(url: str, condition: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+    """Poll /stats until ``condition`` holds (a guard deadline only turns a hang into a failure)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        stats = _stats(url)
+        if condition(stats):
+            return stats
+        time.sleep(0.05)
+    raise AssertionError(f"the server never reached: {what}; stats {_stats(url)}")
+
+
+def _post_raw(url: str, path: str, body: dict[str, Any]) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    sock.sendall(head.encode() + payload)
+    return sock
+
+
+def test_abandoned_requests_are_neither_tokenized_nor_scored(tiny_model_dir: Path) -> None:
+    scorer = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="float32", max_length=512)
+    heavy = {
+        "query": "which one?",
+        "documents": ["a heavy document " * 200] * 24,
+    }  # under the 256 KB body limit
+    small = {"query": "which one?", "documents": ["small", "tiny"]}
+    abandoned = 10
+    with serve_in_thread(create_app(scorer, TEST_LIMITS)) as live:
+        assert httpx.post(f"{live.url}/v1/rerank", json=small, timeout=60).status_code == 200
+        # The tokenizer is taken (as by one long request) while the heavy requests arrive, so that
+        # every one of them is still waiting when its client leaves.
+        tokenizer = scorer.front_end._tokenizer_lock
+        with tokenizer:
+            sockets = [_post_raw(live.url, "/v1/rerank", heavy) for _ in range(abandoned)]
+            _until(live.url, lambda s: s["in_flight"] == abandoned, f"{abandoned} requests in flight")
+            for sock in sockets:
+                sock.close()
+            _until(live.url, lambda s: s["abandoned"] == abandoned, f"{abandoned} requests abandoned")
+        answer = httpx.post(f"{live.url}/v1/rerank", json=small, timeout=60)
+        assert answer.status_code == 200
+        stats = _until(
+            live.url, lambda s: s["in_flight"] == 0 and s["waiting_to_tokenize"] == 0, "nothing in flight"
+        )
+    assert stats["tokenized_requests"] == 2  # the two small requests
+    assert stats["requests"] == 2  # jobs scored: the two small requests' only
+    assert stats["abandoned"] == abandoned
+
+
+# -- connections -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def limited(tiny_model_dir: Path) -> Iterator[Served]:
+    yield from _serve(
+        tiny_model_dir, "--max-length", "512", "--max-connections", "2", "--header-timeout", "1",
+        "--keep-alive-timeout", "60",
+    )  # fmt: skip
+
+
+def test_a_client_that_never_finishes_its_headers_is_disconnected(limited: Served) -> None:
+    host, port = limited.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.settimeout(120)  # a guard: a server without a header timeout never answers
+        sock.sendall(b"POST /v1/rerank HTTP/1.1\r\nHost: localhost\r\nContent-Type: appl")
+        assert sock.recv(1024) == b""  # closed by the server
+    assert httpx.get(f"{limited.url}/health", timeout=30).status_code == 200
+
+
+def test_connections_beyond_the_limit_get_503(limited: Served) -> None:
+    clients = [httpx.Client(base_url=limited.url, timeout=30) for _ in range(3)]
+    try:
+        assert [c.get("/health").status_code for c in clients[:2]] == [200, 200]  # both stay open
+        refused = clients[2].get("/health")
+        assert refused.status_code == 503
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_serve_flags_default_to_safe_limits() -> None:
+    from genscore_core.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--model", "m"])
+    assert (args.max_connections, args.header_timeout, args.keep_alive_timeout) == (512, 10.0, 5)
+    limits = ServerLimits(max_connections=args.max_connections, header_timeout_s=args.header_timeout)
+    assert uvicorn_options(limits)["limit_concurrency"] == 513
