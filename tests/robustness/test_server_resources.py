@@ -179,3 +179,39 @@ def test_serve_flags_default_to_safe_limits() -> None:
     assert (args.max_connections, args.header_timeout, args.keep_alive_timeout) == (512, 10.0, 5)
     limits = ServerLimits(max_connections=args.max_connections, header_timeout_s=args.header_timeout)
     assert uvicorn_options(limits)["limit_concurrency"] == 513
+
+
+# -- invalid text -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "where"),
+    [
+        ("/v1/rerank", {"query": "q", "documents": ["fine", "bad \ud800"]}, "documents[1]"),
+        ("/v1/rerank", {"query": "bad \udfff", "documents": ["fine"]}, "query"),
+        (
+            "/generative_scoring",
+            {"query": "q", "items": ["a", "b", "\ud83d"], "label_token_ids": [9693, 2152]},
+            "items[2]",
+        ),
+        (
+            "/generative_scoring",
+            {"query": "\udc80", "items": ["a"], "label_token_ids": [9693, 2152]},
+            "query",
+        ),
+    ],
+)
+def test_invalid_text_is_a_400_naming_field_and_index(
+    scorer: GenerativeScorer, path: str, body: dict[str, Any], where: str
+) -> None:
+    with serve_in_thread(create_app(scorer, TEST_LIMITS)) as live:
+        # JSON allows the escape "\ud800"; json.dumps writes lone surrogates that way.
+        answer = httpx.post(
+            f"{live.url}{path}",
+            content=json.dumps(body),
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
+    assert answer.status_code == 400, answer.text
+    message = answer.json()["error"]["message"]
+    assert f"{where} is not valid text" in message and "lone surrogate" in message
