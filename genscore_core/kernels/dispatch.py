@@ -23,6 +23,8 @@ from genscore_core.errors import KernelUnavailableError
 KernelImpl = Literal["auto", "triton", "torch"]
 """Which implementation a kernel runs; see :func:`use_triton`."""
 
+_IMPLS = get_args(KernelImpl)
+
 INSTALL_HINT = 'pip install "genscore[triton]"'
 
 
@@ -52,10 +54,12 @@ def use_triton(
         ValueError: ``impl`` is not one of "auto", "triton", "torch".
         KernelUnavailableError: ``impl="triton"`` and the kernel cannot run here.
     """
-    if impl not in get_args(KernelImpl):
-        raise ValueError(f"impl must be one of {get_args(KernelImpl)}, got {impl!r}")
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
     if impl == "torch":
         return False
+    if impl == "auto" and device.type != "cuda":
+        return False  # decided without importing triton, which takes a while
     problem = triton_import_error()
     if problem is not None:
         if impl == "triton":
