@@ -167,7 +167,7 @@ class PaddedForward(ForwardStrategy[_PaddedCall, list[int]]):
     ``max_batch_size`` its rows. The decoder's final norm (``decoder.norm``, where the model has
     one) is computed again in float32 on the last positions, from the input the model's own norm
     received, with the model's own norm code and float32 copies of its weights; models without such
-    a module return their last hidden state cast to float32.
+    a module (or whose norm is offloaded or quantised) return their last hidden state cast to float32.
     """
 
     def __init__(self, model: Any, *, pad_token_id: int, max_batch_tokens: int, max_batch_size: int) -> None:
@@ -182,7 +182,11 @@ class PaddedForward(ForwardStrategy[_PaddedCall, list[int]]):
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         norm = getattr(self.decoder, "norm", None)
-        self.final_norm: torch.nn.Module | None = norm if isinstance(norm, torch.nn.Module) else None
+        self.final_norm: torch.nn.Module | None = None
+        # Offloading hooks (accelerate) or quantised weights would not survive a float32 copy.
+        if isinstance(norm, torch.nn.Module) and not hasattr(norm, "_hf_hook"):
+            if all(p.is_floating_point() and not p.is_meta for p in norm.parameters()):
+                self.final_norm = norm
 
     def _start(self, groups: Sequence[PrefixGroup]) -> _PaddedCall:
         prompts = [prompt for group in groups for prompt in group.prompts()]

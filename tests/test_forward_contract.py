@@ -183,3 +183,22 @@ def test_the_budget_bounds_positions_run_per_batch(qwen3: Any, kind: str, budget
 def test_empty_call(qwen3: Any, kind: str) -> None:
     out = _forward(qwen3, kind, 100).last_hidden_states([])
     assert out.shape == (0, qwen3.config.hidden_size) and out.dtype == torch.float32
+
+
+def test_a_decoder_without_a_final_norm_module_is_cast() -> None:
+    """GPT-2 names its final norm ``ln_f``: its own output at the last position, as float32."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    model = model.to(torch.bfloat16).eval()
+    forward = select_forward(model, ScorerConfig(forward="auto"), pad_token_id=0)
+    assert isinstance(forward, PaddedForward) and forward.final_norm is None
+    groups = [PrefixGroup([1, 2, 3], [[4, 5], [6]])]
+    got = forward.last_hidden_states(groups)
+    with torch.inference_mode():
+        want = torch.stack(
+            [model.transformer(torch.tensor([p])).last_hidden_state[0, -1] for p in groups[0].prompts()]
+        )
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want.float(), atol=1e-2, rtol=1e-2)
