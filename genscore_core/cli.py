@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from genscore_core.cli_args import positive_int
+from genscore_core.cli_args import add_recipe_arguments, positive_int, recipe_settings
 from genscore_core.config import DEFAULT_MODEL
 from genscore_core.errors import GenScoreError
 from genscore_core.server.cli import add_serve_command
@@ -128,6 +128,7 @@ def _rerank(args: argparse.Namespace) -> int:
     from genscore_core.scorer import GenerativeScorer
 
     settings: dict[str, Any] = {
+        **recipe_settings(args),
         "template": args.template,
         "instruction": args.instruction,
         "max_length": args.max_length,
@@ -177,7 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rerank.add_argument("--query", required=True)
     rerank.add_argument("--documents", metavar="FILE", help="input file; stdin when absent or '-'")
-    rerank.add_argument("--template", default="auto", help="qwen3-reranker, mxbai-rerank-v2 or auto")
+    rerank.add_argument(
+        "--template",
+        default="auto",
+        help="qwen3-reranker, mxbai-rerank-v2, bge-reranker-v2-gemma or auto (docs/models.md)",
+    )
+    add_recipe_arguments(rerank)
     rerank.add_argument("--instruction", help="task instruction for templates that take one")
     rerank.add_argument("--max-length", type=positive_int, help="longest prompt in tokens")
     rerank.add_argument("--top-n", type=positive_int, help="print only the best N")

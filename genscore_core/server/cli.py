@@ -11,7 +11,7 @@ import ipaddress
 import sys
 from typing import Any
 
-from genscore_core.cli_args import positive_int
+from genscore_core.cli_args import add_recipe_arguments, positive_int, recipe_settings
 from genscore_core.server.limits import ServerLimits
 
 _LIMIT_FLAGS = {
@@ -64,7 +64,12 @@ def add_serve_command(commands: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--served-model-name", help="model name in responses (default: --model)")
-    serve.add_argument("--template", default="auto", help="qwen3-reranker, mxbai-rerank-v2 or auto")
+    serve.add_argument(
+        "--template",
+        default="auto",
+        help="qwen3-reranker, mxbai-rerank-v2, bge-reranker-v2-gemma or auto (docs/models.md)",
+    )
+    add_recipe_arguments(serve)
     serve.add_argument("--instruction", help="task instruction for /v1/rerank's template")
     serve.add_argument("--max-length", type=positive_int, help="longest prompt in tokens")
     serve.add_argument("--device", help="cuda, cuda:1, cpu... (default: CUDA when available)")
@@ -154,6 +159,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     limits = ServerLimits(**{field: getattr(args, flag) for flag, field in _LIMIT_FLAGS.items()})
     settings: dict[str, Any] = {
+        **recipe_settings(args),
         "template": args.template,
         "instruction": args.instruction,
         "max_length": args.max_length,
