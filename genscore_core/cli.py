@@ -1,4 +1,9 @@
-"""The ``genscore`` command line: rerank documents, serve a model over HTTP, make an offline test model."""
+"""The ``genscore`` command line: rerank documents, serve a model over HTTP, make an offline test model.
+
+Exit codes: 0 success; 2 bad input or a setting that cannot work (an unreadable file, a bad document,
+``--model`` naming no folder, a server answering 401/403/404); 3 a scoring server that could not be
+reached or kept failing (worth retrying later, nothing to fix in the input).
+"""
 
 from __future__ import annotations
 
@@ -11,15 +16,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from genscore_core.cli_args import add_recipe_arguments, positive_int, recipe_settings
-from genscore_core.config import DEFAULT_MODEL
-from genscore_core.errors import GenScoreError
+from pydantic import ValidationError
+
+from genscore_core.cli_args import add_config_arguments, config_settings, flag_of, positive_int
+from genscore_core.errors import GenScoreError, RemoteScoringError
 from genscore_core.server.cli import add_serve_command
 
 EXIT_BAD_INPUT = 2
+EXIT_SERVER_UNAVAILABLE = 3
 # What a shell reports for a process ended by SIGINT and SIGPIPE.
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
+# Flags kept from before the scorer flags were generated from the config.
+SCORER_FLAG_ALIASES = {"max_batch_tokens": ["--batch-tokens"]}
 # Keys the output writes itself; a document field of the same name would be lost.
 _RESERVED_FIELDS = ("index", "score", "truncated")
 # Show a progress bar only when scoring takes long enough to need one.
@@ -127,20 +136,11 @@ def _rerank(args: argparse.Namespace) -> int:
 
     from genscore_core.scorer import GenerativeScorer
 
-    settings: dict[str, Any] = {
-        **recipe_settings(args),
-        "template": args.template,
-        "instruction": args.instruction,
-        "max_length": args.max_length,
-        "device": args.device,
-        "dtype": args.dtype,
-        "show_progress": not args.no_progress and len(documents) >= _PROGRESS_MIN_DOCUMENTS,
-    }
+    settings = config_settings(args)
+    settings["show_progress"] = not args.no_progress and len(documents) >= _PROGRESS_MIN_DOCUMENTS
     args.progress_bar = settings["show_progress"]
-    if args.batch_tokens is not None:
-        settings["max_batch_tokens"] = args.batch_tokens
-    scorer = GenerativeScorer(args.model, **settings)
-    ranked = scorer.rerank(args.query, [doc["text"] for doc in documents], top_n=args.top_n)
+    with GenerativeScorer(**settings) as scorer:
+        ranked = scorer.rerank(args.query, [doc["text"] for doc in documents], top_n=args.top_n)
     out = sys.stdout
     if isinstance(out, io.TextIOWrapper):
         out.reconfigure(encoding="utf-8")  # JSON lines are UTF-8 whatever the locale
@@ -153,9 +153,12 @@ def _rerank(args: argparse.Namespace) -> int:
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
-    from genscore_core.tiny_model import RANDOM_WEIGHTS_NOTICE, make_tiny_model
+    from genscore_core.testing.tiny_model import RANDOM_WEIGHTS_NOTICE, make_tiny_model
 
-    path = make_tiny_model(Path(args.output_dir), seed=args.seed)
+    try:
+        path = make_tiny_model(Path(args.output_dir), seed=args.seed)
+    except ImportError as error:  # the testing extra is not installed
+        raise InputError(str(error)) from None
     print(f"wrote {path}", file=sys.stderr)
     print(RANDOM_WEIGHTS_NOTICE, file=sys.stderr)
     return 0
@@ -173,24 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Documents come from FILE or stdin, as JSON lines with a 'text' field (other fields "
         "are carried along) or as plain text lines.",
     )
-    rerank.add_argument(
-        "--model", default=DEFAULT_MODEL, help=f"hub id or local folder (default {DEFAULT_MODEL})"
-    )
     rerank.add_argument("--query", required=True)
     rerank.add_argument("--documents", metavar="FILE", help="input file; stdin when absent or '-'")
-    rerank.add_argument(
-        "--template",
-        default="auto",
-        help="qwen3-reranker, mxbai-rerank-v2, bge-reranker-v2-gemma or auto (docs/models.md)",
-    )
-    add_recipe_arguments(rerank)
-    rerank.add_argument("--instruction", help="task instruction for templates that take one")
-    rerank.add_argument("--max-length", type=positive_int, help="longest prompt in tokens")
     rerank.add_argument("--top-n", type=positive_int, help="print only the best N")
-    rerank.add_argument("--device", help="cuda, cuda:1, cpu... (default: CUDA when available)")
-    rerank.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bf16 on CUDA, fp32 on CPU)")
-    rerank.add_argument("--batch-tokens", type=positive_int, help="token budget of one forward batch")
-    rerank.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    rerank.add_argument(
+        "--no-progress",
+        action="store_true",
+        help=f"no progress bar on stderr (otherwise shown from {_PROGRESS_MIN_DOCUMENTS} documents on)",
+    )
+    # The progress bar is decided above, by --no-progress and the number of documents.
+    add_config_arguments(rerank, exclude={"show_progress"}, aliases=SCORER_FLAG_ALIASES)
     rerank.set_defaults(handler=_rerank)
 
     tiny = commands.add_parser(
@@ -201,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(handler=_make_tiny_model)
 
-    add_serve_command(commands)
+    add_serve_command(commands, scorer_flag_aliases=SCORER_FLAG_ALIASES)
     return parser
 
 
@@ -221,12 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (``genscore rerank ... | head -1``): nothing left to say to it.
         _discard_stdout()
         return EXIT_BROKEN_PIPE
-    except InputError as error:
-        print(f"genscore: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (GenScoreError, ValueError) as error:
-        print(f"genscore: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except RemoteScoringError as error:
+        return _fail(str(error), EXIT_SERVER_UNAVAILABLE)
+    except ValidationError as error:
+        return _fail(describe_settings_error(error), EXIT_BAD_INPUT)
+    except (InputError, GenScoreError, ValueError) as error:  # bad input, or a setting that cannot work
+        return _fail(str(error), EXIT_BAD_INPUT)
     return code
 
 
@@ -245,6 +240,22 @@ def _discard_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+def _fail(message: str, code: int) -> int:
+    """Report on one line: an error message is read in a terminal or a CI log, not a traceback."""
+    print(f"genscore: error: {' '.join(message.split())}", file=sys.stderr)
+    return code
+
+
+def describe_settings_error(error: ValidationError) -> str:
+    """A pydantic error about scorer settings, in the command line's words (flags, not field names)."""
+    parts = []
+    for entry in error.errors():
+        location = entry.get("loc", ())
+        where = flag_of(str(location[0])) if location else "settings"
+        parts.append(f"{where}: {entry.get('msg', 'invalid')}")
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from genscore_core.errors import GenScoreError
+from genscore_core.errors import GenScoreError, ModelNotFoundError
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -46,8 +47,30 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)} or 'auto'") from None
 
 
+def check_model_source(name_or_path: str) -> None:
+    """Refuse a ``model`` that can only mean a local folder (``./x``, ``/x``, ``~/x``, ``a/b/c``) when
+    no such folder exists; transformers would otherwise report it as a malformed hub id.
+
+    Raises:
+        ModelNotFoundError: Naming the path as given and as resolved.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return
+    if path.exists():
+        raise ModelNotFoundError(
+            f"model {name_or_path!r} is a file; expected a model folder or a hub id", setting="model"
+        )
+    if name_or_path.startswith((".", "/", "~")) or "\\" in name_or_path or name_or_path.count("/") > 1:
+        raise ModelNotFoundError(
+            f"model {name_or_path!r}: no such folder ({path.resolve()})", setting="model"
+        )
+
+
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
+
+    check_model_source(name_or_path)
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     if not getattr(tokenizer, "is_fast", False):

