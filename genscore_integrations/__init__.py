@@ -4,3 +4,6 @@ Each adapter lives in its own module and imports its framework only when that mo
 ``genscore_integrations.langchain`` (``pip install "genscore[langchain]"``) and
 ``genscore_integrations.llama_index`` (``pip install "genscore[llama-index]"``).
 """
+
+# Nothing at the package level: each adapter is imported from its own module, with its framework.
+__all__: list[str] = []
