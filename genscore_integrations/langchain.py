@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from genscore_core import GenerativeScorer, RankedResult, RankedResults, ScorerConfig, scorer_setting_names
+from genscore_core import (
+    GenerativeScorer,
+    RankedResult,
+    RankedResults,
+    ScorerConfig,
+    check_rank_options,
+    scorer_setting_names,
+)
 
 try:
     from langchain_core.callbacks import Callbacks
@@ -131,6 +138,15 @@ class GenerativeReranker(BaseDocumentCompressor):
             config: ScorerConfig | None = None,
             **settings: Any,
         ) -> None: ...
+
+    else:
+
+        def __init__(self, **data: Any) -> None:
+            # The reranker's own options first, outside pydantic (which would wrap the error), so a
+            # bad top_n fails at once with the same InvalidRequestError as GenerativeRerank's, before
+            # any weights are loaded.
+            check_rank_options(data.get("top_n"), data.get("score_threshold"))
+            super().__init__(**data)
 
     @model_validator(mode="before")
     @classmethod

@@ -34,6 +34,7 @@ from genscore_core import (
     InvalidRequestError,
     RankedResults,
     ScorerConfig,
+    check_rank_options,
     scorer_setting_names,
 )
 
@@ -120,6 +121,8 @@ class GenerativeRerank(BaseNodePostprocessor):
         callback_manager: CallbackManager | None = None,
         **settings: Any,
     ) -> None:
+        # Bad options fail before anything is loaded, with the same error as GenerativeReranker's.
+        check_rank_options(top_n, score_threshold)
         unknown = sorted(set(settings) - _SETTING_NAMES)
         if unknown:
             raise TypeError(

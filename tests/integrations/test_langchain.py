@@ -199,8 +199,12 @@ def test_unknown_fields_are_rejected_before_loading(
     ],
 )
 def test_invalid_options_are_rejected(options: dict[str, Any], scorer: GenerativeScorer) -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidRequestError) as raised:
         GenerativeReranker(scorer=scorer, **options)
+    assert raised.value.param == next(iter(options))
+    # Checked before the weights are loaded: a model folder that does not exist is never reached.
+    with pytest.raises(InvalidRequestError):
+        GenerativeReranker(model="./no-such-model-folder", **options)
 
 
 def test_wrong_scorer_type_is_rejected() -> None:

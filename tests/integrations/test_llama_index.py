@@ -228,8 +228,9 @@ def test_unknown_arguments_and_bad_values_are_rejected_before_loading(scorer: Ge
     with pytest.raises(TypeError, match=r"must be a genscore_core\.GenerativeScorer"):
         GenerativeRerank(scorer="not a scorer")  # type: ignore[arg-type]
     for bad in ({"top_n": 0}, {"top_n": True}, {"top_n": 2.5}, {"score_threshold": 1.5}):
-        with pytest.raises(ValidationError):
-            GenerativeRerank("some/model", **bad)
+        with pytest.raises(InvalidRequestError) as raised:
+            GenerativeRerank("./no-such-model-folder", **bad)
+        assert raised.value.param == next(iter(bad))
     with pytest.raises(ValidationError):
         GenerativeRerank(scorer=scorer, metadata_mode="everything")
 
