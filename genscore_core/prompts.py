@@ -201,10 +201,28 @@ class TemplatePromptBuilder:
         query, *documents = bounded_texts(self.tokenizer, [query, *documents], self.body_budget)
         bodies = [self.template.render_body(query, doc, self.instruction) for doc in documents]
         prompts = []
-        for index, (body, (ids, offsets)) in enumerate(zip(bodies, self.tokenization.encode(bodies))):
+        for index, (body, (ids, offsets)) in enumerate(zip(bodies, self._encode(bodies))):
             body_ids, truncated = self._fit(query, documents[index], body, ids, offsets, index)
             prompts.append(EncodedPrompt(self.prefix_ids + body_ids + self.suffix_ids, truncated))
         return prompts
+
+    def _encode(self, bodies: list[RenderedBody]) -> list[tuple[list[int], Offsets]]:
+        """Ids and offsets of each body; offsets only where :meth:`_fit` reads them.
+
+        With the whole body in one call, most bodies fit the budget, and their token ids alone come
+        from the tokenizer's batch call without offsets (a quarter cheaper on the Qwen3 tokenizer,
+        nothing per token to convert); only the bodies over budget are tokenized again with offsets.
+        """
+        tokenization = self.tokenization
+        if type(tokenization) is not WholeBody or tokenization.always_caps_query:
+            return tokenization.encode(bodies)
+        all_ids = token_ids(self.tokenizer, [body.text for body in bodies], tokenization._lock)
+        room = self.body_budget - len(self.bos_ids)
+        over = [i for i, ids in enumerate(all_ids) if len(ids) > room]
+        results: list[tuple[list[int], Offsets]] = [(ids, []) for ids in all_ids]
+        for i, encoded in zip(over, tokenization.encode([bodies[i] for i in over]) if over else []):
+            results[i] = encoded
+        return results
 
     def _fit(
         self,
@@ -246,6 +264,23 @@ class TemplatePromptBuilder:
                 index=index,
             )
         return drop_tail_of_range(ids, doc_tokens, excess), True
+
+
+def token_ids(tokenizer: Any, texts: list[str], lock: threading.Lock) -> list[list[int]]:
+    """Token ids of each text without special tokens: the ids of ``tokenizer(texts,
+    add_special_tokens=False)["input_ids"]``.
+
+    A fast tokenizer's backend is called directly when that is safe (no truncation or padding left
+    set on it by an earlier call): its batch call without offsets runs on all cores outside the GIL
+    and skips the Hugging Face wrapper's per-text conversion.
+    """
+    with lock:
+        backend: Any = getattr(tokenizer, "backend_tokenizer", None)
+        fast = getattr(backend, "encode_batch_fast", None)
+        if fast is not None and backend.truncation is None and backend.padding is None:
+            return [encoding.ids for encoding in fast(texts, add_special_tokens=False)]
+        ids: list[list[int]] = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return ids
 
 
 def build_raw_prompts(

@@ -160,3 +160,48 @@ def test_shared_prefix_length_matches_a_token_by_token_scan() -> None:
         while expected < limit and len({p[expected] for p in prompts}) == 1:
             expected += 1
         assert shared_prefix_length(prompts) == expected, prompts
+
+
+def test_token_ids_without_offsets_match_the_tokenizer_call(scorer: GenerativeScorer) -> None:
+    import threading
+
+    from genscore_core.prompts import token_ids
+
+    tokenizer = scorer.tokenizer
+    texts = ["plain words here", "<|im_end|> inside a document", "émigré naïve 東京 🙂", "", "  spaces  "]
+    expected = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert token_ids(tokenizer, texts, threading.Lock()) == expected
+    # A backend left truncating by an earlier call is not used directly: the wrapper's call is.
+    tokenizer.backend_tokenizer.enable_truncation(2)
+    try:
+        assert token_ids(tokenizer, texts, threading.Lock()) == expected
+    finally:
+        tokenizer.backend_tokenizer.no_truncation()
+
+
+def test_only_bodies_over_budget_are_tokenized_with_offsets(scorer: GenerativeScorer) -> None:
+    builder = TemplatePromptBuilder(scorer.tokenizer, get_template("qwen3-reranker"), max_length=160)
+    documents = ["short one", "word " * 400, "another short one", "x"]
+    calls: list[int] = []
+    original = builder.tokenization._tokenize
+
+    def counting(texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+        calls.append(len(texts))
+        return original(texts)
+
+    builder.tokenization._tokenize = counting  # type: ignore[method-assign]
+    prompts = builder.build("a query", documents)
+    assert calls == [1]  # the one long body, again with offsets
+    assert [p.truncated for p in prompts] == [False, True, False, False]
+    assert all(len(p.token_ids) <= 160 for p in prompts)
+    # The same prompts as tokenizing every body with offsets.
+    reference = TemplatePromptBuilder(scorer.tokenizer, get_template("qwen3-reranker"), max_length=160)
+    bodies = [reference.template.render_body("a query", d, None) for d in documents]
+    encoded = reference.tokenization.encode(bodies)
+    by_offsets = [
+        reference._fit("a query", d, b, ids, offs, i)
+        for i, (d, b, (ids, offs)) in enumerate(zip(documents, bodies, encoded))
+    ]
+    assert [p.token_ids for p in prompts] == [
+        reference.prefix_ids + ids + reference.suffix_ids for ids, _ in by_offsets
+    ]

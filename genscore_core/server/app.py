@@ -242,6 +242,7 @@ def create_app(
             "shared_batches": counters.shared_batches,
             "failures": counters.failures,
             "batch_sizes": {str(size): n for size, n in sorted(counters.batch_sizes.items())},
+            "waited_batches": {str(k): n for k, n in sorted(counters.waited_batches.items())},
             "in_flight": abandon_stats.in_flight,
             "waiting_to_tokenize": scorer.front_end.tokenizer_waiting,
             "tokenized_requests": abandon_stats.tokenized,

@@ -31,6 +31,8 @@ class _Entry:
     job: ScoringJob
     tokens: int
     future: asyncio.Future[list[float]]
+    batches_done: int = 0
+    """Engine calls finished when the job was queued."""
 
 
 @dataclass
@@ -49,6 +51,9 @@ class BatchStats:
     """Jobs answered with an error."""
     batch_sizes: dict[int, int] = field(default_factory=dict)
     """Number of engine calls per number of jobs in the call."""
+    waited_batches: dict[int, int] = field(default_factory=dict)
+    """Number of jobs per number of engine calls that ran while the job was queued (the one running
+    when it arrived included)."""
 
 
 class RequestBatcher(ScoringBackend):
@@ -169,7 +174,7 @@ class RequestBatcher(ScoringBackend):
                 "retry shortly"
             )
         future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
-        entry = _Entry(job, sum(len(prompt) for prompt in job.prompts), future)
+        entry = _Entry(job, sum(len(prompt) for prompt in job.prompts), future, self.stats.batches)
         self._pending.append(entry)
         self._pending_tokens += entry.tokens
         self._wakeup.set()
@@ -251,3 +256,7 @@ class RequestBatcher(ScoringBackend):
         stats.shared_batches += size > 1
         stats.failures += sum(isinstance(outcome, Exception) for outcome in outcomes)
         stats.batch_sizes[size] = stats.batch_sizes.get(size, 0) + 1
+        for entry in batch:
+            # stats.batches already counts this call: the calls before it that the job saw run.
+            waited = stats.batches - 1 - entry.batches_done
+            stats.waited_batches[waited] = stats.waited_batches.get(waited, 0) + 1

@@ -128,3 +128,23 @@ async def test_cancelled_requests_are_skipped() -> None:
 async def test_empty_job_needs_no_batch() -> None:
     batcher = RequestBatcher(RecordingBackend())
     assert await batcher.score(ScoringJob([], [1])) == []
+
+
+async def test_waited_batches_count_the_calls_that_ran_while_a_job_was_queued() -> None:
+    backend = RecordingBackend()
+    backend.release.clear()  # the first job's call holds the worker while the others queue
+    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
+    batcher.start()
+    try:
+        first = asyncio.ensure_future(batcher.score(job(1)))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.ensure_future(batcher.score(job(tag))) for tag in range(2, 6)]
+        await asyncio.sleep(0.05)
+        backend.release.set()
+        await asyncio.gather(first, *rest)
+    finally:
+        await batcher.stop()
+    # Calls in arrival order: [1], then pairs within 8 tokens: [2, 3], [4, 5].
+    assert backend.calls == [[1], [2, 3], [4, 5]]
+    # Job 1 waited behind nothing; 2 and 3 behind call [1]; 4 and 5 behind [1] and [2, 3].
+    assert batcher.stats.waited_batches == {0: 1, 1: 2, 2: 2}
