@@ -22,10 +22,13 @@ class RecordingBackend:
         self.delay = delay
         self.release = threading.Event()
         self.release.set()
+        self.entered = threading.Event()
+        """Set once the worker has called score_jobs: what tests wait for instead of sleeping."""
 
     def score_jobs(
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
     ) -> list[list[float]]:
+        self.entered.set()
         self.release.wait(5)
         self.calls.append([job.prompts[0][0] for job in jobs])
         if self.fail_on is not None and any(job.prompts[0][0] == self.fail_on for job in jobs):
@@ -60,7 +63,7 @@ async def test_token_budget_splits_batches_and_a_big_job_runs_alone() -> None:
     try:
         tasks = [asyncio.ensure_future(batcher.score(job(tag))) for tag in range(1, 6)]
         tasks.append(asyncio.ensure_future(batcher.score(job(9, tokens=50))))
-        await asyncio.sleep(0.05)
+        await asyncio.to_thread(backend.entered.wait, 5)
         backend.release.set()
         results = await asyncio.gather(*tasks)
     finally:
@@ -91,7 +94,7 @@ async def test_full_queue_and_shutdown_answer_busy() -> None:
     batcher = RequestBatcher(backend, max_batch_tokens=4, max_wait_ms=0, max_queued=2)
     batcher.start()
     first = asyncio.ensure_future(batcher.score(job(1)))
-    await asyncio.sleep(0.05)  # taken by the worker, which is held
+    await asyncio.to_thread(backend.entered.wait, 5)  # taken by the worker, which is held
     queued = [asyncio.ensure_future(batcher.score(job(tag))) for tag in (2, 3)]
     await asyncio.sleep(0)
     with pytest.raises(ServerBusyError, match="already waiting"):
@@ -113,7 +116,7 @@ async def test_cancelled_requests_are_skipped() -> None:
     batcher.start()
     try:
         first = asyncio.ensure_future(batcher.score(job(1)))
-        await asyncio.sleep(0.05)
+        await asyncio.to_thread(backend.entered.wait, 5)
         gone = asyncio.ensure_future(batcher.score(job(2)))
         kept = asyncio.ensure_future(batcher.score(job(3)))
         await asyncio.sleep(0)
