@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from genscore_core.cli_args import add_config_arguments, config_settings, flag_of, positive_int
 from genscore_core.errors import GenScoreError, RemoteScoringError
+from genscore_core.jobs.cli import add_score_command
 from genscore_core.server.cli import add_serve_command
 
 EXIT_BAD_INPUT = 2
@@ -197,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.set_defaults(handler=_make_tiny_model)
 
     add_serve_command(commands, scorer_flag_aliases=SCORER_FLAG_ALIASES)
+    add_score_command(commands, scorer_flag_aliases=SCORER_FLAG_ALIASES)
     return parser
 
 

@@ -1,0 +1,100 @@
+"""The ``genscore score`` subcommand: arguments, and running :func:`~genscore_core.jobs.score_file`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from genscore_core.cli_args import add_config_arguments, config_settings, positive_int
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def add_score_command(commands: Any, scorer_flag_aliases: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Add ``score`` to the subcommands of the ``genscore`` parser."""
+    score = commands.add_parser(
+        "score",
+        help="score every (query, document) row of a JSONL, CSV or Parquet file; resumable",
+        description="Write the input's rows with a score column added, in input order, to OUTPUT "
+        "(same format as the input). Rows are scored in chunks, each chunk grouped by query, and "
+        "each finished chunk is kept in OUTPUT.partial/: rerun the same command after an "
+        "interruption and it resumes where it stopped.",
+    )
+    score.add_argument("input", metavar="INPUT", type=Path, help=".jsonl, .csv or .parquet file")
+    score.add_argument("-o", "--output", required=True, type=Path, help="output file (same format)")
+    # The job draws its own progress bar; everything else a scorer takes is a flag.
+    add_config_arguments(score, exclude={"show_progress"}, aliases=scorer_flag_aliases)
+    score.add_argument("--format", choices=["jsonl", "csv", "parquet"], help="default: from the extension")
+    score.add_argument("--query-column", default="query", help="default %(default)s")
+    score.add_argument("--document-column", default="document", help="default %(default)s")
+    score.add_argument("--score-column", default="score", help="output column (default %(default)s)")
+    score.add_argument(
+        "--chunk-size",
+        type=positive_int,
+        default=4096,
+        help="rows read, scored and written at a time (default %(default)s)",
+    )
+    score.add_argument(
+        "--on-bad-row",
+        choices=["fail", "skip"],
+        default="fail",
+        help="fail: stop, naming the bad rows by line; skip: leave them out and list them in "
+        "OUTPUT.bad-rows.jsonl (default %(default)s)",
+    )
+    score.add_argument("--restart", action="store_true", help="discard an unfinished earlier run")
+    score.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
+    score.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    score.add_argument(
+        "--crash-after-chunks",
+        type=_non_negative_int,
+        metavar="N",
+        help="testing: after writing N chunks, kill this process (SIGKILL) halfway through writing the "
+        "next, to check that a rerun resumes exactly",
+    )
+    score.set_defaults(handler=run_score)
+
+
+def run_score(args: argparse.Namespace) -> int:
+    from genscore_core.config import ScorerConfig
+    from genscore_core.jobs.score import ScoreFileOptions, score_file
+
+    settings = config_settings(args)
+    options = ScoreFileOptions(
+        input=args.input,
+        output=args.output,
+        format=args.format,
+        query_column=args.query_column,
+        document_column=args.document_column,
+        score_column=args.score_column,
+        chunk_size=args.chunk_size,
+        on_bad_row=args.on_bad_row,
+        restart=args.restart,
+        overwrite=args.overwrite,
+        show_progress=not args.no_progress,
+        crash_after_chunks=args.crash_after_chunks,
+    )
+    try:
+        report = score_file(options, ScorerConfig(**settings))
+    except ImportError as error:  # pyarrow, for Parquet
+        print(f"genscore: error: {error}", file=sys.stderr)
+        return 2
+    kept = report.rows_written - report.rows_scored
+    resumed = f" ({kept} rows kept from an interrupted run)" if report.resumed_chunks else ""
+    print(f"genscore: wrote {report.rows_written} rows to {report.output}{resumed}", file=sys.stderr)
+    if report.bad_rows:
+        print(
+            f"genscore: {report.bad_rows} bad rows left out; listed with line numbers in {report.bad_rows_file}",
+            file=sys.stderr,
+        )
+    return 0

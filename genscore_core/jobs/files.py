@@ -1,0 +1,393 @@
+"""Rows in and out of JSON lines, CSV and Parquet files, one chunk at a time.
+
+Readers yield every input row, good or bad, in file order, each with the line (or, for Parquet, row)
+number that an error message should name. Writers write one chunk to one part file; :func:`merge_parts`
+joins the parts into the final output. Only one chunk is ever held in memory.
+
+JSON lines and CSV need only the standard library; Parquet needs pyarrow
+(``pip install "genscore[parquet]"``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+from genscore_core.errors import InvalidRequestError
+
+FileFormat = Literal["jsonl", "csv", "parquet"]
+FORMATS: tuple[FileFormat, ...] = ("jsonl", "csv", "parquet")
+_SUFFIXES: dict[str, FileFormat] = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+PART_SUFFIX: dict[FileFormat, str] = {"jsonl": ".jsonl", "csv": ".csv", "parquet": ".parquet"}
+
+
+class InputFileError(InvalidRequestError):
+    """The input file as a whole cannot be read (missing column, not UTF-8, malformed CSV...)."""
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Names of the columns the job reads and writes."""
+
+    query: str = "query"
+    document: str = "document"
+    score: str = "score"
+
+
+@dataclass
+class InputRow:
+    """One row of the input. ``problem`` is set, and ``fields`` may be ``None``, for a bad row."""
+
+    number: int
+    """1-based line number (JSON lines, CSV: the row's first line) or row number (Parquet)."""
+    fields: dict[str, Any] | None
+    problem: str | None = None
+    raw: str | None = None
+    """The row as it appeared in the input, kept for bad rows only."""
+    query: str = ""
+    document: str = ""
+
+
+def detect_format(path: Path, given: str | None = None) -> FileFormat:
+    if given is not None:
+        if given not in FORMATS:
+            raise InputFileError(f"unknown format {given!r}; expected one of {', '.join(FORMATS)}")
+        return given  # type: ignore[return-value]
+    fmt = _SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise InputFileError(
+            f"{path}: cannot tell the format from the extension {path.suffix!r}; "
+            "use .jsonl, .csv or .parquet, or pass --format"
+        )
+    return fmt
+
+
+def _check_pair(row: InputRow, columns: Columns) -> InputRow:
+    """Fill in the row's query and document, or say what is wrong with it."""
+    fields = row.fields
+    assert fields is not None
+    if columns.score in fields:
+        row.problem = f"column {columns.score!r} is reserved for the output score (--score-column)"
+        return row
+    for name in (columns.query, columns.document):
+        if name not in fields:
+            row.problem = f"missing {name!r}"
+            return row
+        value = fields[name]
+        if not isinstance(value, str):
+            got = "null" if value is None else type(value).__name__
+            row.problem = f"{name!r} must be a string, got {got}"
+            return row
+    row.query = fields[columns.query]
+    row.document = fields[columns.document]
+    return row
+
+
+class RowReader:
+    """Iterate the rows of an input file after skipping the first ``skip`` of them.
+
+    ``total`` and :meth:`position` measure progress (bytes for text formats, rows for Parquet).
+    """
+
+    unit = "B"
+
+    def __init__(self, path: Path, columns: Columns, skip: int = 0) -> None:
+        self.path = path
+        self.columns = columns
+        self.skip = skip
+        self.total = path.stat().st_size
+
+    def position(self) -> int:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[InputRow]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class JsonLinesReader(RowReader):
+    """JSON objects, one a line; blank lines are not rows and are passed over."""
+
+    def __init__(self, path: Path, columns: Columns, skip: int = 0) -> None:
+        super().__init__(path, columns, skip)
+        self._file: BinaryIO = open(path, "rb")  # closed by close()
+
+    def position(self) -> int:
+        return self._file.tell()
+
+    def __iter__(self) -> Iterator[InputRow]:
+        seen = 0
+        for number, line in enumerate(self._file, start=1):
+            if not line.strip():
+                continue
+            seen += 1
+            if seen <= self.skip:
+                continue  # resumed: already written, no need to parse
+            yield self._parse(number, line)
+
+    def _parse(self, number: int, line: bytes) -> InputRow:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            return InputRow(number, None, "not UTF-8 text", repr(line))
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as error:
+            return InputRow(number, None, f"invalid JSON ({error.msg})", text.rstrip("\r\n"))
+        if not isinstance(record, dict):
+            return InputRow(number, None, "expected a JSON object", text.rstrip("\r\n"))
+        row = _check_pair(InputRow(number, record), self.columns)
+        if row.problem:
+            row.raw = text.rstrip("\r\n")
+        return row
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class CsvReader(RowReader):
+    """A CSV file with a header row; every value is a string."""
+
+    def __init__(self, path: Path, columns: Columns, skip: int = 0) -> None:
+        super().__init__(path, columns, skip)
+        self._binary: BinaryIO = open(path, "rb")  # closed by close()
+        self._text = io.TextIOWrapper(self._binary, encoding="utf-8", newline="")
+        self._reader = csv.reader(self._text)
+        try:
+            self.header: list[str] = next(self._reader)
+        except StopIteration:
+            raise InputFileError(f"{path}: empty CSV file (no header row)") from None
+        except (csv.Error, UnicodeDecodeError) as error:
+            raise InputFileError(f"{path}, line 1: cannot read the header ({error})") from None
+        for name in (columns.query, columns.document):
+            if name not in self.header:
+                raise InputFileError(f"{path}: no {name!r} column in the header {self.header}")
+        if columns.score in self.header:
+            raise InputFileError(
+                f"{path}: column {columns.score!r} is reserved for the output score (--score-column)"
+            )
+
+    def position(self) -> int:
+        return self._binary.tell()
+
+    def __iter__(self) -> Iterator[InputRow]:
+        seen = 0
+        width = len(self.header)
+        while True:
+            number = self._reader.line_num + 1
+            try:
+                values = next(self._reader)
+            except StopIteration:
+                return
+            except UnicodeDecodeError:
+                raise InputFileError(f"{self.path}, near line {number}: not UTF-8 text") from None
+            except csv.Error as error:
+                raise InputFileError(f"{self.path}, line {number}: malformed CSV ({error})") from None
+            if not values:
+                continue  # a blank line
+            seen += 1
+            if seen <= self.skip:
+                continue
+            if len(values) != width:
+                yield InputRow(
+                    number,
+                    None,
+                    f"{len(values)} fields, but the header has {width}",
+                    _csv_line(values),
+                )
+                continue
+            yield _check_pair(InputRow(number, dict(zip(self.header, values))), self.columns)
+
+    def close(self) -> None:
+        self._text.close()
+
+
+class ParquetReader(RowReader):
+    """A Parquet file, read one record batch at a time."""
+
+    unit = "row"
+
+    def __init__(self, path: Path, columns: Columns, skip: int = 0, batch_rows: int = 4096) -> None:
+        super().__init__(path, columns, skip)
+        pq = import_pyarrow_parquet()
+        import pyarrow as pa
+
+        self._file = pq.ParquetFile(path)
+        self.schema = self._file.schema_arrow
+        self.total = self._file.metadata.num_rows
+        self._batch_rows = batch_rows
+        self._position = 0
+        for name in (columns.query, columns.document):
+            index = self.schema.get_field_index(name)
+            if index < 0:
+                raise InputFileError(f"{path}: no {name!r} column (columns: {self.schema.names})")
+            kind = self.schema.field(index).type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+                raise InputFileError(f"{path}: column {name!r} holds {kind}, expected strings")
+        if columns.score in self.schema.names:
+            raise InputFileError(
+                f"{path}: column {columns.score!r} is reserved for the output score (--score-column)"
+            )
+
+    def position(self) -> int:
+        return self._position
+
+    def __iter__(self) -> Iterator[InputRow]:
+        number = 0
+        for batch in self._file.iter_batches(batch_size=self._batch_rows):
+            if number + batch.num_rows <= self.skip:
+                number += batch.num_rows  # resumed: the whole batch is already written
+                self._position = number
+                continue
+            start = max(0, self.skip - number)
+            for offset, record in enumerate(batch.slice(start).to_pylist()):
+                row = _check_pair(InputRow(number + start + offset + 1, record), self.columns)
+                if row.problem:
+                    row.raw = json.dumps(record, ensure_ascii=False, default=str)
+                self._position = row.number
+                yield row
+            number += batch.num_rows
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def open_reader(path: Path, fmt: FileFormat, columns: Columns, skip: int = 0) -> RowReader:
+    readers: dict[FileFormat, type[RowReader]] = {
+        "jsonl": JsonLinesReader,
+        "csv": CsvReader,
+        "parquet": ParquetReader,
+    }
+    try:
+        return readers[fmt](path, columns, skip)
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputFileError(f"{path}: is a folder, expected a file") from None
+
+
+def import_pyarrow_parquet() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(
+            'Parquet files need pyarrow; install it with: pip install "genscore[parquet]"'
+        ) from None
+    return pq
+
+
+def _csv_line(values: Sequence[str]) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="").writerow(values)
+    return buffer.getvalue()
+
+
+# -- writing -----------------------------------------------------------------------------------------
+
+
+def output_header(reader: RowReader, columns: Columns) -> Any:
+    """What every part needs besides its rows: the CSV header or the Parquet schema (None for JSON lines)."""
+    if isinstance(reader, CsvReader):
+        return [*reader.header, columns.score]
+    if isinstance(reader, ParquetReader):
+        import pyarrow as pa
+
+        return reader.schema.append(pa.field(columns.score, pa.float64()))
+    return None
+
+
+def encode_part(fmt: FileFormat, rows: list[dict[str, Any]], header: Any) -> bytes:
+    """One chunk of output rows as the bytes of a part file."""
+    if fmt == "jsonl":
+        return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        for row in rows:
+            writer.writerow([_csv_value(row[name]) for name in header])
+        return buffer.getvalue().encode("utf-8")
+    import pyarrow as pa
+
+    pq = import_pyarrow_parquet()
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(rows, schema=header), sink)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+def _csv_value(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def write_atomically(path: Path, data: bytes, *, crash_midway: bool = False) -> None:
+    """Write ``path`` so that it either does not exist or holds all of ``data``, even after a crash."""
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as out:
+        if crash_midway:
+            # Fault injection for the resume tests: die like a killed process, half a file written.
+            out.write(data[: len(data) // 2])
+            out.flush()
+            os.fsync(out.fileno())
+            _die()
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
+
+
+def _die() -> None:
+    import signal
+
+    kill = getattr(signal, "SIGKILL", None)
+    if kill is not None:
+        os.kill(os.getpid(), kill)
+    os._exit(137)
+
+
+def merge_parts(fmt: FileFormat, parts: Sequence[Path], header: Any, output: Path) -> int:
+    """Join the part files, in order, into ``output`` (written atomically); return its row count."""
+    temporary = output.with_name(output.name + ".tmp")
+    rows = 0
+    if fmt == "parquet":
+        pq = import_pyarrow_parquet()
+        with pq.ParquetWriter(temporary, header) as writer:
+            for part in parts:
+                table = pq.read_table(part, schema=header)
+                rows += table.num_rows
+                writer.write_table(table)
+    else:
+        with open(temporary, "wb") as out:
+            if fmt == "csv":
+                out.write(_csv_line(header).encode("utf-8") + b"\n")
+            for part in parts:
+                with open(part, "rb") as source:
+                    while block := source.read(1 << 20):
+                        out.write(block)
+                rows += _count_text_rows(fmt, part)
+    with open(temporary, "rb+") as done:
+        os.fsync(done.fileno())
+    os.replace(temporary, output)
+    return rows
+
+
+def _count_text_rows(fmt: FileFormat, part: Path) -> int:
+    if fmt == "csv":  # a quoted value may span lines
+        with open(part, encoding="utf-8", newline="") as source:
+            return sum(1 for _ in csv.reader(source))
+    with open(part, "rb") as source:  # JSON lines never hold a raw newline
+        return sum(1 for _ in source)

@@ -1,0 +1,335 @@
+"""``genscore score``: score every (query, document) row of a file, resumably, in constant memory.
+
+The input is read in chunks of ``chunk_size`` rows. Each chunk is scored through the scorer's pair
+path, which groups the chunk's rows by query so that each query's shared prompt prefix is computed once,
+and written as one part file in a work folder beside the output (``OUTPUT.partial/``), atomically:
+a part either exists whole or not at all. When every chunk is done the parts are joined into
+``OUTPUT`` and the work folder is removed.
+
+Chunk ``k`` always holds input rows ``k * chunk_size`` to ``(k + 1) * chunk_size - 1``, so a rerun
+after an interruption keeps the finished parts, skips their rows and scores the rest exactly as an
+uninterrupted run would have; the work folder records the input file and the settings, and a rerun
+with other ones is refused rather than mixed in.
+
+Bad rows (invalid JSON, a missing or non-string query or document, text the scorer refuses) are
+reported with their line number. With ``on_bad_row="fail"`` (the default) the job stops at the first
+chunk holding any, naming them all; with ``"skip"`` they are left out of the output and listed, with
+the reason, in ``OUTPUT.bad-rows.jsonl``, and the summary counts them. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from genscore_core.config import ScorerConfig
+from genscore_core.errors import InvalidRequestError
+from genscore_core.jobs.files import (
+    PART_SUFFIX,
+    Columns,
+    FileFormat,
+    InputFileError,
+    InputRow,
+    RowReader,
+    detect_format,
+    encode_part,
+    merge_parts,
+    open_reader,
+    output_header,
+    write_atomically,
+)
+
+if TYPE_CHECKING:
+    from genscore_core.scorer import GenerativeScorer
+
+_MANIFEST = "job.json"
+_MANIFEST_VERSION = 1
+# How many bad rows one error message lists before it says "and N more".
+_LISTED_BAD_ROWS = 20
+
+
+class JobStateError(InvalidRequestError):
+    """The output or its work folder is in a state the job must not overwrite without being told."""
+
+
+class ScoreFileOptions(BaseModel):
+    """What ``genscore score`` reads, writes and how (the scorer's own settings are a ScorerConfig)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: Path
+    output: Path
+    format: Literal["jsonl", "csv", "parquet"] | None = None
+    """Input (and output) format; ``None`` reads it from the input's extension."""
+    query_column: str = "query"
+    document_column: str = "document"
+    score_column: str = "score"
+    chunk_size: int = Field(default=4096, gt=0)
+    """Rows read, scored and written at a time: the memory bound and the unit of resumption."""
+    on_bad_row: Literal["fail", "skip"] = "fail"
+    restart: bool = False
+    """Discard the parts of an earlier, unfinished run instead of resuming it."""
+    overwrite: bool = False
+    """Replace an existing output file."""
+    show_progress: bool = True
+    crash_after_chunks: int | None = Field(default=None, ge=0)
+    """Fault injection for testing resumption: after writing this many chunks, the process kills itself
+    (SIGKILL) halfway through writing the next one."""
+
+    @property
+    def columns(self) -> Columns:
+        return Columns(self.query_column, self.document_column, self.score_column)
+
+
+@dataclass
+class ScoreFileReport:
+    output: Path
+    rows_written: int
+    """Rows in the output (resumed and new)."""
+    rows_scored: int
+    """Rows scored by this run (the rest came from an earlier, interrupted run)."""
+    bad_rows: int
+    bad_rows_file: Path | None
+    resumed_chunks: int
+
+
+@dataclass
+class _Chunk:
+    index: int
+    rows: list[InputRow]
+
+
+def score_file(
+    options: ScoreFileOptions,
+    scorer_config: ScorerConfig,
+    scorer: GenerativeScorer | None = None,
+) -> ScoreFileReport:
+    """Score every row of ``options.input`` into ``options.output``; see the module docs.
+
+    Args:
+        options: Files, columns, chunking and what to do with bad rows.
+        scorer_config: The scorer's settings; recorded so that a resumed run scores like the first.
+        scorer: A ready scorer built from ``scorer_config``; ``None`` loads one once the input and the
+            work folder have been checked (so a mistake is reported before the model loads).
+
+    Raises:
+        InvalidRequestError: A bad row with ``on_bad_row="fail"`` (its message names every bad row of
+            the chunk by line), an unreadable input (:class:`~genscore_core.jobs.files.InputFileError`),
+            an output or work folder in the way (:class:`JobStateError`).
+    """
+    fmt = detect_format(options.input, options.format)
+    out_fmt = detect_format(options.output, options.format)
+    if out_fmt != fmt:
+        raise InputFileError(
+            f"the output {options.output} would be {out_fmt} but the input is {fmt}; "
+            "the output keeps the input's format"
+        )
+    if options.output.resolve() == options.input.resolve():
+        raise JobStateError("the output must not be the input file")
+    columns = options.columns
+    work = options.output.with_name(options.output.name + ".partial")
+    bad_rows_file = options.output.with_name(options.output.name + ".bad-rows.jsonl")
+    # Checks the columns and the header before any state is touched.
+    open_reader(options.input, fmt, columns).close()
+
+    manifest = _manifest(options, fmt, scorer_config)
+    done = _prepare_work_folder(options, work, manifest)
+    suffix = PART_SUFFIX[fmt]
+    reader = open_reader(options.input, fmt, columns, skip=done * options.chunk_size)
+    try:
+        header = output_header(reader, columns)
+        if scorer is None:
+            from genscore_core.scorer import GenerativeScorer
+
+            scorer = GenerativeScorer(config=scorer_config)
+        scored = 0
+        with tqdm(
+            total=reader.total,
+            unit=reader.unit,
+            unit_scale=reader.unit == "B",
+            disable=not options.show_progress,
+            file=sys.stderr,
+            desc="scoring",
+        ) as bar:
+            bar.update(reader.position())
+            for written_now, chunk in enumerate(_chunks(reader, options.chunk_size, first=done)):
+                good, bad = _score_chunk(scorer, chunk.rows, options.on_bad_row)
+                if bad and options.on_bad_row == "fail":
+                    raise InvalidRequestError(_describe_bad_rows(options.input, bad), param="input")
+                rows = [dict(row.fields or {}, **{columns.score: score}) for row, score in good]
+                part = work / f"part-{chunk.index:08d}{suffix}"
+                crash = options.crash_after_chunks is not None and written_now == options.crash_after_chunks
+                if bad:
+                    # Written before the part: a committed part always has its bad rows beside it.
+                    write_atomically(work / f"bad-{chunk.index:08d}.jsonl", _bad_rows_lines(bad))
+                write_atomically(part, encode_part(fmt, rows, header), crash_midway=crash)
+                scored += len(rows)
+                bar.update(reader.position() - bar.n)
+        parts = sorted(work.glob(f"part-*{suffix}"))
+        written = merge_parts(fmt, parts, header, options.output)
+        bad_count = _join_bad_rows(sorted(work.glob("bad-*.jsonl")), bad_rows_file)
+    finally:
+        reader.close()
+    shutil.rmtree(work)
+    return ScoreFileReport(
+        output=options.output,
+        rows_written=written,
+        rows_scored=scored,
+        bad_rows=bad_count,
+        bad_rows_file=bad_rows_file if bad_count else None,
+        resumed_chunks=done,
+    )
+
+
+def _manifest(options: ScoreFileOptions, fmt: FileFormat, config: ScorerConfig) -> dict[str, Any]:
+    stat = options.input.stat()
+    return {
+        "version": _MANIFEST_VERSION,
+        "input": str(options.input.resolve()),
+        "input_size": stat.st_size,
+        "input_mtime_ns": stat.st_mtime_ns,
+        "format": fmt,
+        "columns": [options.query_column, options.document_column, options.score_column],
+        "chunk_size": options.chunk_size,
+        "scorer": config.model_dump(mode="json", exclude={"show_progress", "server_api_key"}),
+    }
+
+
+def _prepare_work_folder(options: ScoreFileOptions, work: Path, manifest: dict[str, Any]) -> int:
+    """Make the work folder ready; return how many chunks an earlier run already finished."""
+    if options.restart and work.exists():
+        shutil.rmtree(work)
+    if not work.exists():
+        if options.output.exists() and not options.overwrite:
+            raise JobStateError(
+                f"{options.output} already exists; pass --overwrite to replace it", param="output"
+            )
+        work.mkdir(parents=True)
+        write_atomically(work / _MANIFEST, json.dumps(manifest, indent=1).encode())
+        return 0
+    try:
+        earlier = json.loads((work / _MANIFEST).read_text())
+    except (OSError, ValueError):
+        earlier = None
+    if earlier != manifest:
+        changed = (
+            ["the work folder's record is missing or unreadable"]
+            if not isinstance(earlier, dict)
+            else sorted(key for key in {*manifest, *earlier} if earlier.get(key) != manifest.get(key))
+        )
+        raise JobStateError(
+            f"{work} holds an unfinished run with other settings or another input "
+            f"(differs in: {', '.join(changed)}); rerun with the same ones to resume, "
+            "or pass --restart to discard it",
+            param="output",
+        )
+    suffix = PART_SUFFIX[manifest["format"]]
+    done = 0
+    while (work / f"part-{done:08d}{suffix}").exists():
+        done += 1
+    # Anything else is left over from the interrupted chunk: half-written files, its bad rows.
+    for path in work.iterdir():
+        if path.name == _MANIFEST:
+            continue
+        number = path.name.split(".")[0].split("-")[-1]
+        if path.name.endswith(".tmp") or not number.isdigit() or int(number) >= done:
+            path.unlink()
+    return done
+
+
+def _chunks(reader: RowReader, size: int, first: int) -> Iterator[_Chunk]:
+    rows: list[InputRow] = []
+    index = first
+    for row in reader:
+        rows.append(row)
+        if len(rows) == size:
+            yield _Chunk(index, rows)
+            rows, index = [], index + 1
+    if rows:
+        yield _Chunk(index, rows)
+
+
+def _score_chunk(
+    scorer: GenerativeScorer, rows: list[InputRow], on_bad_row: str
+) -> tuple[list[tuple[InputRow, float]], list[InputRow]]:
+    """Scores of the chunk's good rows, in order, and its bad rows (the scorer's refusals included)."""
+    bad = [row for row in rows if row.problem]
+    good = [row for row in rows if not row.problem]
+    if bad and on_bad_row == "fail":
+        return [], bad
+    try:
+        scores = scorer.score_pairs([(row.query, row.document) for row in good])
+    except InvalidRequestError:
+        refused = _find_refused(scorer, good)
+        if not refused:
+            raise
+        bad = sorted(bad + refused, key=lambda row: row.number)
+        if on_bad_row == "fail":
+            return [], bad
+        good = [row for row in good if not row.problem]
+        scores = scorer.score_pairs([(row.query, row.document) for row in good])
+    return list(zip(good, scores)), bad
+
+
+def _find_refused(scorer: GenerativeScorer, rows: list[InputRow]) -> list[InputRow]:
+    """Mark the rows whose prompts the scorer refuses to build, one query at a time (no scoring)."""
+    by_query: dict[str, list[InputRow]] = {}
+    for row in rows:
+        by_query.setdefault(row.query, []).append(row)
+    refused: list[InputRow] = []
+    for query, group in by_query.items():
+        while True:
+            remaining = [row for row in group if not row.problem]
+            if not remaining:
+                break
+            try:
+                scorer.prepare_pairs([(query, row.document) for row in remaining])
+                break
+            except InvalidRequestError as error:
+                # With one query, an index is a position in `remaining`; without one the query is at fault.
+                culprits = [remaining[error.index]] if error.index is not None else remaining
+                for row in culprits:
+                    row.problem = f"refused by the scorer: {error.message}"
+                    row.raw = json.dumps(row.fields, ensure_ascii=False, default=str)
+                refused.extend(culprits)
+    return refused
+
+
+def _describe_bad_rows(source: Path, bad: list[InputRow]) -> str:
+    lines = [f"line {row.number}: {row.problem}" for row in bad[:_LISTED_BAD_ROWS]]
+    more = f"; and {len(bad) - _LISTED_BAD_ROWS} more" if len(bad) > _LISTED_BAD_ROWS else ""
+    noun = "bad row" if len(bad) == 1 else "bad rows"
+    return (
+        f"{source}: {len(bad)} {noun} ({'; '.join(lines)}{more}); fix them, or pass --on-bad-row skip "
+        "to leave them out and list them in OUTPUT.bad-rows.jsonl"
+    )
+
+
+def _bad_rows_lines(bad: list[InputRow]) -> bytes:
+    return "".join(
+        json.dumps({"line": row.number, "error": row.problem, "input": row.raw}, ensure_ascii=False) + "\n"
+        for row in bad
+    ).encode("utf-8")
+
+
+def _join_bad_rows(parts: list[Path], target: Path) -> int:
+    count = 0
+    if not parts:
+        target.unlink(missing_ok=True)  # a stale list from an earlier run would mislead
+        return 0
+    temporary = target.with_name(target.name + ".tmp")
+    with open(temporary, "wb") as out:
+        for part in parts:
+            data = part.read_bytes()
+            count += data.count(b"\n")
+            out.write(data)
+    temporary.replace(target)
+    return count

@@ -1,0 +1,250 @@
+"""``genscore score``: every row scored like the official recipe, in order, grouped by query per chunk,
+bad rows named by line, and a run killed halfway resumed to the very bytes of an uninterrupted run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
+from genscore_core.jobs import JobStateError, ScoreFileOptions, score_file
+from tests.reference_recipe import official_qwen3_scores
+
+GENSCORE = shutil.which("genscore")
+QUERIES = ["capital of France", "how do plants make food", "tallest mountain"]
+WORDS = "the a Paris France Berlin sun light leaf mountain Everest high river city water energy".split()
+
+
+def make_rows(count: int) -> list[dict[str, Any]]:
+    """Rows whose queries interleave, so grouping by query has work to do."""
+    rows = []
+    for i in range(count):
+        words = [WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(3 + i % 9)]
+        rows.append(
+            {"id": i, "query": QUERIES[i % 3], "document": " ".join(words), "meta": {"n": i, "tag": "ü"}}
+        )
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def config_of(scorer: GenerativeScorer) -> ScorerConfig:
+    return scorer.config
+
+
+class RecordingScorer:
+    """Forwards to the real scorer and records the pairs of each scoring call."""
+
+    def __init__(self, scorer: GenerativeScorer) -> None:
+        self.scorer = scorer
+        self.calls: list[list[tuple[str, str]]] = []
+
+    def score_pairs(self, pairs: list[tuple[str, str]]) -> list[float]:
+        self.calls.append(list(pairs))
+        return self.scorer.score_pairs(pairs)
+
+    def prepare_pairs(self, pairs: list[tuple[str, str]]) -> Any:
+        return self.scorer.prepare_pairs(pairs)
+
+
+def test_jsonl_rows_come_back_in_order_with_the_official_recipes_scores(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    rows = make_rows(23)
+    source = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    recording = RecordingScorer(scorer)
+    options = ScoreFileOptions(
+        input=source, output=tmp_path / "scored.jsonl", chunk_size=7, show_progress=False
+    )
+    report = score_file(options, config_of(scorer), recording)  # type: ignore[arg-type]
+
+    out = read_jsonl(tmp_path / "scored.jsonl")
+    assert [{k: v for k, v in row.items() if k != "score"} for row in out] == rows
+    assert list(out[0]) == ["id", "query", "document", "meta", "score"]
+    expected = official_qwen3_scores(
+        scorer.model, scorer.tokenizer, [(r["query"], r["document"]) for r in rows], max_length=512
+    )
+    assert [row["score"] for row in out] == pytest.approx(expected, abs=2e-5)
+    assert (report.rows_written, report.rows_scored, report.bad_rows) == (23, 23, 0)
+    assert not (tmp_path / "scored.jsonl.partial").exists()
+    # One scoring call per chunk, holding the chunk's rows; the pair path makes one job per query in it.
+    assert [len(call) for call in recording.calls] == [7, 7, 7, 2]
+    for call in recording.calls:
+        assert len(scorer.prepare_pairs(call).jobs) == len({query for query, _ in call})
+
+
+def test_csv_keeps_values_as_text_and_names_bad_rows_by_line(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    source = tmp_path / "pairs.csv"
+    with open(source, "w", encoding="utf-8", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["id", "query", "document"])
+        writer.writerow(
+            ["007", "capital of France", "Paris is the capital.\nIt is on the Seine."]
+        )  # lines 2-3
+        writer.writerow(["008", "capital of France", "Berlin"])  # line 4
+        out.write("009,capital of France\n")  # line 5: a field short
+        writer.writerow(["010", "tallest mountain", "Everest, in the Himalaya"])  # line 6
+    output = tmp_path / "scored.csv"
+
+    with pytest.raises(InvalidRequestError, match=r"1 bad row \(line 5: 2 fields, but the header has 3\)"):
+        score_file(
+            ScoreFileOptions(input=source, output=output, show_progress=False), config_of(scorer), scorer
+        )
+    assert not output.exists()
+
+    options = ScoreFileOptions(
+        input=source, output=output, on_bad_row="skip", restart=True, chunk_size=2, show_progress=False
+    )
+    report = score_file(options, config_of(scorer), scorer)
+    with open(output, encoding="utf-8", newline="") as scored:
+        written = list(csv.DictReader(scored))
+    assert [row["id"] for row in written] == ["007", "008", "010"]
+    assert written[0]["document"] == "Paris is the capital.\nIt is on the Seine."
+    pairs = [(row["query"], row["document"]) for row in written]
+    expected = official_qwen3_scores(scorer.model, scorer.tokenizer, pairs, max_length=512)
+    assert [float(row["score"]) for row in written] == pytest.approx(expected, abs=2e-5)
+    assert report.bad_rows == 1 and report.bad_rows_file is not None
+    assert read_jsonl(report.bad_rows_file) == [
+        {"line": 5, "error": "2 fields, but the header has 3", "input": "009,capital of France"}
+    ]
+
+
+def test_parquet_keeps_the_schema_and_lists_null_documents(tmp_path: Path, scorer: GenerativeScorer) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = make_rows(9)
+    documents: list[str | None] = [row["document"] for row in rows]
+    documents[4] = None
+    table = pa.table(
+        {
+            "id": pa.array([r["id"] for r in rows], pa.int32()),
+            "query": [r["query"] for r in rows],
+            "document": documents,
+        }
+    )
+    source = tmp_path / "pairs.parquet"
+    pq.write_table(table, source, row_group_size=4)
+    output = tmp_path / "scored.parquet"
+    options = ScoreFileOptions(
+        input=source, output=output, chunk_size=3, on_bad_row="skip", show_progress=False
+    )
+    report = score_file(options, config_of(scorer), scorer)
+
+    scored = pq.read_table(output)
+    assert scored.schema.field("id").type == pa.int32() and scored.schema.field("score").type == pa.float64()
+    assert scored.column("id").to_pylist() == [0, 1, 2, 3, 5, 6, 7, 8]
+    pairs = [(r["query"], r["document"]) for r in rows if r["id"] != 4]
+    expected = official_qwen3_scores(scorer.model, scorer.tokenizer, pairs, max_length=512)
+    assert scored.column("score").to_pylist() == pytest.approx(expected, abs=2e-5)
+    assert report.bad_rows_file is not None
+    [bad] = read_jsonl(report.bad_rows_file)
+    assert (bad["line"], bad["error"]) == (5, "'document' must be a string, got null")
+
+
+def test_every_bad_row_is_reported_and_none_is_dropped_silently(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    good = make_rows(6)
+    lines = [json.dumps(row) for row in good[:2]]
+    lines += ["", "{not json", json.dumps(["a", "list"]), json.dumps({"query": "q", "document": 5})]
+    lines += [json.dumps(row) for row in good[2:4]]
+    lines += [json.dumps({"query": "q"}), json.dumps({"query": "q", "document": "d", "score": 1})]
+    lines += [json.dumps(row) for row in good[4:]]
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    output = tmp_path / "scored.jsonl"
+
+    with pytest.raises(InvalidRequestError) as failure:
+        score_file(
+            ScoreFileOptions(input=source, output=output, show_progress=False), config_of(scorer), scorer
+        )
+    for line in (4, 5, 6, 9, 10):
+        assert f"line {line}:" in failure.value.message
+    assert "--on-bad-row skip" in failure.value.message
+
+    options = ScoreFileOptions(
+        input=source, output=output, on_bad_row="skip", chunk_size=4, restart=True, show_progress=False
+    )
+    report = score_file(options, config_of(scorer), scorer)
+    assert [row["id"] for row in read_jsonl(output)] == [row["id"] for row in good]
+    assert report.bad_rows_file is not None
+    listed = read_jsonl(report.bad_rows_file)
+    assert [(entry["line"], entry["error"]) for entry in listed] == [
+        (4, "invalid JSON (Expecting property name enclosed in double quotes)"),
+        (5, "expected a JSON object"),
+        (6, "'document' must be a string, got int"),
+        (9, "missing 'document'"),
+        (10, "column 'score' is reserved for the output score (--score-column)"),
+    ]
+    assert listed[1]["input"] == '["a", "list"]'
+    assert report.rows_written + report.bad_rows == len([line for line in lines if line])
+
+
+def test_a_rerun_refuses_other_settings_and_an_existing_output(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    source = write_jsonl(tmp_path / "pairs.jsonl", make_rows(4))
+    output = tmp_path / "scored.jsonl"
+    work = tmp_path / "scored.jsonl.partial"
+    work.mkdir()
+    (work / "job.json").write_text(json.dumps({"version": 1, "chunk_size": 99}))
+    options = ScoreFileOptions(input=source, output=output, show_progress=False)
+    with pytest.raises(JobStateError, match=r"differs in: .*chunk_size.*--restart"):
+        score_file(options, config_of(scorer), scorer)
+    score_file(options.model_copy(update={"restart": True}), config_of(scorer), scorer)
+    with pytest.raises(JobStateError, match="already exists; pass --overwrite"):
+        score_file(options, config_of(scorer), scorer)
+    first = output.read_bytes()
+    score_file(options.model_copy(update={"overwrite": True}), config_of(scorer), scorer)
+    assert output.read_bytes() == first
+
+
+def _genscore(*args: str) -> subprocess.CompletedProcess[str]:
+    assert GENSCORE is not None, "the genscore console script is not installed"
+    return subprocess.run([GENSCORE, *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_the_bytes_of_an_uninterrupted_run(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    source = write_jsonl(tmp_path / "pairs.jsonl", make_rows(40))
+    common = ["--model", str(tiny_model_dir), "--max-length", "512", "--device", "cpu", "--chunk-size", "6"]
+
+    whole = _genscore("score", str(source), "-o", str(tmp_path / "whole.jsonl"), "--no-progress", *common)
+    assert whole.returncode == 0, whole.stderr
+
+    output = tmp_path / "resumed.jsonl"
+    killed = _genscore("score", str(source), "-o", str(output), "--crash-after-chunks", "3", *common)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    work = tmp_path / "resumed.jsonl.partial"
+    assert sorted(p.name for p in work.iterdir()) == [
+        "job.json",
+        "part-00000000.jsonl",
+        "part-00000001.jsonl",
+        "part-00000002.jsonl",
+        "part-00000003.jsonl.tmp",  # the chunk being written when the process died
+    ]
+    assert not output.exists()
+
+    resumed = _genscore("score", str(source), "-o", str(output), "--no-progress", *common)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "wrote 40 rows" in resumed.stderr and "18 rows kept from an interrupted run" in resumed.stderr
+    assert output.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+    assert not work.exists()
