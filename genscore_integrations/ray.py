@@ -1,0 +1,322 @@
+"""genscore on Ray: offline scoring with Ray Data and an autoscaling service with Ray Serve.
+
+Needs Ray (``pip install "genscore[ray]"``); without it, importing this module raises an ImportError
+that names the extra.
+
+Ray Data: :class:`ScoreBatches` is a callable class for ``Dataset.map_batches``. Each actor loads one
+scorer in ``__init__`` and adds a score column to every batch of (query, document) rows, keeping the
+rows, their ids and their order; :func:`score_dataset` applies it with one actor per GPU, and
+:func:`score_file_on_ray` is ``genscore score`` on a cluster (read, score, write)::
+
+    import ray  # noqa: F401 - imported here so that a missing Ray is reported with the extra to install
+    from genscore_integrations.ray import ScoreBatches
+
+    ds = ray.data.read_parquet("s3://bucket/pairs/")
+    scored = ds.map_batches(
+        ScoreBatches,
+        fn_constructor_kwargs={"model": "Qwen/Qwen3-Reranker-0.6B", "dtype": "bfloat16"},
+        batch_size=4096,
+        num_gpus=1,
+        concurrency=8,  # eight actors, one GPU each
+    )
+    scored.write_parquet("s3://bucket/scored/")
+
+Ray Serve: :func:`serve_app` builds a deployment of ``genscore serve``'s own FastAPI app (the same
+endpoints, bodies and errors), one replica per GPU, autoscaled::
+
+    from ray import serve
+    from genscore_integrations.ray import serve_app
+
+    serve.run(serve_app("Qwen/Qwen3-Reranker-0.6B", dtype="bfloat16"), route_prefix="/")
+
+Requests from different callers are batched inside each replica by the app's own request batcher
+(the one ``genscore serve`` uses), which merges the jobs of concurrent requests into one engine
+call up to a token budget; ``@serve.batch`` is not used because it would batch whole requests
+without regard to their size and bypass the app's limits and error handling.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+try:
+    import ray  # noqa: F401 - imported here so that a missing Ray is reported with the extra to install
+except ImportError as exc:
+    raise ImportError(
+        'genscore_integrations.ray needs Ray; install it with: pip install "genscore[ray]"'
+    ) from exc
+
+from genscore_core.config import DEFAULT_MODEL, ScorerConfig
+from genscore_core.errors import InvalidRequestError
+from genscore_core.jobs.files import detect_format
+from genscore_core.scorer import GenerativeScorer
+from genscore_core.server.limits import ServerLimits
+
+if TYPE_CHECKING:
+    from ray.data import Dataset
+    from ray.serve import Application
+
+__all__ = [
+    "DEFAULT_AUTOSCALING",
+    "GenscoreServer",
+    "ScoreBatches",
+    "score_dataset",
+    "score_file_on_ray",
+    "serve_app",
+]
+
+
+class ScoreBatches:
+    """A callable class for ``Dataset.map_batches``: one scorer per actor, a score column per batch.
+
+    Args:
+        model: Hub id or local folder of the reranker (as for :class:`~genscore_core.GenerativeScorer`).
+        query_column: Column holding the queries.
+        document_column: Column holding the documents.
+        score_column: Column added with the scores (float64); it must not exist yet.
+        **settings: :class:`~genscore_core.ScorerConfig` fields (``dtype``, ``max_length``,
+            ``template``, ``instruction``, ...). ``device`` defaults to the GPU Ray gave the actor,
+            or the CPU when it gave none.
+
+    Each batch is scored through the scorer's pair path, which groups the batch's rows by query so
+    each query's shared prefix is computed once; rows may come in any query order. Every other
+    column (ids included) is returned unchanged, in the same row order.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        query_column: str = "query",
+        document_column: str = "document",
+        score_column: str = "score",
+        **settings: Any,
+    ) -> None:
+        self.query_column = query_column
+        self.document_column = document_column
+        self.score_column = score_column
+        self.scorer = GenerativeScorer(model, **settings)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.score_column in batch:
+            raise InvalidRequestError(
+                f"the batch already has a {self.score_column!r} column; pick another score_column",
+                param=self.score_column,
+            )
+        queries = self._texts(batch, self.query_column)
+        documents = self._texts(batch, self.document_column)
+        scores = self.scorer.score_pairs(list(zip(queries, documents)))
+        return {**batch, self.score_column: np.asarray(scores, dtype=np.float64)}
+
+    def _texts(self, batch: dict[str, np.ndarray], column: str) -> list[str]:
+        if column not in batch:
+            raise InvalidRequestError(f"no {column!r} column (columns: {sorted(batch)})", param=column)
+        values = batch[column].tolist()
+        for position, value in enumerate(values):
+            if not isinstance(value, str):
+                got = "null" if value is None else type(value).__name__
+                ids = batch.get("id")
+                where = (
+                    f"row with id {ids[position].item()!r}" if ids is not None else f"batch row {position}"
+                )
+                raise InvalidRequestError(
+                    f"{where}: {column!r} must be a string, got {got}", param=column, index=position
+                )
+        return values
+
+
+def score_dataset(
+    dataset: Dataset,
+    model: str | None = None,
+    *,
+    num_actors: int = 1,
+    num_gpus: float = 0.0,
+    batch_size: int = 4096,
+    query_column: str = "query",
+    document_column: str = "document",
+    score_column: str = "score",
+    batch_class: type[ScoreBatches] | None = None,
+    **settings: Any,
+) -> Dataset:
+    """``dataset`` with a score column, computed by ``num_actors`` :class:`ScoreBatches` actors.
+
+    ``num_gpus=1`` gives each actor a GPU of its own (one model per GPU); 0 scores on CPUs.
+    ``batch_size`` rows go to an actor at a time: larger batches share more query prefixes and fill
+    the forward's token budget better. ``batch_class`` replaces :class:`ScoreBatches` by a subclass
+    (one that adds columns of its own, say).
+    """
+    ScorerConfig(model=model or DEFAULT_MODEL, **settings)  # reject bad settings before any actor starts
+    return dataset.map_batches(
+        batch_class or ScoreBatches,
+        fn_constructor_kwargs={
+            "model": model,
+            "query_column": query_column,
+            "document_column": document_column,
+            "score_column": score_column,
+            **settings,
+        },
+        batch_size=batch_size,
+        batch_format="numpy",
+        concurrency=num_actors,
+        num_gpus=num_gpus or None,
+    )
+
+
+def score_file_on_ray(
+    input: str | Path,
+    output: str | Path,
+    model: str | None = None,
+    *,
+    format: str | None = None,
+    num_actors: int = 1,
+    num_gpus: float = 0.0,
+    batch_size: int = 4096,
+    num_blocks: int | None = None,
+    query_column: str = "query",
+    document_column: str = "document",
+    score_column: str = "score",
+    batch_class: type[ScoreBatches] | None = None,
+    **settings: Any,
+) -> None:
+    """``genscore score`` on a Ray cluster: read ``input``, score every row, write ``output``.
+
+    The input is a JSON lines, CSV or Parquet file (or folder of them, or a URL Ray can read); the
+    output is a folder of files of the same format, which read in name order hold the input's rows
+    in input order with a score column added. CSV values stay strings, as in ``genscore score``.
+
+    Args:
+        num_blocks: Split the input into this many blocks before scoring, so that every actor gets
+            work even from a single file (default: 4 per actor).
+        Others: as for :func:`score_dataset`.
+
+    Unlike ``genscore score`` this job is not resumable and stops at the first bad row; run
+    ``genscore score`` (with ``--on-bad-row skip``) to find and list bad rows.
+    """
+    import ray.data
+
+    fmt = detect_format(Path(str(input)), format)
+    # Ray reorders blocks for speed unless told not to; the output's order is part of its contract.
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    source = str(input)
+    if fmt == "jsonl":
+        dataset = ray.data.read_json(source, lines=True)
+    elif fmt == "csv":
+        dataset = ray.data.read_csv(source, convert_options=_all_strings(source))
+    else:
+        dataset = ray.data.read_parquet(source)
+    dataset = dataset.repartition(num_blocks or 4 * num_actors)
+    scored = score_dataset(
+        dataset,
+        model,
+        num_actors=num_actors,
+        num_gpus=num_gpus,
+        batch_size=batch_size,
+        query_column=query_column,
+        document_column=document_column,
+        score_column=score_column,
+        batch_class=batch_class,
+        **settings,
+    )
+    target = str(output)
+    if fmt == "jsonl":
+        # pandas writes 10 significant digits unless asked for more.
+        scored.write_json(target, double_precision=15, force_ascii=False)
+    elif fmt == "csv":
+        scored.write_csv(target)
+    else:
+        scored.write_parquet(target)
+
+
+def _all_strings(path: str) -> Any:
+    """pyarrow CSV options that keep every column as text (ids like ``007`` stay ``007``)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    with open(path, encoding="utf-8", newline="") as source:
+        header = next(csv.reader(source), [])
+    return pacsv.ConvertOptions(
+        column_types={name: pa.string() for name in header}, strings_can_be_null=False
+    )
+
+
+# -- Ray Serve ------------------------------------------------------------------------------------------
+
+DEFAULT_AUTOSCALING: dict[str, Any] = {
+    "min_replicas": 1,
+    "max_replicas": 4,
+    # The app batches concurrent requests itself, so a replica is far from busy at two requests in flight.
+    "target_ongoing_requests": 32,
+    "upscale_delay_s": 10,
+    "downscale_delay_s": 300,
+}
+"""Autoscaling used by :func:`serve_app` unless told otherwise (Ray Serve's ``autoscaling_config``)."""
+
+
+class GenscoreServer:
+    """A Ray Serve replica running ``genscore serve``'s FastAPI app around one scorer.
+
+    The scorer loads in ``__init__``; the app is built afterwards by ``__serve_build_asgi_app__``
+    (Ray Serve's late-bound ingress), so each replica serves its own model with the app's own
+    endpoints, limits, errors and request batcher.
+    """
+
+    def __init__(self, config: ScorerConfig, limits: ServerLimits, served_model_name: str | None) -> None:
+        self.scorer = GenerativeScorer(config=config)
+        self.limits = limits
+        self.served_model_name = served_model_name
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from genscore_core.server.app import create_app
+
+        return create_app(self.scorer, self.limits, served_model_name=self.served_model_name)
+
+
+def serve_app(
+    model: str | None = None,
+    *,
+    limits: ServerLimits | None = None,
+    served_model_name: str | None = None,
+    num_gpus: float = 1.0,
+    num_cpus: float = 1.0,
+    autoscaling_config: dict[str, Any] | None = None,
+    num_replicas: int | None = None,
+    max_ongoing_requests: int = 256,
+    name: str = "genscore",
+    **settings: Any,
+) -> Application:
+    """A Ray Serve application serving ``model`` as ``genscore serve`` does; pass it to ``serve.run``.
+
+    Args:
+        model: Hub id or local folder of the reranker.
+        limits: The app's request limits and batching (``genscore serve``'s ``--max-items``,
+            ``--batch-max-tokens``...).
+        served_model_name: Model name in responses; default ``model``.
+        num_gpus: GPUs per replica: 1 puts one replica on each GPU (0 serves on CPUs).
+        num_cpus: CPUs reserved per replica.
+        autoscaling_config: Ray Serve autoscaling (:data:`DEFAULT_AUTOSCALING` unless given or
+            ``num_replicas`` is set).
+        num_replicas: A fixed replica count instead of autoscaling.
+        max_ongoing_requests: Requests a replica takes at once. Keep it well above one: the app's
+            batcher can only merge requests that reach the replica together.
+        name: The deployment's name.
+        **settings: :class:`~genscore_core.ScorerConfig` fields (``dtype``, ``max_length``...).
+    """
+    from ray import serve
+
+    config = ScorerConfig(model=model or DEFAULT_MODEL, **settings)
+    options: dict[str, Any] = {
+        "name": name,
+        "ray_actor_options": {"num_gpus": num_gpus, "num_cpus": num_cpus},
+        "max_ongoing_requests": max_ongoing_requests,
+    }
+    if num_replicas is not None:
+        options["num_replicas"] = num_replicas
+    else:
+        options["autoscaling_config"] = autoscaling_config or DEFAULT_AUTOSCALING
+    ingress = serve.ingress()(GenscoreServer)
+    deployment = serve.deployment(**options)(ingress)
+    return deployment.bind(config, limits or ServerLimits(), served_model_name)

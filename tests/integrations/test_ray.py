@@ -1,0 +1,261 @@
+"""genscore on a real local Ray instance: the Ray Data job equals ``genscore score``, and the Ray Serve
+deployment answers like a real ``genscore serve`` process and batches concurrent callers.
+
+One Ray instance serves the whole module (starting Ray is most of the cost on a small machine).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from genscore_core import GenerativeScorer, InvalidRequestError
+from genscore_core.jobs import ScoreFileOptions, score_file
+from genscore_core.server import ServerLimits
+from tests.reference_recipe import official_qwen3_scores
+from tests.server._support import (
+    SEED_EMPTY_ITEMS_ERROR,
+    SEED_EMPTY_ITEMS_REQUEST,
+    SEED_TEXT_REQUEST,
+    SEED_TOKEN_REQUEST,
+    free_port,
+    wait_healthy,
+)
+
+SETTINGS: dict[str, Any] = {"device": "cpu", "dtype": "float32", "max_length": 512}
+RERANK_REQUEST = {
+    "query": "capital of France",
+    "documents": [
+        "Paris is the capital of France.",
+        "Berlin is in Germany.",
+        {"text": "Lyon has good food."},
+    ],
+    "top_n": 2,
+    "return_documents": True,
+}
+
+
+@pytest.fixture(scope="module")
+def ray_instance() -> Iterator[Any]:
+    import ray
+
+    # Logical CPUs, not cores: two scoring actors plus Ray Data's read and write tasks must fit at once.
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield ray
+    finally:
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+
+
+def test_score_batches_keeps_columns_ids_and_order(tiny_model_dir: Path, scorer: GenerativeScorer) -> None:
+    from genscore_integrations.ray import ScoreBatches
+
+    score = ScoreBatches(str(tiny_model_dir), **SETTINGS)
+    queries = ["capital of France", "tallest mountain", "capital of France", "tallest mountain"]
+    documents = ["Paris.", "Everest is the highest.", "Berlin is in Germany.", "The Alps."]
+    batch = {
+        "id": np.array([41, 7, 3, 19]),
+        "query": np.array(queries, dtype=object),
+        "document": np.array(documents, dtype=object),
+        "source": np.array(["a", "b", "c", "d"], dtype=object),
+    }
+    out = score(batch)
+    assert list(out) == ["id", "query", "document", "source", "score"]
+    for column in batch:
+        assert out[column].tolist() == batch[column].tolist()
+    assert out["score"].dtype == np.float64
+    expected = official_qwen3_scores(
+        scorer.model, scorer.tokenizer, list(zip(queries, documents)), max_length=512
+    )
+    assert out["score"].tolist() == pytest.approx(expected, abs=2e-5)
+
+    batch["document"] = np.array(["Paris.", None, "x", "y"], dtype=object)
+    with pytest.raises(InvalidRequestError, match=r"row with id 7: 'document' must be a string, got null"):
+        score(batch)
+
+
+@pytest.mark.slow
+def test_ray_data_job_equals_the_single_process_job(
+    ray_instance: Any, tmp_path: Path, tiny_model_dir: Path, scorer: GenerativeScorer
+) -> None:
+    from genscore_integrations.ray import score_file_on_ray
+
+    words = "Paris France capital river Seine Berlin mountain Everest high snow sun leaf".split()
+    rows = [
+        {
+            "id": i,
+            "query": ["capital of France", "tallest mountain", "how plants grow"][i % 3],
+            "document": " ".join(words[(i + k) % len(words)] for k in range(2 + i % 7)),
+            "lang": "en",
+        }
+        for i in range(30)
+    ]
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    single = tmp_path / "single.jsonl"
+    score_file(
+        ScoreFileOptions(input=source, output=single, chunk_size=8, show_progress=False),
+        scorer.config,
+        scorer,
+    )
+    expected = [json.loads(line) for line in single.read_text().splitlines()]
+
+    folder = tmp_path / "ray-out"
+    score_file_on_ray(source, folder, str(tiny_model_dir), num_actors=2, batch_size=8, **SETTINGS)
+    files = sorted(folder.iterdir())
+    assert len(files) > 1  # the work really was split
+    got = [json.loads(line) for path in files for line in path.read_text().splitlines()]
+    assert [{k: v for k, v in row.items() if k != "score"} for row in got] == [
+        {k: v for k, v in row.items() if k != "score"} for row in expected
+    ]
+    # Other batches, so other float32 summation orders in the forward: equal up to rounding.
+    assert [row["score"] for row in got] == pytest.approx([row["score"] for row in expected], abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def genscore_serve(tiny_model_dir: Path) -> Iterator[str]:
+    """A real ``genscore serve`` process on loopback, the reference the Ray Serve deployment must match."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "genscore_core.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+        "--max-length", "512", "--device", "cpu", "--dtype", "float32", "--log-level", "warning",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout=180, alive=lambda: process.poll() is None)
+        yield url
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def ray_serve(ray_instance: Any, tiny_model_dir: Path) -> str:
+    from ray import serve
+
+    from genscore_integrations.ray import serve_app
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = serve_app(
+        str(tiny_model_dir),
+        num_gpus=0,
+        autoscaling_config={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 32},
+        **SETTINGS,
+    )
+    serve.run(app, name="genscore", route_prefix="/")
+    return f"http://127.0.0.1:{port}"
+
+
+def _without_ids(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in ("id", "created")}
+
+
+@pytest.mark.slow
+def test_ray_serve_answers_like_genscore_serve(genscore_serve: str, ray_serve: str) -> None:
+    with httpx.Client(timeout=120) as http:
+        for path, request in [
+            ("/generative_scoring", SEED_TEXT_REQUEST),
+            ("/generative_score", SEED_TOKEN_REQUEST),
+            ("/v1/rerank", RERANK_REQUEST),
+        ]:
+            reference = http.post(genscore_serve + path, json=request)
+            served = http.post(ray_serve + path, json=request)
+            assert reference.status_code == served.status_code == 200, served.text
+            want, got = reference.json(), served.json()
+            scores = "data" if "data" in want else "results"
+            key = "score" if scores == "data" else "relevance_score"
+            assert [r[key] for r in got[scores]] == pytest.approx([r[key] for r in want[scores]], abs=1e-6)
+            for entry in want[scores] + got[scores]:
+                entry.pop(key)
+            assert _without_ids(got) == _without_ids(want)
+
+        empty = http.post(ray_serve + "/generative_scoring", json=SEED_EMPTY_ITEMS_REQUEST)
+        assert (empty.status_code, empty.json()) == (400, SEED_EMPTY_ITEMS_ERROR)
+        for body in ({"query": "q", "items": ["a"]}, {"query": "q", "documents": "not a list"}):
+            path = "/generative_scoring" if "items" in body else "/v1/rerank"
+            reference = http.post(genscore_serve + path, json=body)
+            served = http.post(ray_serve + path, json=body)
+            assert (served.status_code, served.json()) == (reference.status_code, reference.json())
+            assert served.status_code == 422
+        assert http.get(ray_serve + "/health").json() == {"status": "ok"}
+        models = [http.get(url + "/v1/models").json()["data"][0] for url in (genscore_serve, ray_serve)]
+        assert (
+            models[0]["id"] == models[1]["id"]
+            and models[0]["max_model_len"] == models[1]["max_model_len"] == 512
+        )
+
+
+@pytest.mark.slow
+def test_ray_serve_batches_concurrent_callers(
+    ray_serve: str, tiny_model_dir: Path, scorer: GenerativeScorer
+) -> None:
+    from ray import serve
+
+    from genscore_integrations.ray import serve_app
+
+    callers = 4
+    tokens = sum(len(prompt.token_ids) for prompt in scorer.prepare_score(SEED_TEXT_REQUEST).prompts)
+    # The batch is sent once it holds `callers` requests' tokens; the long wait only bounds a failure,
+    # so the test does not depend on how fast the requests arrive.
+    limits = ServerLimits(batch_max_tokens=callers * tokens, batch_max_wait_ms=600_000)
+    app = serve_app(
+        str(tiny_model_dir), num_gpus=0, num_replicas=1, limits=limits, name="batching", **SETTINGS
+    )
+    serve.run(app, name="batching", route_prefix="/batching")
+    url = f"{ray_serve}/batching"  # the same proxy serves both applications
+    with ThreadPoolExecutor(callers) as pool:
+        answers = list(
+            pool.map(
+                lambda _: httpx.post(f"{url}/generative_scoring", json=SEED_TEXT_REQUEST, timeout=900),
+                range(callers),
+            )
+        )
+    expected = [d.score for d in scorer.score(SEED_TEXT_REQUEST).data]
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        assert [d["score"] for d in answer.json()["data"]] == pytest.approx(expected, abs=1e-6)
+    stats = httpx.get(f"{url}/stats").json()
+    assert (stats["requests"], stats["batches"], stats["largest_batch"]) == (callers, 1, callers)
+    serve.delete("batching")
+
+
+def test_importing_without_ray_names_the_extra() -> None:
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'ray' or name.startswith('ray.'):\n"
+        "            raise ImportError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "try:\n"
+        "    import genscore_integrations.ray\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+        "else:\n"
+        "    print('imported')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (
+        result.stdout.strip()
+        == 'genscore_integrations.ray needs Ray; install it with: pip install "genscore[ray]"'
+    )
