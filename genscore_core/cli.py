@@ -165,10 +165,36 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_demo_model(args: argparse.Namespace) -> int:
+    from genscore_core.testing.demo_model import DEMO_MODEL_NOTICE, make_demo_model
+
+    out = Path(args.output_dir)
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise InputError(f"{out} is not empty; pass --force to write the demo model into it anyway")
+    try:
+        path = make_demo_model(out, train_steps=args.train_steps, seed=args.seed)
+    except ImportError as error:  # the testing extra is not installed
+        raise InputError(str(error)) from None
+    print(f"wrote {path}", file=sys.stderr)
+    print(DEMO_MODEL_NOTICE, file=sys.stderr)
+    return 0
+
+
+def _version() -> str:
+    # From the installed metadata: importing genscore_core would pull in torch before --help is printed.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("genscore")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="genscore", description="Rerank documents by a causal LM's next-token label probabilities."
     )
+    parser.add_argument("--version", action="version", version=f"genscore {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     rerank = commands.add_parser(
@@ -196,6 +222,23 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("output_dir", metavar="DIR")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(handler=_make_tiny_model)
+
+    demo = commands.add_parser(
+        "make-demo-model",
+        help="write a small Qwen3 reranker that ranks by word overlap (real Qwen3 tokenizer), for offline demos",
+        description="Wires and trains (seconds to a few minutes on a CPU) a 3-layer Qwen3 that scores a "
+        "document by the share of its content words found in the query, through the Qwen3-Reranker "
+        "template. Deterministic for a given seed.",
+    )
+    demo.add_argument("output_dir", metavar="DIR", help="folder to write the model and tokenizer to")
+    demo.add_argument(
+        "--seed", type=int, default=0, help="seed of the token codes and training data (default 0)"
+    )
+    demo.add_argument(
+        "--train-steps", type=int, default=100, help="AdamW steps fitting the free parameters (default 100)"
+    )
+    demo.add_argument("--force", action="store_true", help="write into a non-empty folder")
+    demo.set_defaults(handler=_make_demo_model)
 
     add_serve_command(commands, scorer_flag_aliases=SCORER_FLAG_ALIASES)
     add_score_command(commands, scorer_flag_aliases=SCORER_FLAG_ALIASES)

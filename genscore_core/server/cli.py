@@ -150,7 +150,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
         from genscore_core.server.app import create_app
     except ImportError as error:
-        print(f"genscore: error: {error}", file=sys.stderr)
+        # Name the extra whichever of its packages is missing (uvicorn's own error names only itself).
+        print(
+            f"genscore: error: genscore serve needs the server extra ({error}); install it with: "
+            'pip install "genscore[server]"',
+            file=sys.stderr,
+        )
         return 2
     from genscore_core.scorer import GenerativeScorer
 
