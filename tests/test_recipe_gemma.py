@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 import torch
-from genscore_core.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from genscore_core import GenerativeScorer
 from genscore_core.templates import BGE_RERANKER_V2_GEMMA
+from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir
 from tests.reference_recipe import BGE_PROMPT, bge_reference_ids, last_logits_left_padded
 
 WORDS = "panda bear China bamboo forest what is the giant species endemic hi capital river".split()

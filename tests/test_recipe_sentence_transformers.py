@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from genscore_core.tiny_model import make_tiny_model
 from sentence_transformers import CrossEncoder
 from sentence_transformers.base.modules import Transformer
 from sentence_transformers.cross_encoder.modules import LogitScore
 
 from genscore_core import GenerativeScorer
+from genscore_core.testing.tiny_model import make_tiny_model
 
 # A template whose texts sit right against other text ("Query:" + query + "?"), so that tokenizing the
 # rendered prompt whole (as sentence-transformers does) and piece by piece give different ids.

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from genscore_core.tiny_model import qwen3_tokenizer_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer, BertTokenizerFast
 
 from genscore_core import GenerativeScorer
 from genscore_core.prompts import bounded_texts
+from genscore_core.testing.tiny_model import qwen3_tokenizer_dir
 from genscore_core.truncation import (
     CUT_MARGIN_CHARS,
     NFC_CHARS_PER_BYTE,
