@@ -166,9 +166,13 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _make_demo_model(args: argparse.Namespace) -> int:
-    from genscore_core.testing.demo_model import DEMO_MODEL_NOTICE, make_demo_model
+    from genscore_core.testing.demo_model import DEMO_MODEL_NOTICE, holds_demo_model, make_demo_model
 
     out = Path(args.output_dir)
+    if not args.force and holds_demo_model(out, train_steps=args.train_steps, seed=args.seed):
+        # Re-running a documented command must not fail, nor spend a minute writing the same weights.
+        print(f"{out} already holds the demo model (same seed and steps); kept it", file=sys.stderr)
+        return 0
     if out.is_dir() and any(out.iterdir()) and not args.force:
         raise InputError(f"{out} is not empty; pass --force to write the demo model into it anyway")
     try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,3 +30,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def scorer(tiny_model_dir: Path) -> GenerativeScorer:
     """A CPU fp32 scorer on the tiny model, shared by tests that only read from it."""
     return GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="float32", max_length=512)
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Written once per session through the command line, as the README does."""
+    out = tmp_path_factory.mktemp("demo") / "model"
+    done = subprocess.run(
+        [sys.executable, "-m", "genscore_core.cli", "make-demo-model", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "DEMO MODEL" in done.stderr
+    return out

@@ -15,21 +15,6 @@ from genscore_core.testing.demo_model import held_out_words, ndcg_at, synthetic_
 
 
 @pytest.fixture(scope="session")
-def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Written once per session through the command line, as the README does."""
-    out = tmp_path_factory.mktemp("demo") / "model"
-    done = subprocess.run(
-        [sys.executable, "-m", "genscore_core.cli", "make-demo-model", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "DEMO MODEL" in done.stderr
-    return out
-
-
-@pytest.fixture(scope="session")
 def demo_scorer(demo_model_dir: Path) -> GenerativeScorer:
     return GenerativeScorer(str(demo_model_dir), device="cpu", dtype="float32")
 
@@ -83,6 +68,29 @@ def test_make_demo_model_refuses_a_non_empty_folder(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "--force" in done.stderr
     assert (tmp_path / "README.md").read_text() == "mine\n"
+
+
+def test_make_demo_model_keeps_the_same_model(demo_model_dir: Path) -> None:
+    weights = demo_model_dir / "model.safetensors"
+    before = (weights.stat().st_mtime_ns, weights.read_bytes())
+    done = subprocess.run(
+        [sys.executable, "-m", "genscore_core.cli", "make-demo-model", str(demo_model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "kept it" in done.stderr
+    assert (weights.stat().st_mtime_ns, weights.read_bytes()) == before
+
+    other_seed = subprocess.run(
+        [sys.executable, "-m", "genscore_core.cli", "make-demo-model", str(demo_model_dir), "--seed", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert other_seed.returncode == 2
+    assert "--force" in other_seed.stderr
 
 
 def test_serve_without_the_server_extra_names_it() -> None:

@@ -401,12 +401,34 @@ def make_demo_model(
     with transformers_progress_bars(False):
         model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
+    settings = {"train_steps": train_steps, "seed": seed, "threads": threads}
     (out / "GENSCORE_DEMO_MODEL.txt").write_text(DEMO_MODEL_NOTICE + "\n")
+    (out / DEMO_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
     (out / "README.md").write_text(
         "# genscore demo reranker (lexical overlap)\n\n"
         + DEMO_MODEL_NOTICE
         + "\n\n"
-        + json.dumps({"train_steps": train_steps, "seed": seed, "threads": threads}, indent=2)
+        + json.dumps(settings, indent=2)
         + "\n"
     )
     return out
+
+
+DEMO_SETTINGS_FILE = "genscore_demo_model.json"
+
+
+def holds_demo_model(
+    folder: str | Path, *, train_steps: int = 100, seed: int = _SEED, threads: int = 1
+) -> bool:
+    """Whether ``folder`` already holds a complete demo model written with these settings.
+
+    Lets ``genscore make-demo-model DIR`` be run again (a README command re-run) without rebuilding.
+    """
+    out = Path(folder)
+    try:
+        written = json.loads((out / DEMO_SETTINGS_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    expected = {"train_steps": train_steps, "seed": seed, "threads": threads}
+    complete = all((out / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
+    return complete and written == expected

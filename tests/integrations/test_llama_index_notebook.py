@@ -1,23 +1,35 @@
-"""The LlamaIndex example notebook runs top to bottom on the tiny model, and is committed clean."""
+"""The LlamaIndex example notebook runs top to bottom on the demo model, puts the Seine first, and is
+committed with the outputs a fresh run gives."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.integrations.notebooks import assert_committed_clean, run_notebook
+from tests.integrations.notebooks import DEMO_FOLDER, committed, execute, printed
 
 NOTEBOOK = "llama_index_query_engine.ipynb"
 
 
-def test_notebook_is_committed_without_outputs() -> None:
-    assert_committed_clean(NOTEBOOK)
+def _scored_ids(text: str) -> list[str]:
+    return [line.split()[0] for line in text.splitlines() if "score=" in line]
 
 
-def test_notebook_runs_top_to_bottom(tmp_path: Path) -> None:
-    printed = run_notebook(NOTEBOOK, tmp_path)
+def test_notebook_is_committed_with_its_outputs() -> None:
+    notebook = committed(NOTEBOOK)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1))
+    assert _scored_ids(printed(notebook))[0] == "seine"
+
+
+def test_notebook_runs_top_to_bottom(tmp_path: Path, demo_model_dir: Path) -> None:
+    (tmp_path / DEMO_FOLDER).symlink_to(demo_model_dir)
+    out = printed(execute(NOTEBOOK, tmp_path))
     # query(): three reranked source nodes, with generative and retrieval scores; aquery(): their ids;
     # postprocess_nodes(top_n=2) on the same retrieved nodes: the first two of them.
-    scored = [line.split()[0] for line in printed.splitlines() if "score=" in line]
-    assert printed.count("retrieval=") == 3 and len(scored) == 3 + 2
-    assert str(scored[:3]) in printed
+    scored = _scored_ids(out)
+    assert out.count("retrieval=") == 3 and len(scored) == 3 + 2
+    assert str(scored[:3]) in out
     assert scored[3:] == scored[:2]
+    # The demo model scores word overlap: the only node naming the river, Paris and "flows".
+    assert scored[0] == "seine"
+    assert _scored_ids(printed(committed(NOTEBOOK))) == scored
