@@ -10,7 +10,7 @@ tokenizing for nobody. Outside a server no life is set and the lock is a plain l
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -35,11 +35,21 @@ class AbandonStats:
     """Requests that took the tokenizer (each counted once)."""
     skipped: int = 0
     """Abandoned requests that reached the tokenizer and were dropped there, untokenized."""
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    changed: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    """Guards the counters; notified whenever one changes."""
 
     def add(self, name: str, amount: int = 1) -> None:
-        with self.lock:
+        with self.changed:
             setattr(self, name, getattr(self, name) + amount)
+            self.changed.notify_all()
+
+    def wait_until(self, condition: Callable[[AbandonStats], bool], timeout: float) -> bool:
+        """Block until ``condition(self)`` holds (True) or ``timeout`` seconds pass (False).
+
+        For callers that must see a state the server reaches on its own threads, such as tests.
+        """
+        with self.changed:
+            return self.changed.wait_for(lambda: condition(self), timeout)
 
 
 @dataclass

@@ -33,6 +33,7 @@ from pydantic import PrivateAttr, ValidationError
 import genscore_integrations.langchain as lc
 from genscore_core import GenerativeScorer, InvalidRequestError, RankedResult, RankedResults, ScorerConfig
 from genscore_integrations.langchain import GenerativeCrossEncoder, GenerativeReranker
+from tests.model_gate import ModelGate
 
 QUERY = "Which river flows through Paris?"
 
@@ -347,57 +348,16 @@ async def test_acompress_awaits_the_scorer_async_api() -> None:
     fake.rerank.assert_not_called()
 
 
-class ModelGate:
-    """Holds the engine's forward pass (wherever it runs) until a coroutine on the event loop opens the gate.
-
-    A rerank that blocked the event loop would wait for the gate until the timeout instead of finishing.
-    """
-
-    def __init__(self, scorer: GenerativeScorer) -> None:
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-        self.thread_ids: set[int] = set()
-        self._forward = scorer.engine.forward
-        original = self._forward.last_hidden_states
-
-        def held(*args: Any, **kwargs: Any) -> Any:
-            self.thread_ids.add(threading.get_ident())
-            self.entered.set()
-            if not self.gate.wait(timeout=5):
-                raise TimeoutError("the event loop made no progress while the model ran")
-            return original(*args, **kwargs)
-
-        self._forward.last_hidden_states = held  # type: ignore[method-assign]
-
-    def remove(self) -> None:
-        del self._forward.last_hidden_states
-
-
 async def test_acompress_does_not_block_the_event_loop(
     scorer: GenerativeScorer, docs: list[Document]
 ) -> None:
     want = ids(docs[r.index] for r in expected(scorer, docs, top_n=3))
     reranker = GenerativeReranker(scorer=scorer, top_n=3)
-    gate = ModelGate(scorer)
-    ticks = 0
-
-    async def other_work() -> None:
-        nonlocal ticks
-        while not gate.entered.is_set():  # the model has started scoring...
-            await asyncio.sleep(0.001)
-        for _ in range(3):  # ...and this coroutine keeps making progress while it runs
-            await asyncio.sleep(0.001)
-            ticks += 1
-        gate.gate.set()
-
-    try:
-        rerank = asyncio.create_task(reranker.acompress_documents(docs, QUERY))
-        out, _ = await asyncio.wait_for(asyncio.gather(rerank, other_work()), timeout=60)
-    finally:
-        gate.gate.set()
-        gate.remove()
-    assert ticks == 3
-    assert threading.get_ident() not in gate.thread_ids
+    with ModelGate(scorer) as gate:
+        out, _ = await asyncio.wait_for(
+            asyncio.gather(reranker.acompress_documents(docs, QUERY), gate.open_once_entered()), timeout=120
+        )
+    assert gate.thread_ids and threading.get_ident() not in gate.thread_ids
     assert ids(out) == want
 
 

@@ -9,8 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import httpx
 import pytest
 
 from genscore_core import GenerativeScorer
+from genscore_core.request_life import AbandonStats
 from genscore_core.server import ServerLimits, create_app
 from genscore_core.server.connections import uvicorn_options
 from tests.server._support import TEST_LIMITS, free_port, serve_in_thread, wait_healthy
@@ -92,15 +92,8 @@ def _stats(url: str) -> dict[str, Any]:
     return httpx.get(f"{url}/stats", timeout=30).json()
 
 
-def _until(url: str, condition: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
-    """Poll /stats until ``condition`` holds (a guard deadline only turns a hang into a failure)."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        stats = _stats(url)
-        if condition(stats):
-            return stats
-        time.sleep(0.05)
-    raise AssertionError(f"the server never reached: {what}; stats {_stats(url)}")
+GUARD_S = 120.0
+"""Turns a hang into a failure; no test waits this long when the server works."""
 
 
 def _post_raw(url: str, path: str, body: dict[str, Any]) -> socket.socket:
@@ -120,25 +113,33 @@ def test_abandoned_requests_are_neither_tokenized_nor_scored(tiny_model_dir: Pat
     }  # under the 256 KB body limit
     small = {"query": "which one?", "documents": ["small", "tiny"]}
     abandoned = 10
-    with serve_in_thread(create_app(scorer, TEST_LIMITS)) as live:
+    app = create_app(scorer, TEST_LIMITS)
+    counts: AbandonStats = app.state.abandon_stats
+    with serve_in_thread(app) as live:
         assert httpx.post(f"{live.url}/v1/rerank", json=small, timeout=60).status_code == 200
         # The tokenizer is taken (as by one long request) while the heavy requests arrive, so that
         # every one of them is still waiting when its client leaves.
         tokenizer = scorer.front_end._tokenizer_lock
         with tokenizer:
             sockets = [_post_raw(live.url, "/v1/rerank", heavy) for _ in range(abandoned)]
-            _until(live.url, lambda s: s["in_flight"] == abandoned, f"{abandoned} requests in flight")
+            assert counts.wait_until(lambda c: c.in_flight == abandoned, GUARD_S), counts
             for sock in sockets:
                 sock.close()
-            _until(live.url, lambda s: s["abandoned"] == abandoned, f"{abandoned} requests abandoned")
+            assert counts.wait_until(lambda c: c.abandoned == abandoned, GUARD_S), counts
         answer = httpx.post(f"{live.url}/v1/rerank", json=small, timeout=60)
         assert answer.status_code == 200
-        stats = _until(
-            live.url, lambda s: s["in_flight"] == 0 and s["waiting_to_tokenize"] == 0, "nothing in flight"
-        )
-    assert stats["tokenized_requests"] == 2  # the two small requests
-    assert stats["requests"] == 2  # jobs scored: the two small requests' only
-    assert stats["abandoned"] == abandoned
+        assert counts.wait_until(lambda c: c.in_flight == 0, GUARD_S), counts
+        stats = _stats(live.url)
+    # The server has stopped, and its event loop waited for its worker threads: an abandoned request
+    # still queued for the tokenizer above has been dropped (or tokenized) by now.
+    assert not live.thread.is_alive()
+    assert scorer.front_end.tokenizer_waiting == 0
+    assert counts.tokenized == 2  # the two small requests
+    assert app.state.batcher.stats.requests == 2  # jobs scored: the two small requests' only
+    assert counts.abandoned == abandoned
+    # /stats reports the same counters.
+    assert (stats["tokenized_requests"], stats["requests"], stats["abandoned"]) == (2, 2, abandoned)
+    assert stats["in_flight"] == 0
 
 
 # -- connections -------------------------------------------------------------------------------------------

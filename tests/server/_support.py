@@ -55,6 +55,8 @@ class LiveServer:
     url: str
     app: Any
     server: uvicorn.Server
+    thread: threading.Thread
+    """Runs the server; once it has ended, so has every worker thread of the server's event loop."""
 
 
 def free_port() -> int:
@@ -65,6 +67,7 @@ def free_port() -> int:
 
 
 def wait_healthy(url: str, timeout: float = 60.0, alive: Any = None) -> None:
+    """Poll ``/health`` until the server answers 200 (its readiness); ``timeout`` bounds the wait."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if alive is not None and not alive():
@@ -90,7 +93,7 @@ def serve_in_thread(app: Any) -> Iterator[LiveServer]:
     thread.start()
     try:
         wait_healthy(url, alive=thread.is_alive)
-        yield LiveServer(url, app, server)
+        yield LiveServer(url, app, server, thread)
     finally:
         server.should_exit = True
         thread.join(timeout=30)

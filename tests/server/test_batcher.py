@@ -97,6 +97,7 @@ async def test_full_queue_and_shutdown_answer_busy() -> None:
     await asyncio.to_thread(backend.entered.wait, 5)  # taken by the worker, which is held
     queued = [asyncio.ensure_future(batcher.score(job(tag))) for tag in (2, 3)]
     await asyncio.sleep(0)
+    assert batcher.queued == 2
     with pytest.raises(ServerBusyError, match="already waiting"):
         await batcher.score(job(4))
     await batcher.stop()
@@ -120,6 +121,7 @@ async def test_cancelled_requests_are_skipped() -> None:
         gone = asyncio.ensure_future(batcher.score(job(2)))
         kept = asyncio.ensure_future(batcher.score(job(3)))
         await asyncio.sleep(0)
+        assert batcher.queued == 2  # cancelled while queued, not before it was queued
         gone.cancel()
         backend.release.set()
         assert await first == [1.0] and await kept == [3.0]
@@ -140,9 +142,10 @@ async def test_waited_batches_count_the_calls_that_ran_while_a_job_was_queued() 
     batcher.start()
     try:
         first = asyncio.ensure_future(batcher.score(job(1)))
-        await asyncio.sleep(0.05)
+        await asyncio.to_thread(backend.entered.wait, 5)  # job 1's call is running (held)
         rest = [asyncio.ensure_future(batcher.score(job(tag))) for tag in range(2, 6)]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # the four tasks run up to their wait, in creation order
+        assert batcher.queued == 4
         backend.release.set()
         await asyncio.gather(first, *rest)
     finally:
