@@ -9,7 +9,7 @@ and copy the documents with the scores attached. All scoring happens in ``gensco
 
 Example:
     >>> from langchain_classic.retrievers import ContextualCompressionRetriever  # doctest: +SKIP
-    >>> reranker = GenerativeReranker(model="Qwen/Qwen3-Reranker-0.6B", top_n=3)  # doctest: +SKIP
+    >>> reranker = GenerativeReranker("Qwen/Qwen3-Reranker-0.6B", top_n=3)  # doctest: +SKIP
     >>> retriever = ContextualCompressionRetriever(
     ...     base_compressor=reranker, base_retriever=vector_store.as_retriever(search_kwargs={"k": 20})
     ... )  # doctest: +SKIP
@@ -24,16 +24,17 @@ from copy import Error as CopyError
 from copy import deepcopy
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from genscore_core import (
-    GenerativeScorer,
-    RankedResult,
-    RankedResults,
-    ScorerConfig,
-    check_rank_options,
-    scorer_setting_names,
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
 )
+
+from genscore_core import GenerativeScorer, RankedResult, RankedResults, ScorerConfig, check_rank_options
+from genscore_integrations._scorer_args import SCORER_SETTINGS, check_names, saved_settings, scorer_for
 
 try:
     from langchain_core.callbacks import Callbacks
@@ -62,44 +63,43 @@ WINDOW_KEY = "genscore_window"
 the scorer chunks long documents (``long_documents="chunk"``)."""
 
 
-_SCORER_SETTINGS = scorer_setting_names()
-
-
-def _build_scorer(data: Any, owner: type[BaseModel]) -> Any:
-    """Replace model settings in a constructor's input by a ``scorer`` built from them.
-
-    Unknown names are rejected here, before a model is loaded for nothing.
-    """
+def _constructor_input(owner: type[BaseModel], model: str | None, data: Any) -> Any:
+    """The pydantic input of an adapter: its own options and a ``scorer``, built from the model settings
+    when none was given. Unknown names and contradictory arguments fail here, before any loading."""
     if not isinstance(data, dict):
         return data
-    unknown = [key for key in data if key not in owner.model_fields and key not in _SCORER_SETTINGS]
-    if unknown:
-        raise ValueError(
-            f"{owner.__name__} got unknown argument(s) {', '.join(map(repr, unknown))}; it takes "
-            f"{', '.join(owner.model_fields)} or the settings of a new scorer: "
-            f"{', '.join(sorted(_SCORER_SETTINGS))}"
-        )
-    settings = {key: value for key, value in data.items() if key in _SCORER_SETTINGS}
-    rest = {key: value for key, value in data.items() if key not in _SCORER_SETTINGS}
-    if "scorer" in rest:
-        if settings:
-            raise ValueError(
-                f"{owner.__name__} takes either a ready scorer= or the settings to build one "
-                f"({', '.join(sorted(settings))}), not both; put the settings on the scorer instead"
-            )
-        return data
-    model = settings.pop("model", None)
-    rest["scorer"] = GenerativeScorer(model, **settings)
+    check_names(owner.__name__, data, owner.model_fields)
+    if model is not None:
+        if "model" in data:
+            raise TypeError(f"{owner.__name__} got the model twice: positionally and as model=")
+        data = {**data, "model": model}
+    settings = {key: value for key, value in data.items() if key in SCORER_SETTINGS}
+    rest = {key: value for key, value in data.items() if key not in SCORER_SETTINGS}
+    # The scorer class is looked up here, at call time, so that tests can stand in for it.
+    rest["scorer"] = scorer_for(owner.__name__, rest.get("scorer"), settings, build=GenerativeScorer)
     return rest
+
+
+def _saved(
+    adapter: GenerativeReranker | GenerativeCrossEncoder, handler: SerializerFunctionWrapHandler
+) -> dict[str, Any]:
+    """The adapter's options and every setting of its scorer: the arguments that rebuild it."""
+    return {**saved_settings(adapter.scorer), **handler(adapter)}
 
 
 class GenerativeReranker(BaseDocumentCompressor):
     """Reranks documents by a causal LM's probability of the "yes" label (Qwen3-Reranker style).
 
     Build it from a ready :class:`~genscore_core.GenerativeScorer`, so that several adapters share
-    one loaded model, or from the settings a scorer takes (``model``, ``template``, ``instruction``,
-    ``device``, ``dtype``, ``max_length``, ... or ``config``); passing both is an error, and so is
-    any unknown name.
+    one loaded model, or from the settings a scorer takes (the model, first or as ``model=``, and
+    ``template``, ``instruction``, ``device``, ``dtype``, ``max_length``, ... or ``config``). An
+    unknown name, or a scorer together with settings that differ from its own, raises ``TypeError``
+    (as :class:`~genscore_integrations.llama_index.GenerativeRerank` does); a bad ``top_n`` or
+    ``score_threshold`` raises :class:`~genscore_core.InvalidRequestError`. All before any loading.
+
+    ``model_dump()`` records the options and every setting of the scorer (not the weights), so
+    ``GenerativeReranker(**reranker.model_dump())`` scores as ``reranker`` does;
+    ``GenerativeReranker(**data, scorer=scorer)`` reuses a loaded scorer whose settings agree.
 
     The returned documents are copies, best first (ties keep input order). Each keeps its ``id``
     and a deep copy of its metadata, plus ``metadata["relevance_score"]`` (a probability in [0, 1])
@@ -119,10 +119,11 @@ class GenerativeReranker(BaseDocumentCompressor):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    scorer: GenerativeScorer
-    """The engine that scores; built from the model settings when not given."""
+    scorer: GenerativeScorer = Field(exclude=True)
+    """The engine that scores; built from the model settings when not given. A dump records its
+    settings instead (see :meth:`model_dump`)."""
     top_n: Annotated[int, Field(ge=1, strict=True)] | None = 3
-    """Most documents to return (3, as in LangChain's other rerankers); ``None`` keeps them all."""
+    """Most documents to return (3, as in LangChain's rerankers); ``None`` keeps them all."""
     score_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     """Drop documents scoring below this probability; ``None`` keeps every score."""
 
@@ -130,28 +131,33 @@ class GenerativeReranker(BaseDocumentCompressor):
 
         def __init__(
             self,
+            model: str | None = None,
+            /,
             *,
             scorer: GenerativeScorer = ...,
             top_n: int | None = 3,
             score_threshold: float | None = None,
-            model: str | None = None,
             config: ScorerConfig | None = None,
             **settings: Any,
         ) -> None: ...
 
     else:
 
-        def __init__(self, **data: Any) -> None:
+        def __init__(self, model: str | None = None, /, **data: Any) -> None:
             # The reranker's own options first, outside pydantic (which would wrap the error), so a
             # bad top_n fails at once with the same InvalidRequestError as GenerativeRerank's, before
-            # any weights are loaded.
+            # any weights are loaded; the scorer is built here too, so its errors are not wrapped.
             check_rank_options(data.get("top_n"), data.get("score_threshold"))
-            super().__init__(**data)
+            super().__init__(**_constructor_input(type(self), model, data))
 
     @model_validator(mode="before")
     @classmethod
     def _scorer_from_settings(cls, data: Any) -> Any:
-        return _build_scorer(data, cls)
+        return _constructor_input(cls, None, data)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _saved(self, handler)
 
     def compress_documents(
         self,
@@ -224,13 +230,14 @@ def _with_score(document: Document, result: RankedResult) -> Document:
 class GenerativeCrossEncoder(BaseCrossEncoder, BaseModel):
     """A causal-LM reranker behind LangChain's ``BaseCrossEncoder`` interface.
 
-    Takes a ready ``scorer=`` or the settings to build one, like :class:`GenerativeReranker`.
+    Takes a ready ``scorer=`` or the settings to build one (the model may come first), and dumps
+    its scorer's settings, like :class:`GenerativeReranker`.
 
     Example:
         >>> from langchain_classic.retrievers.document_compressors import (  # doctest: +SKIP
         ...     CrossEncoderReranker,
         ... )
-        >>> encoder = GenerativeCrossEncoder(model="Qwen/Qwen3-Reranker-0.6B")  # doctest: +SKIP
+        >>> encoder = GenerativeCrossEncoder("Qwen/Qwen3-Reranker-0.6B")  # doctest: +SKIP
         >>> encoder.score([("capital of France", "Paris is the capital of France.")])  # doctest: +SKIP
         [0.99...]
         >>> reranker = CrossEncoderReranker(model=encoder, top_n=3)  # doctest: +SKIP
@@ -238,24 +245,34 @@ class GenerativeCrossEncoder(BaseCrossEncoder, BaseModel):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    scorer: GenerativeScorer
+    scorer: GenerativeScorer = Field(exclude=True)
     """The engine that scores; built from the model settings when not given."""
 
     if TYPE_CHECKING:  # the signature type checkers see: a scorer, or the settings to build one
 
         def __init__(
             self,
+            model: str | None = None,
+            /,
             *,
             scorer: GenerativeScorer = ...,
-            model: str | None = None,
             config: ScorerConfig | None = None,
             **settings: Any,
         ) -> None: ...
 
+    else:
+
+        def __init__(self, model: str | None = None, /, **data: Any) -> None:
+            super().__init__(**_constructor_input(type(self), model, data))
+
     @model_validator(mode="before")
     @classmethod
     def _scorer_from_settings(cls, data: Any) -> Any:
-        return _build_scorer(data, cls)
+        return _constructor_input(cls, None, data)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _saved(self, handler)
 
     def score(self, text_pairs: list[tuple[str, str]]) -> list[float]:
         """Probability in [0, 1] that each (query, document) pair is relevant, in input order."""

@@ -35,8 +35,8 @@ from genscore_core import (
     RankedResults,
     ScorerConfig,
     check_rank_options,
-    scorer_setting_names,
 )
+from genscore_integrations._scorer_args import check_names, saved_settings, scorer_for
 
 __all__ = ["RETRIEVAL_SCORE_KEY", "WINDOW_KEY", "GenerativeRerank"]
 
@@ -48,9 +48,17 @@ the scorer chunks long documents (``long_documents="chunk"``; hidden from embedd
 
 dispatcher = get_dispatcher(__name__)
 
-
-# Its own parameters take "model" and "config"; the rest go to a new scorer.
-_SETTING_NAMES = scorer_setting_names() - {"model", "config"}
+# The constructor's own parameters; every other keyword must be a scorer setting.
+_OWN_PARAMETERS = (
+    "model",
+    "scorer",
+    "config",
+    "top_n",
+    "score_threshold",
+    "keep_retrieval_score",
+    "metadata_mode",
+    "callback_manager",
+)
 
 
 class GenerativeRerank(BaseNodePostprocessor):
@@ -72,7 +80,7 @@ class GenerativeRerank(BaseNodePostprocessor):
             given.
         scorer: A ready scorer to use instead of loading one.
         config: A ready :class:`~genscore_core.ScorerConfig` to load a scorer from.
-        top_n: Keep at most this many nodes; ``None`` keeps all.
+        top_n: Keep at most this many nodes (default 3, as the LangChain adapter); ``None`` keeps all.
         score_threshold: Drop nodes whose generative score is below this value (in [0, 1]).
         keep_retrieval_score: Store each node's incoming score in ``metadata["retrieval_score"]``.
         metadata_mode: Which metadata goes into the text that is scored (default: what embeddings see).
@@ -81,8 +89,13 @@ class GenerativeRerank(BaseNodePostprocessor):
             ``max_length``, ``instruction``, ...) used to load the scorer. Unknown names are rejected.
 
     Raises:
-        TypeError: On unknown settings, or when ``scorer`` is combined with settings that would load a
-            different one.
+        TypeError: On unknown settings, a ``scorer`` that is not one, or a ``scorer`` combined with
+            settings that differ from its own (settings that agree are accepted: ``from_dict(data,
+            scorer=scorer)`` reloads onto a shared scorer).
+        InvalidRequestError: On a bad ``top_n`` or ``score_threshold``.
+
+    ``to_dict()`` records the options and every setting of the scorer, so ``from_dict`` rebuilds a
+    postprocessor that scores the same.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -90,9 +103,9 @@ class GenerativeRerank(BaseNodePostprocessor):
     model: str = Field(description="Hub id or local folder of the scoring model.")
     """Hub id or local folder of the scoring model (what ``to_dict`` records)."""
     top_n: Annotated[int, Field(ge=1, strict=True)] | None = Field(
-        default=None, description="Number of nodes to keep; None keeps all."
+        default=3, description="Number of nodes to keep; None keeps all."
     )
-    """Number of nodes to keep, best first; ``None`` keeps all."""
+    """Number of nodes to keep, best first (3, as GenerativeReranker's); ``None`` keeps all."""
     score_threshold: float | None = Field(
         default=None, ge=0.0, le=1.0, description="Nodes scoring below this are dropped."
     )
@@ -114,28 +127,24 @@ class GenerativeRerank(BaseNodePostprocessor):
         *,
         scorer: GenerativeScorer | None = None,
         config: ScorerConfig | None = None,
-        top_n: int | None = None,
+        top_n: int | None = 3,
         score_threshold: float | None = None,
         keep_retrieval_score: bool = False,
         metadata_mode: MetadataMode | str = MetadataMode.EMBED,
         callback_manager: CallbackManager | None = None,
         **settings: Any,
     ) -> None:
-        # Bad options fail before anything is loaded, with the same error as GenerativeReranker's.
+        # Bad options fail before anything is loaded, with the same errors as GenerativeReranker's.
         check_rank_options(top_n, score_threshold)
-        unknown = sorted(set(settings) - _SETTING_NAMES)
-        if unknown:
-            raise TypeError(
-                f"GenerativeRerank got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
-                f"model settings are: {', '.join(sorted(_SETTING_NAMES))}"
-            )
+        check_names("GenerativeRerank", settings, _OWN_PARAMETERS)
         if scorer is not None:
-            _check_scorer(scorer)
-            if config is not None or settings:
-                raise TypeError("pass either scorer= or model settings (config=, device=, ...), not both")
+            scorer_settings = dict(settings)
+            if model is not None:
+                scorer_settings["model"] = model
+            if config is not None:
+                scorer_settings["config"] = config
+            scorer = scorer_for("GenerativeRerank", scorer, scorer_settings)
             name = _model_name(scorer)
-            if model is not None and model != name:
-                raise TypeError(f"model={model!r} does not match the given scorer's model {name!r}")
         else:
             name = model or (config.model if config is not None else DEFAULT_MODEL)
         fields: dict[str, Any] = {
@@ -151,6 +160,21 @@ class GenerativeRerank(BaseNodePostprocessor):
         if scorer is None:
             scorer = GenerativeScorer(model, config=config, **settings)
         self._scorer = scorer
+
+    def to_dict(self, **kwargs: Any) -> dict[str, Any]:
+        """The options and every setting of the scorer (not the weights): ``from_dict`` rebuilds a
+        postprocessor that scores the same, loading the model again unless ``scorer=`` is passed.
+
+        A ``server_api_key`` is not written; pass it to ``from_dict`` again.
+        """
+        data = super().to_dict(**kwargs)
+        settings = (
+            saved_settings(self._scorer)
+            if isinstance(getattr(self._scorer, "config", None), ScorerConfig)
+            else {}
+        )
+        settings.pop("model", None)  # the field already holds the scorer's model name
+        return {**settings, **data}
 
     @classmethod
     def class_name(cls) -> str:
@@ -286,14 +310,6 @@ def _require_query(query_bundle: QueryBundle | None) -> str:
             param="query",
         )
     return query_bundle.query_str
-
-
-def _check_scorer(scorer: object) -> None:
-    if not (callable(getattr(scorer, "rerank", None)) and callable(getattr(scorer, "arerank", None))):
-        raise TypeError(
-            f"scorer must be a genscore_core.GenerativeScorer (with rerank and arerank), "
-            f"got {type(scorer).__name__}"
-        )
 
 
 def _model_name(scorer: object) -> str:

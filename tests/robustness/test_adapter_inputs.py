@@ -59,7 +59,7 @@ def test_llama_index_keeps_nodes_whose_metadata_cannot_be_deep_copied(
     scorer: GenerativeScorer, odd_metadata: list[dict[str, Any]]
 ) -> None:
     nodes = [NodeWithScore(node=TextNode(text=t, metadata=m), score=0.3) for t, m in zip(TEXTS, odd_metadata)]
-    rerank = GenerativeRerank(scorer=scorer, keep_retrieval_score=True, metadata_mode="none")
+    rerank = GenerativeRerank(scorer=scorer, top_n=None, keep_retrieval_score=True, metadata_mode="none")
     reranked = rerank.postprocess_nodes(nodes, query_bundle=QueryBundle(QUERY))
     expected = scorer.rerank(QUERY, TEXTS)
     assert [n.node.get_content() for n in reranked] == [TEXTS[r.index] for r in expected]

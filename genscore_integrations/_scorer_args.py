@@ -1,0 +1,108 @@
+"""What both adapters do with their constructor arguments, so that they agree on them.
+
+An adapter takes a ready scorer or the settings of a new one (``model``, ``config`` and the fields of
+:class:`~genscore_core.ScorerConfig`). The same bad input raises the same error in both: ``TypeError``
+for an unknown name, a scorer that is not one, or a scorer with settings that contradict it. Settings
+that agree with the given scorer are accepted: that is how a saved adapter is reloaded onto a shared
+scorer (``from_dict(data, scorer=scorer)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from genscore_core import GenerativeScorer, ScorerConfig, scorer_setting_names
+
+SCORER_SETTINGS = scorer_setting_names()
+"""``model``, ``config`` and the ScorerConfig fields."""
+
+# A secret is not written into a saved adapter (to_dict, model_dump): pass it again when reloading.
+_NOT_SAVED = frozenset({"server_api_key"})
+
+
+def check_names(owner: str, given: Iterable[str], own: Iterable[str]) -> None:
+    """Reject names that are neither the adapter's own options nor scorer settings, before any loading."""
+    own = list(own)
+    unknown = sorted(name for name in given if name not in own and name not in SCORER_SETTINGS)
+    if unknown:
+        raise TypeError(
+            f"{owner} got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(own)} or the settings of a new scorer: {', '.join(sorted(SCORER_SETTINGS))}"
+        )
+
+
+def check_scorer(scorer: object) -> None:
+    if not (callable(getattr(scorer, "rerank", None)) and callable(getattr(scorer, "arerank", None))):
+        raise TypeError(
+            f"scorer must be a genscore_core.GenerativeScorer (with rerank and arerank), "
+            f"got {type(scorer).__name__}"
+        )
+
+
+def scorer_for(
+    owner: str, scorer: Any, settings: Mapping[str, Any], build: Callable[..., Any] = GenerativeScorer
+) -> Any:
+    """``scorer`` checked against ``settings``, or a new scorer built from ``settings`` by ``build``.
+
+    ``settings`` holds scorer settings only (``model``, ``config``, ScorerConfig fields).
+    """
+    if scorer is None:
+        settings = dict(settings)
+        return build(settings.pop("model", None), **settings)
+    check_scorer(scorer)
+    differing = _differing(scorer, settings)
+    if differing:
+        raise TypeError(
+            f"{owner} takes either a ready scorer= or the settings of a new scorer, not both; "
+            f"{', '.join(differing)} differ(s) from the given scorer's (put the settings on the scorer, "
+            "or leave them out)"
+        )
+    return scorer
+
+
+def saved_settings(scorer: Any) -> dict[str, Any]:
+    """Every setting a new scorer needs to score as ``scorer`` does, as JSON-ready values.
+
+    ``dtype`` is the one the weights really have when the scorer left it to the device (so that a
+    scorer built from a bfloat16 model reloads in bfloat16). A secret (``server_api_key``) is left out.
+    """
+    config: ScorerConfig = scorer.config
+    data = config.model_dump(mode="json", exclude=set(_NOT_SAVED))
+    if config.dtype is None:
+        try:
+            weights = scorer.engine.model
+        except AttributeError:  # scored through a server: the server's dtype is not ours to record
+            weights = None
+        if weights is not None:
+            data["dtype"] = str(weights.dtype).removeprefix("torch.")
+    return data
+
+
+def _differing(scorer: Any, settings: Mapping[str, Any]) -> list[str]:
+    if not settings:
+        return []
+    config = getattr(scorer, "config", None)
+    if not isinstance(config, ScorerConfig):
+        return sorted(settings)  # nothing to compare with: any setting is a second source of truth
+    effective = saved_settings(scorer)
+    differing = []
+    for name, value in settings.items():
+        if name == "config":
+            if value != config:
+                differing.append(name)
+            continue
+        reference = effective.get(name, getattr(config, name, None))
+        try:
+            same = _normalised(name, value) == _normalised(name, reference)
+        except ValidationError:
+            same = False
+        if not same:
+            differing.append(name)
+    return sorted(differing)
+
+
+def _normalised(name: str, value: Any) -> Any:
+    return getattr(ScorerConfig.model_validate({name: value}), name)
