@@ -14,7 +14,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Literal, Union
+from typing import Any, Literal, TypeVar, Union
 
 import annotated_types
 from pydantic import SecretStr
@@ -22,66 +22,30 @@ from pydantic.fields import FieldInfo
 
 from genscore_core.config import ScorerConfig
 
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+T = TypeVar("T")
 
 
-# The recipe settings of issue 14. Flags already on the parser (generated from ScorerConfig) are kept.
-_RECIPE_FLAGS: dict[str, str] = {
-    "score_mode": "how logits become scores (docs/models.md); auto: the template's",
-    "long_documents": "truncate: drop a long document's end; chunk: score it as overlapping windows",
-    "chunk_overlap": "tokens consecutive windows share (long_documents=chunk)",
-    "chunk_aggregation": "a chunked document's score from its windows' (long_documents=chunk)",
-}
+def argument_type(parse: Callable[[str], T], expected: str, valid: Callable[[T], bool]) -> Callable[[str], T]:
+    """An argparse ``type``: ``parse`` the text, and refuse what fails ``valid``, saying what was ``expected``."""
+
+    def convert(text: str) -> T:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not valid(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    return convert
 
 
-def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--score-mode``, ``--long-documents``, ``--chunk-overlap`` and ``--chunk-aggregation``
-    unless the parser has them; a flag left out leaves the config's default."""
-    import typing
-
-    from genscore_core.config import ScorerConfig
-
-    for name, help_text in _RECIPE_FLAGS.items():
-        flag = "--" + name.replace("_", "-")
-        if flag in parser._option_string_actions:
-            continue
-        field = ScorerConfig.model_fields[name]
-        options: dict[str, object] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
-        if typing.get_origin(field.annotation) is typing.Literal:
-            options["choices"] = list(typing.get_args(field.annotation))
-        else:
-            options["type"] = int
-        parser.add_argument(flag, **options)  # type: ignore[arg-type]
-
-
-def recipe_settings(args: argparse.Namespace) -> dict[str, object]:
-    """The recipe settings given on the command line."""
-    return {name: value for name, value in vars(args).items() if name in _RECIPE_FLAGS}
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
-
-
-def number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+positive_int = argument_type(int, "a positive integer", lambda value: value >= 1)
+non_negative_int = argument_type(int, "a non-negative integer", lambda value: value >= 0)
+number = argument_type(float, "a number", lambda value: True)
+# ``value >= 0`` is False for NaN, which is refused too.
+non_negative_float = argument_type(float, "a non-negative number", lambda value: value >= 0)
+positive_float = argument_type(float, "a positive number", lambda value: value > 0)
 
 
 def flag_of(field: str) -> str:

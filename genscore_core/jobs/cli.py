@@ -8,17 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from genscore_core.cli_args import add_config_arguments, config_settings, positive_int
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
+from genscore_core.cli_args import add_config_arguments, config_settings, non_negative_int, positive_int
 
 
 def add_score_command(commands: Any, scorer_flag_aliases: Mapping[str, Sequence[str]] | None = None) -> None:
@@ -57,7 +47,7 @@ def add_score_command(commands: Any, scorer_flag_aliases: Mapping[str, Sequence[
     score.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     score.add_argument(
         "--crash-after-chunks",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         help="testing: after writing N chunks, kill this process (SIGKILL) halfway through writing the "
         "next, to check that a rerun resumes exactly",

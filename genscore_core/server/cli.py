@@ -12,7 +12,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from genscore_core.cli_args import add_config_arguments, config_settings, positive_int
+from genscore_core.cli_args import (
+    add_config_arguments,
+    argument_type,
+    config_settings,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
 from genscore_core.server.limits import ServerLimits
 
 _LIMIT_FLAGS = {
@@ -28,28 +35,7 @@ _LIMIT_FLAGS = {
 }
 
 
-def _port(text: str) -> int:
-    value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number (1-65535), got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("expected a positive number, got 0")
-    return value
+_port = argument_type(int, "a port number (1-65535)", lambda value: 1 <= value <= 65535)
 
 
 def add_serve_command(
@@ -99,7 +85,7 @@ def add_serve_command(
     )
     limits.add_argument(
         "--batch-max-wait-ms",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=defaults.batch_max_wait_ms,
         help="how long a request waits for others to batch with (default %(default)s)",
     )
@@ -118,7 +104,7 @@ def add_serve_command(
     )
     connections.add_argument(
         "--header-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=defaults.header_timeout_s,
         help="seconds a client may take to send a request's headers; slower ones are disconnected "
         "(default %(default)s)",
