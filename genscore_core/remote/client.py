@@ -328,7 +328,13 @@ class TokenScoringClient(HttpBackend):
     """
 
     def _payload(self, query: list[int], items: list[list[int]], job: ScoringJob) -> dict[str, Any]:
-        raise NotImplementedError
+        """The request body every such protocol shares; a server kind adds its own fields."""
+        return {
+            "query": query,
+            "items": items,
+            "label_token_ids": job.label_ids,
+            "apply_softmax": job.apply_softmax,
+        }
 
     def _parse(self, body: Any, count: int) -> list[float]:
         raise NotImplementedError
@@ -408,6 +414,24 @@ def as_probability(value: Any) -> float:
     if not math.isfinite(score) or not -PROBABILITY_ROUNDING <= score <= 1.0 + PROBABILITY_ROUNDING:
         raise ValueError(f"score {value!r} is not a probability in [0, 1]")
     return min(max(score, 0.0), 1.0)
+
+
+def scores_by_index(entries: list[Any], count: int, score_of: Callable[[Any], Any]) -> list[float]:
+    """The scores of ``count`` items from answer entries that each carry an ``index``, in item order.
+
+    ``score_of`` reads an entry's score. Raises:
+        KeyError, TypeError, ValueError: An entry is malformed, or an index is bad or repeated.
+    """
+    scores: list[float | None] = [None] * count
+    for entry in entries:
+        index = as_index(entry["index"], count)
+        if scores[index] is not None:
+            raise ValueError(f"index {index} appears twice")
+        scores[index] = as_probability(score_of(entry))
+    missing = [index for index, score in enumerate(scores) if score is None]
+    if missing:
+        raise ValueError(f"no score for index {missing[0]}")
+    return [score for score in scores if score is not None]
 
 
 def as_index(value: Any, count: int) -> int:

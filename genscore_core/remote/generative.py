@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from genscore_core.backend import ScoringJob
 from genscore_core.config import ServerKind
-from genscore_core.remote.client import HttpTransport, TokenScoringClient, as_index, as_probability
+from genscore_core.remote.client import HttpTransport, TokenScoringClient, scores_by_index
 
 
 class GenerativeScoringClient(TokenScoringClient):
@@ -23,25 +22,12 @@ class GenerativeScoringClient(TokenScoringClient):
         super().__init__(http, **options)
         self.kind = kind
 
-    def _payload(self, query: list[int], items: list[list[int]], job: ScoringJob) -> dict[str, Any]:
-        return {
-            "query": query,
-            "items": items,
-            "label_token_ids": job.label_ids,
-            "apply_softmax": job.apply_softmax,
-        }
-
     def _parse(self, body: Any, count: int) -> list[float]:
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list) or len(data) != count:
             got = len(data) if isinstance(data, list) else "no"
             raise self._bad_answer(f"{got} scores for {count} items")
-        scores: list[float | None] = [None] * count
         try:
-            for entry in data:
-                scores[as_index(entry["index"], count)] = as_probability(entry["score"])
+            return scores_by_index(data, count, lambda entry: entry["score"])
         except (KeyError, TypeError, ValueError) as error:
             raise self._bad_answer(f"a malformed score entry ({error})") from None
-        if any(score is None for score in scores):
-            raise self._bad_answer("duplicate score indices")
-        return [score for score in scores if score is not None]

@@ -15,7 +15,7 @@ from typing import Any
 
 from genscore_core.backend import JobTexts, ProgressCallback, ScoringJob
 from genscore_core.errors import InvalidRequestError
-from genscore_core.remote.client import HttpBackend, as_index, as_probability
+from genscore_core.remote.client import HttpBackend, scores_by_index
 
 
 class RerankClient(HttpBackend):
@@ -75,16 +75,14 @@ class RerankClient(HttpBackend):
         if not isinstance(entries, list) or len(entries) != count:
             got = len(entries) if isinstance(entries, list) else "no"
             raise self._bad_answer(f"{got} results for {count} documents (top_n ignored?)")
-        scores: list[float | None] = [None] * count
         try:
-            for entry in entries:
-                value = entry["relevance_score"] if "relevance_score" in entry else entry["score"]
-                scores[as_index(entry["index"], count)] = as_probability(value)
+            return scores_by_index(
+                entries,
+                count,
+                lambda entry: entry["relevance_score"] if "relevance_score" in entry else entry["score"],
+            )
         except (KeyError, TypeError, ValueError) as error:
             raise self._bad_answer(f"a malformed result ({error})") from None
-        if any(score is None for score in scores):
-            raise self._bad_answer("duplicate result indices")
-        return [score for score in scores if score is not None]
 
 
 def _texts_of(job: ScoringJob) -> JobTexts:

@@ -20,13 +20,7 @@ class SGLangScoreClient(TokenScoringClient):
     path = "/v1/score"
 
     def _payload(self, query: list[int], items: list[list[int]], job: ScoringJob) -> dict[str, Any]:
-        return {
-            "query": query,
-            "items": items,
-            "label_token_ids": job.label_ids,
-            "apply_softmax": job.apply_softmax,
-            "item_first": False,
-        }
+        return {**super()._payload(query, items, job), "item_first": False}
 
     def _parse(self, body: Any, count: int) -> list[float]:
         rows = body.get("scores") if isinstance(body, dict) else None

@@ -142,7 +142,10 @@ def test_bad_scores_are_refused_naming_server_and_value(
 
 
 @pytest.mark.parametrize("kind", ["genscore", "vllm", "rerank"])
-@pytest.mark.parametrize(("bad", "shown"), [("true", "True"), ("-1", "-1"), ("1.0", "1.0"), ("7", "7")])
+# "0": entry 1 repeats entry 0's index.
+@pytest.mark.parametrize(
+    ("bad", "shown"), [("true", "True"), ("-1", "-1"), ("1.0", "1.0"), ("7", "7"), ("0", "0")]
+)
 def test_bad_indices_are_refused(
     remotes: dict[str, GenerativeScorer],
     fault: Faults,
