@@ -46,7 +46,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir
+from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir, write_model_folder
 
 DEMO_MODEL_NOTICE = (
     "DEMO MODEL: written by `genscore make-demo-model`. It ranks documents by the share of their words "
@@ -393,24 +393,20 @@ def make_demo_model(
     Returns:
         The output folder.
     """
-    from genscore_core.loading import transformers_progress_bars
-
     model, tokenizer = build_demo_model(train_steps=train_steps, seed=seed, threads=threads)
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with transformers_progress_bars(False):
-        model.save_pretrained(str(out))
-        tokenizer.save_pretrained(str(out))
     settings = {"train_steps": train_steps, "seed": seed, "threads": threads}
-    (out / "GENSCORE_DEMO_MODEL.txt").write_text(DEMO_MODEL_NOTICE + "\n")
-    (out / DEMO_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
-    (out / "README.md").write_text(
-        "# genscore demo reranker (lexical overlap)\n\n"
-        + DEMO_MODEL_NOTICE
-        + "\n\n"
-        + json.dumps(settings, indent=2)
-        + "\n"
+    write_model_folder(
+        out,
+        model,
+        tokenizer,
+        title="genscore demo reranker (lexical overlap)",
+        notice=DEMO_MODEL_NOTICE,
+        notice_file="GENSCORE_DEMO_MODEL.txt",
+        settings=settings,
     )
+    # After the model files: holds_demo_model reads it as "written with these settings".
+    (out / DEMO_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
     return out
 
 
