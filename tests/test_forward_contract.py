@@ -75,7 +75,7 @@ def _record(forward: ForwardStrategy[Any, Any], recorder: Recorder) -> None:
         run = forward.decoder.run
 
         def packed(dev: Any, loaded: Any = None) -> Any:
-            recorder.check(dev.batch.num_tokens, dev.batch.num_prompts)
+            recorder.check(dev.num_tokens, dev.num_prompts)
             return run(dev, loaded)
 
         forward.decoder.run = packed  # type: ignore[method-assign]

@@ -32,6 +32,8 @@ from genscore_core.packed import (
     supports,
     unsupported_reason,
 )
+from genscore_core.packed.decoder import DeviceBatch, StaticShape
+from genscore_core.packed.graphs import DecoderGraphs, static_shape
 
 ATOL = 1e-5
 
@@ -253,3 +255,115 @@ def test_a_bf16_residual_stream_is_an_option_of_one_forward(qwen3: Any) -> None:
     torch.testing.assert_close(default, reference, atol=ATOL, rtol=ATOL)
     with pytest.raises(ValidationError):
         PackedOptions(residual_dtype="float16")  # type: ignore[arg-type]
+
+
+# -- CUDA graphs of small batches: padding, static buffers, the cache (CPU: replayed eagerly) -------
+
+
+def _one_batch(groups: list[PrefixGroup]) -> Any:
+    [slices] = plan_batches(groups, 10_000)
+    return build_batch(groups, slices)
+
+
+def test_static_shape_rounds_up_with_a_spare_segment() -> None:
+    groups = _random_groups(random.Random(7), 100, SPEC)
+    batch = _one_batch(groups)  # 136 tokens, 15 segments (3 prefixes, 12 prompts)
+    assert (batch.num_tokens, len(batch.segments)) == (136, 15)
+    assert static_shape(batch, 128) == StaticShape(tokens=256, segments=16)
+    assert static_shape(batch, 68) == StaticShape(tokens=136, segments=16)
+    assert static_shape(batch, 1) == StaticShape(tokens=136, segments=16)
+    assert static_shape(batch, 500) == StaticShape(tokens=500, segments=16)
+    sixteen = build_batch([PrefixGroup([], [[1]] * 16)], plan_batches([PrefixGroup([], [[1]] * 16)], 99)[0])
+    assert static_shape(sixteen, 8) == StaticShape(tokens=16, segments=32), "always one empty segment"
+    with pytest.raises(ValueError):
+        static_shape(batch, 0)
+
+
+@pytest.mark.parametrize("step", [1, 16, 128, 1000])
+def test_a_padded_batch_gives_the_rows_of_the_hf_forward(qwen3: Any, step: int) -> None:
+    groups = _random_groups(random.Random(8), qwen3.config.vocab_size, SPEC)
+    batch = _one_batch(groups)
+    decoder = PackedForward(qwen3).decoder
+    shape = static_shape(batch, step)
+    dev = DeviceBatch.static(shape, torch.device("cpu"), batch)
+    assert dev.input_ids.numel() == shape.tokens and dev.segments.num_blocks == shape.blocks
+    with torch.inference_mode():
+        rows, saved = decoder.run(dev)
+    assert saved is None and rows.shape[0] == shape.segments
+    torch.testing.assert_close(rows[: batch.num_prompts], _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
+
+
+def test_a_batch_that_does_not_fit_its_shape_is_refused() -> None:
+    groups = _random_groups(random.Random(7), 100, SPEC)
+    batch = _one_batch(groups)
+    with pytest.raises(ValueError, match="does not fit"):
+        DeviceBatch.static(StaticShape(tokens=100, segments=16), torch.device("cpu"), batch)
+    with pytest.raises(ValueError, match="does not fit"):
+        DeviceBatch.static(StaticShape(tokens=256, segments=15), torch.device("cpu"), batch)
+
+
+def test_graphs_reuse_static_buffers_without_stale_rows(qwen3: Any) -> None:
+    """A shorter batch replayed in the buffers of a longer one of the same shape gets its own rows."""
+    vocab = qwen3.config.vocab_size
+    long = _random_groups(random.Random(9), vocab, [(12, [30, 20, 25]), (5, [9, 9])])
+    short = _random_groups(random.Random(10), vocab, [(3, [4, 2])])
+    other = _random_groups(random.Random(11), vocab, [(20, [100, 90, 80])])
+    graphs = DecoderGraphs(PackedForward(qwen3).decoder, max_tokens=256, token_step=128, cuda_graphs=False)
+    with torch.inference_mode():
+        assert graphs.run(_one_batch(long)) is None, "a shape seen once runs eagerly"
+        first = graphs.run(_one_batch(long))
+        assert graphs.captures == 1 and graphs.replays == 1
+        second = graphs.run(_one_batch(short))  # same shape (128 tokens, 16 segments): replayed
+        assert graphs.captures == 1 and graphs.replays == 2
+        assert graphs.run(_one_batch(other)) is None, "a new shape (384 tokens) is over max_tokens"
+    assert first is not None and second is not None
+    torch.testing.assert_close(first, _reference(qwen3, long), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(second, _reference(qwen3, short), atol=ATOL, rtol=ATOL)
+    assert second.shape[0] == 2, "only the batch's own prompts come back"
+
+
+def test_graphs_keep_the_most_recently_used_shapes(qwen3: Any) -> None:
+    vocab = qwen3.config.vocab_size
+    small = _random_groups(random.Random(12), vocab, [(3, [4, 2])])  # 9 tokens
+    large = _random_groups(random.Random(13), vocab, [(10, [40, 30])])  # 80 tokens
+    graphs = DecoderGraphs(
+        PackedForward(qwen3).decoder, max_tokens=128, token_step=32, max_graphs=1, capture_after=1,
+        cuda_graphs=False,
+    )  # fmt: skip
+    with torch.inference_mode():
+        for groups in (small, large, small, small):
+            rows = graphs.run(_one_batch(groups))
+            assert rows is not None
+            torch.testing.assert_close(rows, _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
+    assert list(graphs.graphs) == [StaticShape(tokens=32, segments=16)]
+    assert (graphs.captures, graphs.replays) == (3, 4)
+
+
+def test_batches_that_carry_prefixes_between_batches_run_eagerly(qwen3: Any) -> None:
+    groups = _random_groups(random.Random(14), qwen3.config.vocab_size, [(20, [30, 2, 11, 4, 6])])
+    first, second = plan_batches(groups, 40)
+    graphs = DecoderGraphs(PackedForward(qwen3).decoder, max_tokens=4096, capture_after=1, cuda_graphs=False)
+    assert build_batch(groups, first).save and build_batch(groups, second).load
+    assert graphs.shape_for(build_batch(groups, first)) is None
+    assert graphs.shape_for(build_batch(groups, second)) is None
+    assert graphs.shape_for(_one_batch(groups)) == StaticShape(tokens=128, segments=16)
+    with pytest.raises(ValueError):
+        DecoderGraphs(graphs.decoder, max_tokens=0)
+
+
+def test_a_failed_capture_switches_graphs_off(qwen3: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Asking for CUDA graphs of a decoder on the CPU fails to capture: eager from then on, said once."""
+    groups = _random_groups(random.Random(15), qwen3.config.vocab_size, SPEC)
+    graphs = DecoderGraphs(PackedForward(qwen3).decoder, max_tokens=4096, capture_after=1, cuda_graphs=True)
+    with caplog.at_level("WARNING", logger="genscore_core.packed.graphs"):
+        assert graphs.run(_one_batch(groups)) is None
+        assert graphs.run(_one_batch(groups)) is None
+    assert graphs.disabled is not None and not graphs.graphs and graphs.captures == 0
+    assert sum("switched off" in r.message for r in caplog.records) == 1
+
+
+def test_the_packed_forward_graphs_only_cuda_with_device_side_attention(qwen3: Any) -> None:
+    assert PackedForward(qwen3).graphs is None, "CPU: no graphs"
+    assert PackedOptions().graph_tokens == 16384
+    with pytest.raises(ValidationError):
+        PackedOptions(graph_tokens=-1)

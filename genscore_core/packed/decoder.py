@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from genscore_core.forward import decoder_of
 from genscore_core.kernels import fused_ops
@@ -126,11 +126,92 @@ def _linear(module: Any) -> Linear:
     return module.weight, getattr(module, "bias", None)
 
 
+@dataclass(frozen=True)
+class StaticShape:
+    """The fixed sizes a batch is padded to, so that one CUDA graph serves every batch that fits them.
+
+    ``tokens`` stream positions and ``segments`` segment rows (at least one more than the batch has,
+    so that spare attention blocks have an empty segment to point at); the attention work lists get
+    room for the most blocks such a batch can need.
+    """
+
+    tokens: int
+    segments: int
+
+    @property
+    def blocks(self) -> int:
+        """Room for the attention blocks of any batch of this shape: a segment of q queries needs
+        ceil(q / block_m) blocks, so all of them together at most tokens / block_m + segments."""
+        return -(-self.tokens // DEFAULT_TILING.block_m) + self.segments
+
+    def fits(self, batch: PackedBatch) -> bool:
+        return (
+            batch.num_tokens <= self.tokens
+            and len(batch.segments) < self.segments
+            and not batch.load
+            and not batch.save
+        )
+
+
+def host_layout(
+    batch: PackedBatch, shape: StaticShape | None = None
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """The int64 arrays a :class:`DeviceBatch` is made of, in order, and its two segment tables.
+
+    With ``shape``, every array is padded to that shape's size: spare tokens (id 0, position 0)
+    belong to no segment, spare segments are empty (no query, no key), spare attention blocks point
+    at the last (empty) segment, and spare prompt rows read segment 0; the decoder's rows past the
+    batch's own prompts are then to be ignored. Nothing spare is read by a real row, so the real
+    rows come out as they do unpadded.
+    """
+    table = check_table(batch.segments)
+    last = table.copy()
+    last[:, 0] = np.arange(len(last))
+    last[:, 1] = 1
+    blocks = plan_blocks(table, DEFAULT_TILING)
+    last_blocks = plan_blocks(last, LAST_TOKEN_TILING)
+    ids = batch.input_ids.numpy()
+    positions = batch.positions.numpy()
+    segment_last = batch.segment_last.numpy()
+    prompt_segments = batch.prompt_segments.numpy()
+    if shape is not None:
+        if not shape.fits(batch):
+            raise ValueError(
+                f"a batch of {batch.num_tokens} tokens and {len(table)} segments does not fit {shape}"
+            )
+        spare = shape.segments - 1
+        ids = np.pad(ids, (0, shape.tokens - len(ids)))
+        positions = np.pad(positions, (0, shape.tokens - len(positions)))
+        segment_last = np.pad(segment_last, (0, shape.segments - len(segment_last)))
+        prompt_segments = np.pad(prompt_segments, (0, shape.segments - len(prompt_segments)))
+        table = np.pad(table, ((0, shape.segments - len(table)), (0, 0)))
+        last = np.pad(last, ((0, shape.segments - len(last)), (0, 0)))
+        blocks = np.concatenate([blocks, np.tile([[spare, 0]], (shape.blocks - len(blocks), 1))])
+        last_blocks = np.concatenate(
+            [last_blocks, np.tile([[spare, 0]], (shape.segments - len(last_blocks), 1))]
+        )
+    parts = [ids, positions, segment_last, prompt_segments, table, blocks, last, last_blocks]
+    if batch.save:
+        parts.append(torch.cat([rows for _, rows in batch.save]).numpy())
+    return [np.ascontiguousarray(p, dtype=np.int64).reshape(-1) for p in parts], table, last
+
+
 @dataclass
 class DeviceBatch:
-    """A :class:`PackedBatch`'s tensors on the model's device, with its attention segments."""
+    """A :class:`PackedBatch`'s tensors on the model's device, with its attention segments.
 
-    batch: PackedBatch
+    All of them are views of one int64 buffer (:attr:`buffer`), copied to the device at once.
+    """
+
+    num_tokens: int
+    """Stream positions the decoder runs (the batch's own, or its static shape's when padded)."""
+    kv_len: int
+    """Key/value rows: the stream's, then the prefixes loaded from earlier batches."""
+    max_position: int
+    """A bound on the positions of the stream: the rotary tables must cover it."""
+    num_prompts: int
+    """The batch's own prompts: the first rows of the decoder's output (a padded batch has more)."""
+    buffer: torch.Tensor
     input_ids: torch.Tensor
     positions: torch.Tensor
     segment_last: torch.Tensor
@@ -143,30 +224,69 @@ class DeviceBatch:
 
     @classmethod
     def from_batch(cls, batch: PackedBatch, device: torch.device) -> DeviceBatch:
-        table = check_table(batch.segments)
-        last = table.copy()
-        last[:, 0] = np.arange(len(last))
-        last[:, 1] = 1
-        blocks = plan_blocks(table, DEFAULT_TILING)
-        last_blocks = plan_blocks(last, LAST_TOKEN_TILING)
-        host = [batch.input_ids, batch.positions, batch.segment_last, batch.prompt_segments]
-        host += [torch.from_numpy(a.reshape(-1)) for a in (table, blocks, last, last_blocks)]
-        if batch.save:
-            host.append(torch.cat([rows for _, rows in batch.save]))
+        parts, table, last = host_layout(batch)
         # One pinned host buffer, one copy to the device, then views.
-        flat = torch.cat(host)
+        flat = torch.from_numpy(np.concatenate(parts))
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
-        parts = list(flat.split([t.numel() for t in host]))
+        max_position = int(batch.positions.max()) if batch.num_tokens else 0
+        sizes = [len(p) for p in parts]
+        return cls.of_buffer(
+            flat, sizes, table, last, batch.num_tokens, batch.kv_len, max_position, batch.num_prompts
+        )
+
+    @classmethod
+    def static(cls, shape: StaticShape, device: torch.device, like: PackedBatch) -> DeviceBatch:
+        """A device buffer of ``shape``'s sizes holding ``like`` padded (see :func:`host_layout`);
+        :meth:`fill` puts another batch of that shape in its place."""
+        parts, table, last = host_layout(like, shape)
+        flat = torch.from_numpy(np.concatenate(parts)).to(device)
+        # Every position of a batch of this shape is below its token count.
+        sizes = [len(p) for p in parts]
+        return cls.of_buffer(
+            flat, sizes, table, last, shape.tokens, shape.tokens, shape.tokens, like.num_prompts
+        )
+
+    def fill(self, batch: PackedBatch, shape: StaticShape) -> None:
+        """Overwrite this static buffer with ``batch`` padded to ``shape`` (the shape it was made with)."""
+        parts, table, last = host_layout(batch, shape)
+        flat = torch.from_numpy(np.concatenate(parts))
+        if flat.numel() != self.buffer.numel():
+            raise ValueError(f"a batch padded to {shape} does not match this buffer")
+        if self.buffer.device.type == "cuda":
+            flat = flat.pin_memory()
+        self.buffer.copy_(flat, non_blocking=True)
+        self.num_prompts = batch.num_prompts
+        # The host tables are only read by the torch attention; keep them in step with the device.
+        self.segments.host[...] = table
+        self.last_segments.host[...] = last
+
+    @classmethod
+    def of_buffer(
+        cls,
+        flat: torch.Tensor,
+        sizes: list[int],
+        table: np.ndarray,
+        last: np.ndarray,
+        num_tokens: int,
+        kv_len: int,
+        max_position: int,
+        num_prompts: int,
+    ) -> DeviceBatch:
+        parts = list(flat.split(sizes))
         return cls(
-            batch=batch,
+            num_tokens=num_tokens,
+            kv_len=kv_len,
+            max_position=max_position,
+            num_prompts=num_prompts,
+            buffer=flat,
             input_ids=parts[0],
             positions=parts[1],
             segment_last=parts[2],
             prompt_segments=parts[3],
             segments=Segments(table, parts[4].view(-1, 6), parts[5].view(-1, 2), DEFAULT_TILING),
             last_segments=Segments(last, parts[6].view(-1, 6), parts[7].view(-1, 2), LAST_TOKEN_TILING),
-            save_rows=parts[8] if batch.save else None,
+            save_rows=parts[8] if len(parts) > 8 else None,
         )
 
 
@@ -187,6 +307,9 @@ class PackedOptions(BaseModel):
     """The residual stream's dtype (benchmarks measure bf16 against the float32 default)."""
     trim_last_layer: bool = True
     """Compute the last layer's queries, attention and MLP only where the output is read."""
+    graph_tokens: int = Field(default=16384, ge=0)
+    """On CUDA, batches of up to this many tokens (after padding) replay CUDA graphs of the decoder
+    (:mod:`genscore_core.packed.graphs`) when the attention is the Triton kernel; 0 never does."""
 
     @classmethod
     def all_kernels(cls, impl: KernelImpl, **other: Any) -> PackedOptions:
@@ -277,9 +400,9 @@ class PackedDecoder:
         ``loaded``: K and V [layers, P, Hkv, D] of the prefixes this batch loads (``batch.load``, in
         order). Also returns the K and V of the prefixes it must save (``batch.save``), or None.
         """
-        batch = dev.batch
-        tokens = batch.num_tokens
-        cos, sin = self.rope_tables(int(batch.positions.max()) if tokens else 0)
+        tokens = dev.num_tokens
+        kv_len = dev.kv_len
+        cos, sin = self.rope_tables(dev.max_position)
         n_layers = len(self.layers)
         kv_width = self.num_kv_heads * self.head_dim
         saved: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -297,12 +420,12 @@ class PackedDecoder:
         for index, layer in enumerate(self.layers):
             last = self.options.trim_last_layer and index == n_layers - 1
             # Row t of K/V is stream token t; loaded prefixes follow the stream.
-            k = torch.empty((batch.kv_len, kv_width), dtype=self.dtype, device=self.device)
+            k = torch.empty((kv_len, kv_width), dtype=self.dtype, device=self.device)
             v = torch.empty_like(k)
             _linear_into(h, layer.k, k[:tokens])
             _linear_into(h, layer.v, v[:tokens])
-            k = k.view(batch.kv_len, self.num_kv_heads, self.head_dim)
-            v = v.view(batch.kv_len, self.num_kv_heads, self.head_dim)
+            k = k.view(kv_len, self.num_kv_heads, self.head_dim)
+            v = v.view(kv_len, self.num_kv_heads, self.head_dim)
             fused_ops.rope(
                 k[:tokens], self.num_kv_heads, layer.k_norm, self.eps, cos, sin, dev.positions, k[:tokens],
                 impl=self.rope_impl,

@@ -11,6 +11,7 @@ import torch
 
 from genscore_core.forward import ForwardStrategy, PrefixGroup
 from genscore_core.packed.decoder import DeviceBatch, PackedDecoder, PackedOptions
+from genscore_core.packed.graphs import DecoderGraphs
 from genscore_core.packed.plan import GroupSlice, build_batch, plan_batches
 
 DEFAULT_MAX_BATCH_TOKENS = 65536
@@ -49,8 +50,14 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
     ) -> None:
         if max_batch_tokens <= 0:
             raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
-        self.decoder = PackedDecoder(model, options)
+        self.decoder = decoder = PackedDecoder(model, options)
         self.max_batch_tokens = max_batch_tokens
+        self.graphs: DecoderGraphs | None = None
+        """CUDA graphs of small batches; only where the attention reads its segments on the device
+        (the Triton kernel), since the torch attention's loop over segments would be frozen in."""
+        graph_tokens = decoder.options.graph_tokens
+        if graph_tokens and decoder.device.type == "cuda" and decoder.attention_impl == "triton":
+            self.graphs = DecoderGraphs(decoder, max_tokens=graph_tokens)
 
     def _start(self, groups: Sequence[PrefixGroup]) -> _PackedCall:
         return _PackedCall(groups)
@@ -95,12 +102,15 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         decoder = self.decoder
         slices = self._flagged(call, batch)
         packed = build_batch(call.groups, slices)
-        dev = DeviceBatch.from_batch(packed, decoder.device)
-        loaded = None
-        if packed.load:
-            keys = [call.cache[g] for g, _ in packed.load]
-            loaded = (torch.cat([k for k, _ in keys], dim=1), torch.cat([v for _, v in keys], dim=1))
-        hidden, saved = decoder.run(dev, loaded)
+        hidden = self.graphs.run(packed) if self.graphs is not None else None
+        saved = None
+        if hidden is None:
+            dev = DeviceBatch.from_batch(packed, decoder.device)
+            loaded = None
+            if packed.load:
+                keys = [call.cache[g] for g, _ in packed.load]
+                loaded = (torch.cat([k for k, _ in keys], dim=1), torch.cat([v for _, v in keys], dim=1))
+            hidden, saved = decoder.run(dev, loaded)
         # Only now, with the batch done, does the call's state change.
         if saved is not None:
             offset = 0
