@@ -203,6 +203,8 @@ class DeviceBatch:
     All of them are views of one int64 buffer (:attr:`buffer`), copied to the device at once.
     """
 
+    batch: PackedBatch
+    """The batch these tensors hold (a static buffer: the one it holds now, padded)."""
     num_tokens: int
     """Stream positions the decoder runs (the batch's own, or its static shape's when padded)."""
     kv_len: int
@@ -231,9 +233,7 @@ class DeviceBatch:
             flat = flat.pin_memory().to(device, non_blocking=True)
         max_position = int(batch.positions.max()) if batch.num_tokens else 0
         sizes = [len(p) for p in parts]
-        return cls.of_buffer(
-            flat, sizes, table, last, batch.num_tokens, batch.kv_len, max_position, batch.num_prompts
-        )
+        return cls.of_buffer(flat, sizes, table, last, batch, batch.num_tokens, batch.kv_len, max_position)
 
     @classmethod
     def static(cls, shape: StaticShape, device: torch.device, like: PackedBatch) -> DeviceBatch:
@@ -243,9 +243,7 @@ class DeviceBatch:
         flat = torch.from_numpy(np.concatenate(parts)).to(device)
         # Every position of a batch of this shape is below its token count.
         sizes = [len(p) for p in parts]
-        return cls.of_buffer(
-            flat, sizes, table, last, shape.tokens, shape.tokens, shape.tokens, like.num_prompts
-        )
+        return cls.of_buffer(flat, sizes, table, last, like, shape.tokens, shape.tokens, shape.tokens)
 
     def fill(self, batch: PackedBatch, shape: StaticShape) -> None:
         """Overwrite this static buffer with ``batch`` padded to ``shape`` (the shape it was made with)."""
@@ -256,6 +254,7 @@ class DeviceBatch:
         if self.buffer.device.type == "cuda":
             flat = flat.pin_memory()
         self.buffer.copy_(flat, non_blocking=True)
+        self.batch = batch
         self.num_prompts = batch.num_prompts
         # The host tables are only read by the torch attention; keep them in step with the device.
         self.segments.host[...] = table
@@ -268,17 +267,18 @@ class DeviceBatch:
         sizes: list[int],
         table: np.ndarray,
         last: np.ndarray,
+        batch: PackedBatch,
         num_tokens: int,
         kv_len: int,
         max_position: int,
-        num_prompts: int,
     ) -> DeviceBatch:
         parts = list(flat.split(sizes))
         return cls(
+            batch=batch,
             num_tokens=num_tokens,
             kv_len=kv_len,
             max_position=max_position,
-            num_prompts=num_prompts,
+            num_prompts=batch.num_prompts,
             buffer=flat,
             input_ids=parts[0],
             positions=parts[1],

@@ -12,7 +12,7 @@ import torch
 from genscore_core.forward import ForwardStrategy, PrefixGroup
 from genscore_core.packed.decoder import DeviceBatch, PackedDecoder, PackedOptions
 from genscore_core.packed.graphs import DecoderGraphs
-from genscore_core.packed.plan import GroupSlice, build_batch, plan_batches
+from genscore_core.packed.plan import GroupSlice, PackedBatch, build_batch, plan_batches
 
 DEFAULT_MAX_BATCH_TOKENS = 65536
 
@@ -99,18 +99,13 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         return flagged
 
     def _run_batch(self, call: _PackedCall, batch: list[GroupSlice]) -> None:
-        decoder = self.decoder
         slices = self._flagged(call, batch)
         packed = build_batch(call.groups, slices)
-        hidden = self.graphs.run(packed) if self.graphs is not None else None
-        saved = None
-        if hidden is None:
-            dev = DeviceBatch.from_batch(packed, decoder.device)
-            loaded = None
-            if packed.load:
-                keys = [call.cache[g] for g, _ in packed.load]
-                loaded = (torch.cat([k for k, _ in keys], dim=1), torch.cat([v for _, v in keys], dim=1))
-            hidden, saved = decoder.run(dev, loaded)
+        loaded = None
+        if packed.load:
+            keys = [call.cache[g] for g, _ in packed.load]
+            loaded = (torch.cat([k for k, _ in keys], dim=1), torch.cat([v for _, v in keys], dim=1))
+        hidden, saved = self.decode(packed, None, loaded)
         # Only now, with the batch done, does the call's state change.
         if saved is not None:
             offset = 0
@@ -125,6 +120,26 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
             offset += n
             if s.stop == len(call.groups[s.group].suffix_ids):
                 call.cache.pop(s.group, None)
+
+    def decode(
+        self,
+        packed: PackedBatch,
+        dev: DeviceBatch | None,
+        loaded: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """One batch through the decoder: a CUDA graph's replay where one serves it, else eagerly
+        (``dev``, when the caller already copied the batch to the device, or a new copy).
+
+        Returns the decoder's rows of the batch's prompts and the prefix keys/values it saves.
+        """
+        if self.graphs is not None and loaded is None:
+            hidden = self.graphs.run(packed)
+            if hidden is not None:
+                return hidden, None
+        if dev is None:
+            dev = DeviceBatch.from_batch(packed, self.decoder.device)
+        hidden, saved = self.decoder.run(dev, loaded)
+        return hidden[: packed.num_prompts], saved
 
     def _finish(self, call: _PackedCall) -> torch.Tensor:
         if not call.outputs:

@@ -9,7 +9,7 @@ A graph has fixed sizes, so batches are padded to a :class:`~genscore_core.packe
 no segment and are never read by a real one, so the real rows are what the unpadded batch gives. A
 shape is captured the second time it is seen (a one-off call does not pay for a capture it will not
 reuse), at most ``max_graphs`` are kept (the least recently used goes first), and all of them share
-one memory pool. Batches that load or save prefix keys and values (a group split over several
+one memory pool (so they hold about the memory of the largest, not the sum). Batches that load or save prefix keys and values (a group split over several
 batches), or are larger than ``max_tokens``, run eagerly as before. If a capture fails, graphs are
 switched off for this decoder with a warning and every batch runs eagerly.
 """
@@ -74,7 +74,7 @@ class DecoderGraphs:
         *,
         max_tokens: int,
         token_step: int = 128,
-        max_graphs: int = 16,
+        max_graphs: int = 64,
         capture_after: int = 2,
         cuda_graphs: bool | None = None,
     ) -> None:
