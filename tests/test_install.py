@@ -38,7 +38,16 @@ _GENSCORE = re.compile(
 _HIDDEN = re.compile(r"^uvicorn([-_.]|$)")
 # Left out of the copy the wheel is built from: build outputs, environments, caches.
 _NOT_SOURCES = shutil.ignore_patterns(
-    ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".device-carry", ".*_cache", ".whl", ".hypothesis"
+    ".git",
+    ".venv*",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".device-carry",
+    ".*_cache",
+    ".whl",
+    ".hypothesis",
 )
 
 
