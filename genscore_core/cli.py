@@ -10,18 +10,24 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import ValidationError
 
 from genscore_core.cli_args import add_config_arguments, config_settings, flag_of, positive_int
-from genscore_core.errors import GenScoreError, RemoteScoringError
+from genscore_core.errors import GenScoreError, InvalidRequestError, RemoteScoringError
 from genscore_core.jobs.cli import add_score_command
 from genscore_core.server.cli import add_serve_command
+
+if TYPE_CHECKING:
+    from genscore_core.results import RankedResults
+    from genscore_core.scorer import GenerativeScorer
 
 EXIT_BAD_INPUT = 2
 EXIT_SERVER_UNAVAILABLE = 3
@@ -31,9 +37,15 @@ EXIT_BROKEN_PIPE = 141
 # Flags kept from before the scorer flags were generated from the config.
 SCORER_FLAG_ALIASES = {"max_batch_tokens": ["--batch-tokens"]}
 # Keys the output writes itself; a document field of the same name would be lost.
-_RESERVED_FIELDS = ("index", "score", "truncated")
+_RESERVED_FIELDS = ("index", "score", "truncated", "query_index", "query_id")
 # Show a progress bar only when scoring takes long enough to need one.
 _PROGRESS_MIN_DOCUMENTS = 32
+# With a bar, documents are scored in slices so that it moves at least this many times: one engine
+# call advances it only when a whole batch is done, and one batch can hold every document of a run.
+_PROGRESS_STEPS = 100
+# ...but never in slices so small that the batches stop being worth a model call.
+_PROGRESS_MIN_SLICE = 8
+INPUT_FORMATS = ("auto", "text", "jsonl", "json")
 
 
 class InputError(Exception):
@@ -46,15 +58,19 @@ def is_utf8_text(text: str) -> bool:
     return not any("\ud800" <= char <= "\udfff" for char in text)
 
 
-def read_documents(stream: TextIO, source: str) -> list[dict[str, Any]]:
+def read_documents(stream: TextIO, source: str, input_format: str = "auto") -> list[dict[str, Any]]:
     """Documents from JSON lines (objects with a ``text`` field), a JSON array, or plain text lines.
 
-    The format is decided by the first non-blank line: ``{`` means JSON lines, ``[`` one JSON array
-    (of strings or of objects with a ``text`` field). Blank lines separate nothing and are skipped.
-    A UTF-8 byte-order mark at the start is not part of the text.
+    ``input_format`` is one of :data:`INPUT_FORMATS`. ``"auto"`` decides by the first non-blank line:
+    ``{`` means JSON lines, ``[`` one JSON array (of strings or of objects with a ``text`` field),
+    anything else plain text. ``"text"`` reads every line as a document, even one that starts with
+    ``{``. Blank lines separate nothing and are skipped. A UTF-8 byte-order mark at the start is not
+    part of the text.
     """
+    if input_format == "json":
+        return _json_array(stream.read().removeprefix("\ufeff"), source, detected=False)
     documents: list[dict[str, Any]] = []
-    json_lines: bool | None = None
+    json_lines: bool | None = {"text": False, "jsonl": True}.get(input_format)
     for number, raw in enumerate(stream, start=1):
         line = raw.rstrip("\r\n")
         if number == 1:
@@ -81,32 +97,91 @@ def read_documents(stream: TextIO, source: str) -> list[dict[str, Any]]:
     return documents
 
 
+@dataclass
+class QueryRecord:
+    """One query of a ``--queries`` file and its documents (each a dict with a ``text`` field)."""
+
+    query: str
+    documents: list[dict[str, Any]]
+    id: Any = None
+    where: str = ""
+
+
+_QUERY_KEYS = ("query", "documents", "id")
+
+
+def read_queries(stream: TextIO, source: str) -> list[QueryRecord]:
+    """Queries from JSON lines: ``{"query": "...", "documents": [...], "id": ...}`` per line.
+
+    ``documents`` holds strings or objects with a string ``text`` field (other fields are carried to
+    the output); ``id`` is optional and written as ``query_id``. Blank lines are skipped.
+    """
+    records: list[QueryRecord] = []
+    for number, raw in enumerate(stream, start=1):
+        line = raw.rstrip("\r\n")
+        if number == 1:
+            line = line.removeprefix("\ufeff")
+        if not line.strip():
+            continue
+        where = f"{source}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InputError(f"{where}: invalid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise InputError(f'{where}: expected a JSON object {{"query": ..., "documents": [...]}}')
+        unknown = [key for key in record if key not in _QUERY_KEYS]
+        if unknown:
+            raise InputError(
+                f"{where}: unknown field {unknown[0]!r}; a query line has 'query', 'documents' and "
+                "optionally 'id'"
+            )
+        query = record.get("query")
+        if not isinstance(query, str):
+            raise InputError(f"{where}: expected a string 'query' field")
+        if not is_utf8_text(query):
+            raise InputError(f"{where}: the query is not UTF-8 text")
+        documents = record.get("documents")
+        if not isinstance(documents, list) or not documents:
+            raise InputError(f"{where}: expected a non-empty 'documents' array")
+        records.append(QueryRecord(query, _documents_of(documents, where), record.get("id"), where))
+    if not records:
+        raise InputError(f"{source}: no queries to rerank for")
+    return records
+
+
 def _check_fields(record: dict[str, Any], where: str) -> None:
     clash = [key for key in _RESERVED_FIELDS if key in record]
     if clash:
         raise InputError(f"{where}: field {clash[0]!r} is reserved for the output; rename it")
 
 
-def _json_array(text: str, source: str) -> list[dict[str, Any]]:
+def _json_array(text: str, source: str, detected: bool = True) -> list[dict[str, Any]]:
     try:
         array = json.loads(text)
     except json.JSONDecodeError as error:
-        raise InputError(
-            f"{source}: starts with '[' but is not one JSON array (line {error.lineno}: {error.msg})"
-        ) from None
+        what = "starts with '[' but is not" if detected else "is not"
+        raise InputError(f"{source}: {what} one JSON array (line {error.lineno}: {error.msg})") from None
+    if not isinstance(array, list):
+        raise InputError(f"{source}: expected one JSON array of documents")
+    documents = _documents_of(array, source)
+    if not documents:
+        raise InputError(f"{source}: no documents to rerank")
+    return documents
+
+
+def _documents_of(array: list[Any], where: str) -> list[dict[str, Any]]:
     documents: list[dict[str, Any]] = []
     for position, element in enumerate(array):
         if isinstance(element, str):
             documents.append({"text": element})
         elif isinstance(element, dict) and isinstance(element.get("text"), str):
-            _check_fields(element, f"{source}, element {position}")
+            _check_fields(element, f"{where}, element {position}")
             documents.append(element)
         else:
             raise InputError(
-                f"{source}, element {position}: expected a string or an object with a string 'text' field"
+                f"{where}, element {position}: expected a string or an object with a string 'text' field"
             )
-    if not documents:
-        raise InputError(f"{source}: no documents to rerank")
     return documents
 
 
@@ -124,11 +199,19 @@ def _open_documents(path: str | None) -> tuple[TextIO, str]:
 
 
 def _rerank(args: argparse.Namespace) -> int:
-    if not is_utf8_text(args.query):
+    multi = args.queries is not None
+    if multi and args.format not in ("auto", "jsonl"):
+        raise InputError(f"--queries files are JSON lines; --format {args.format} applies to --documents")
+    if multi and args.documents is not None:
+        raise InputError("--documents goes with --query; a --queries file holds each query's documents")
+    if not multi and not is_utf8_text(args.query):
         raise InputError("--query is not UTF-8 text")
-    stream, source = _open_documents(args.documents)
+    stream, source = _open_documents(args.queries if multi else args.documents)
     try:
-        documents = read_documents(stream, source)
+        if multi:
+            records = read_queries(stream, source)
+        else:
+            records = [QueryRecord(args.query, read_documents(stream, source, args.format))]
     except UnicodeDecodeError:
         raise InputError(f"{source}: not UTF-8 text") from None
     finally:
@@ -137,27 +220,99 @@ def _rerank(args: argparse.Namespace) -> int:
 
     from genscore_core.scorer import GenerativeScorer
 
+    total = sum(len(record.documents) for record in records)
     settings = config_settings(args)
-    settings["show_progress"] = not args.no_progress and len(documents) >= _PROGRESS_MIN_DOCUMENTS
+    settings["show_progress"] = not args.no_progress and total >= _PROGRESS_MIN_DOCUMENTS
     args.progress_bar = settings["show_progress"]
-    with GenerativeScorer(**settings) as scorer:
-        ranked = scorer.rerank(args.query, [doc["text"] for doc in documents], top_n=args.top_n)
+    with GenerativeScorer(**settings) as scorer:  # one model load, whatever the number of queries
+        rankings = rank_queries(scorer, records, top_n=args.top_n, progress=args.progress_bar)
     out = sys.stdout
     if isinstance(out, io.TextIOWrapper):
         out.reconfigure(encoding="utf-8")  # JSON lines are UTF-8 whatever the locale
-    for result in ranked:
-        record = {"index": result.index, "score": result.score, "truncated": result.truncated}
-        record.update(documents[result.index])
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    for number, (record, ranked) in enumerate(zip(records, rankings)):
+        for result in ranked:
+            line: dict[str, Any] = {"query_index": number} if multi else {}
+            if multi and record.id is not None:
+                line["query_id"] = record.id
+            line.update({"index": result.index, "score": result.score, "truncated": result.truncated})
+            line.update(record.documents[result.index])
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
     out.flush()
     return 0
+
+
+def rank_queries(
+    scorer: GenerativeScorer, records: Sequence[QueryRecord], *, top_n: int | None, progress: bool
+) -> list[RankedResults]:
+    """Each query's documents best first, all scored by one scorer; a bar on stderr with ``progress``.
+
+    The bar counts documents and shows the rate and the time left. It advances as the engine
+    finishes batches; to keep it moving, documents are scored in slices of about 1/100 of the run
+    (at least 8 documents), with the batches of a slice spread over its documents.
+    """
+    from tqdm import tqdm
+
+    from genscore_core.results import rank_results
+
+    owners = [(number, position) for number, r in enumerate(records) for position in range(len(r.documents))]
+    pairs = [
+        (records[number].query, records[number].documents[position]["text"]) for number, position in owners
+    ]
+    size = max(_PROGRESS_MIN_SLICE, math.ceil(len(pairs) / _PROGRESS_STEPS)) if progress else len(pairs)
+    scored: list[Any] = []
+    # mininterval=0: every step is drawn (a hundred or so per run), none is skipped for being quick.
+    with tqdm(
+        total=len(pairs), disable=not progress, file=sys.stderr, desc="scoring", unit="doc", mininterval=0
+    ) as bar:
+        for start in range(0, len(pairs), size):
+            chunk = pairs[start : start + size]
+            try:
+                prepared = scorer.prepare_pairs(chunk)
+            except InvalidRequestError as error:
+                raise InputError(_locate(error, records, owners, start)) from None
+            prompts = sum(len(job.prompts) for job in prepared.jobs) or 1
+            finished = 0
+
+            def advance(
+                count: int, start: int = start, length: int = len(chunk), prompts: int = prompts
+            ) -> None:
+                # A long document may be several prompts (windows): the bar counts documents.
+                nonlocal finished
+                finished = min(finished + count, prompts)
+                bar.update(start + length * finished // prompts - bar.n)
+
+            scored.extend(prepared.assemble(scorer.backend.score_jobs(prepared.jobs, on_progress=advance)))
+            bar.update(start + len(chunk) - bar.n)
+    rankings = []
+    begin = 0
+    for record in records:
+        texts = [document["text"] for document in record.documents]
+        end = begin + len(texts)
+        rankings.append(rank_results(record.query, texts, scored[begin:end], top_n=top_n))
+        begin = end
+    return rankings
+
+
+def _locate(
+    error: InvalidRequestError, records: Sequence[QueryRecord], owners: list[tuple[int, int]], start: int
+) -> str:
+    """The engine's complaint about a pair, said with the query line and document it came from."""
+    if error.index is None or not 0 <= start + error.index < len(owners):
+        return str(error)
+    number, position = owners[start + error.index]
+    where = records[number].where or "input"
+    item = "the query" if error.param == "query" else f"document {position}"
+    return f"{where}: {item}: {error.message}"
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
     from genscore_core.testing.tiny_model import RANDOM_WEIGHTS_NOTICE, make_tiny_model
 
+    out = Path(args.output_dir)
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise InputError(f"{out} is not empty; pass --force to write the tiny model into it anyway")
     try:
-        path = make_tiny_model(Path(args.output_dir), seed=args.seed)
+        path = make_tiny_model(out, seed=args.seed)
     except ImportError as error:  # the testing extra is not installed
         raise InputError(str(error)) from None
     print(f"wrote {path}", file=sys.stderr)
@@ -199,21 +354,40 @@ def build_parser() -> argparse.ArgumentParser:
         prog="genscore", description="Rerank documents by a causal LM's next-token label probabilities."
     )
     parser.add_argument("--version", action="version", version=f"genscore {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(
+        dest="command", required=True, help="what to do; genscore COMMAND --help lists its flags"
+    )
 
     rerank = commands.add_parser(
         "rerank",
-        help="rerank documents for a query; JSON lines out, best first",
-        description="Documents come from FILE or stdin, as JSON lines with a 'text' field (other fields "
-        "are carried along) or as plain text lines.",
+        help="rerank documents for a query (or for each query of a file); JSON lines out, best first",
+        description="One query: --query, with documents from --documents FILE or stdin, as JSON lines "
+        "with a 'text' field (other fields are carried along), one JSON array, or plain text lines. "
+        'Several queries: --queries FILE, JSON lines of {"query": ..., "documents": [...], "id": ...}; '
+        "the model is loaded once for all of them and each output line names its query_index.",
     )
-    rerank.add_argument("--query", required=True)
+    asked = rerank.add_mutually_exclusive_group(required=True)
+    asked.add_argument("--query", help="the query to rank the documents for")
+    asked.add_argument(
+        "--queries",
+        metavar="FILE",
+        help='JSON lines of {"query": ..., "documents": [...], "id": ...} (id optional); \'-\' for stdin',
+    )
     rerank.add_argument("--documents", metavar="FILE", help="input file; stdin when absent or '-'")
-    rerank.add_argument("--top-n", type=positive_int, help="print only the best N")
+    rerank.add_argument(
+        "--format",
+        choices=INPUT_FORMATS,
+        default="auto",
+        help="how --documents is read: text (every line a document, even one starting with '{'), "
+        "jsonl (objects with a 'text' field), json (one array), or auto: jsonl when the first line "
+        "starts with '{', json with '[', else text (default auto)",
+    )
+    rerank.add_argument("--top-n", type=positive_int, help="print only the best N (of each query)")
     rerank.add_argument(
         "--no-progress",
         action="store_true",
-        help=f"no progress bar on stderr (otherwise shown from {_PROGRESS_MIN_DOCUMENTS} documents on)",
+        help=f"no progress bar on stderr (otherwise shown from {_PROGRESS_MIN_DOCUMENTS} documents on; "
+        "it counts documents and shows the time left)",
     )
     # The progress bar is decided above, by --no-progress and the number of documents.
     add_config_arguments(rerank, exclude={"show_progress"}, aliases=SCORER_FLAG_ALIASES)
@@ -223,8 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
         "make-tiny-model",
         help="write a small RANDOM-weight Qwen3 with the real Qwen3 tokenizer, for offline runs",
     )
-    tiny.add_argument("output_dir", metavar="DIR")
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("output_dir", metavar="DIR", help="folder to write the model and tokenizer to")
+    tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    tiny.add_argument("--force", action="store_true", help="write into a non-empty folder")
     tiny.set_defaults(handler=_make_tiny_model)
 
     demo = commands.add_parser(

@@ -116,7 +116,10 @@ def add_serve_command(
         help="seconds an idle keep-alive connection stays open (default %(default)s)",
     )
     serve.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="least severe server log messages shown (default %(default)s)",
     )
     serve.set_defaults(handler=run_serve)
 
