@@ -8,9 +8,12 @@ Endpoints:
   ``results`` of ``index``, ``relevance_score`` and, with ``return_documents``, ``document`` out;
 * ``GET /health``, ``GET /v1/models``, ``GET /stats`` (batching counters).
 
-Errors use the protocol's body ``{"error": {"message", "type", "param", "code"}}``: 400 for bad
-requests and exceeded limits, 413 for oversized bodies, 422 for malformed ones, 503 when the queue is
-full (with ``Retry-After``), 500 for anything unexpected (logged, never a traceback in the body).
+Errors use the protocol's body ``{"error": {"message", "type", "param", "code"}}`` plus a top-level
+``detail`` with the same message (what Jina-style clients read): 400 for bad requests and exceeded
+limits, 404 for a model this server does not serve (as vLLM answers), 413 for oversized bodies, 422
+for malformed ones, 503 when the queue is full (with ``Retry-After``), 500 for anything unexpected
+(logged, never a traceback in the body). The OpenAPI document (``/openapi.json``) lists each of them
+per endpoint with this body.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from genscore_core.server.batcher import RequestBatcher
 from genscore_core.server.connections import AbandonedRequestMiddleware
 from genscore_core.server.limits import ServerLimits
 from genscore_core.server.schemas import (
+    ErrorResponse,
+    HealthStatus,
     ModelCard,
     ModelList,
     RerankDocument,
@@ -65,6 +70,40 @@ class BodyTooLargeError(StarletteHTTPException):
         super().__init__(
             413, f"request body is {got}; this server accepts at most {max_bytes} bytes (--max-body-bytes)"
         )
+
+
+class UnknownModelError(StarletteHTTPException):
+    def __init__(self, requested: str, served: str) -> None:
+        super().__init__(
+            404, f"The model `{requested}` does not exist; this server serves `{served}` (GET /v1/models)"
+        )
+
+
+def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI entries of the error answers an endpoint gives, each with the real error body."""
+    reasons = {
+        400: "A bad request (the message names the field and item) or an exceeded limit.",
+        404: "The request names a model this server does not serve.",
+        413: "The request body is larger than --max-body-bytes.",
+        422: "The body is not valid JSON or does not have the request's shape.",
+        500: "An unexpected error (logged by the server; no traceback in the body).",
+        503: "The request queue is full; retry after the seconds in Retry-After.",
+    }
+    responses: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        responses[code] = {"model": ErrorResponse, "description": reasons[code]}
+        if code == 503:
+            responses[code]["headers"] = {
+                "Retry-After": {
+                    "description": "Seconds to wait before retrying.",
+                    "schema": {"type": "string"},
+                }
+            }
+    return responses
+
+
+# What the scoring endpoints can answer besides 200.
+SCORING_ERRORS = _error_responses(400, 404, 413, 422, 500, 503)
 
 
 class BodySizeLimitMiddleware:
@@ -183,18 +222,33 @@ def create_app(
                 param=param,
             )
 
-    @app.post("/generative_scoring", response_model=GenerativeScoringResponse)
-    @app.post("/generative_score", response_model=GenerativeScoringResponse)
+    def check_model(requested: str | None) -> None:
+        # As vLLM: a request may leave the model out, but one it names must be the one served.
+        if requested is not None and requested != name:
+            raise UnknownModelError(requested, name)
+
+    scoring: dict[str, Any] = {"response_model": GenerativeScoringResponse, "responses": SCORING_ERRORS}
+
+    @app.post("/generative_scoring", **scoring)
+    @app.post("/generative_score", **scoring)
     async def generative_scoring(request: GenerativeScoringRequest) -> GenerativeScoringResponse:
+        check_model(request.model)
         check_items(len(request.items), "items")
         if request.model is None:
             request = request.model_copy(update={"model": name})
         return await serving.ascore(request)
 
-    @app.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True)
-    @app.post("/v2/rerank", response_model=RerankResponse, response_model_exclude_none=True)
-    @app.post("/rerank", response_model=RerankResponse, response_model_exclude_none=True)
+    reranking: dict[str, Any] = {
+        "response_model": RerankResponse,
+        "response_model_exclude_none": True,
+        "responses": SCORING_ERRORS,
+    }
+
+    @app.post("/v1/rerank", **reranking)
+    @app.post("/v2/rerank", **reranking)
+    @app.post("/rerank", **reranking)
     async def rerank(request: RerankRequest) -> RerankResponse:
+        check_model(request.model)
         documents = request.texts()
         check_items(len(documents), "documents")
         ranked = await serving.arerank(
@@ -220,13 +274,17 @@ def create_app(
             usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens),
         )
 
-    @app.get("/health")
+    @app.get(
+        "/health",
+        response_model=HealthStatus,
+        responses={503: {"model": HealthStatus, "description": "Not serving: starting or shutting down."}},
+    )
     async def health() -> JSONResponse:
         if not batcher.running:
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
         card = ModelCard(id=name, created=started, root=scorer.config.model, max_model_len=scorer.max_length)
         return ModelList(data=[card])

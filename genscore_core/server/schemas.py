@@ -21,15 +21,43 @@ ERROR_TYPES = {
 
 
 def error_body(message: str, code: int) -> dict[str, Any]:
-    """``{"error": {"message", "type", "param": null, "code"}}``, the body the seed answers errors with."""
+    """``{"error": {"message", "type", "param": null, "code"}, "detail": message}``.
+
+    ``error`` is the body the protocol (and vLLM) answers errors with; ``detail`` repeats the message
+    at the top level, where FastAPI-style and Jina-style clients (LlamaIndex's ``JinaRerank``) read it.
+    """
     return {
         "error": {
             "message": message,
             "type": ERROR_TYPES.get(code, "InternalServerError" if code >= 500 else "BadRequestError"),
             "param": None,
             "code": code,
-        }
+        },
+        "detail": message,
     }
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    """What went wrong, naming the offending field or limit."""
+    type: str
+    """``BadRequestError``, ``NotFoundError``, ``RequestTooLargeError``, ``UnprocessableEntityError``,
+    ``ServiceUnavailableError`` or ``InternalServerError``."""
+    param: str | None = None
+    code: int
+    """The HTTP status."""
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error answer (see :func:`error_body`)."""
+
+    error: ErrorInfo
+    detail: str
+    """The same message as ``error.message``, for clients that read ``detail``."""
+
+
+class HealthStatus(BaseModel):
+    status: Literal["ok", "unavailable"]
 
 
 class RerankDocument(BaseModel):

@@ -33,8 +33,9 @@ DOCUMENTS = [
 def _assert_error(response: httpx.Response, code: int, message_start: str = "") -> dict[str, Any]:
     assert response.status_code == code, response.text
     body = response.json()
-    assert set(body) == {"error"}
+    assert set(body) == {"error", "detail"}
     error = body["error"]
+    assert body["detail"] == error["message"]  # where Jina-style clients read the message
     assert set(error) == {"message", "type", "param", "code"}
     assert error["code"] == code and error["param"] is None
     assert error["message"].startswith(message_start), error["message"]
@@ -82,9 +83,11 @@ def test_seed_pretokenized_example(client: httpx.Client, scorer: GenerativeScore
     assert _scores(body) == [d.score for d in scorer.score(SEED_TOKEN_REQUEST).data]
 
 
-def test_model_name_is_echoed(client: httpx.Client) -> None:
-    body = client.post("/generative_scoring", json={**SEED_TOKEN_REQUEST, "model": "my-reranker"}).json()
-    assert body["model"] == "my-reranker"
+def test_the_served_model_name_is_answered(client: httpx.Client, scorer: GenerativeScorer) -> None:
+    named = {**SEED_TOKEN_REQUEST, "model": scorer.config.model}
+    assert client.post("/generative_scoring", json=named).json()["model"] == scorer.config.model
+    other = client.post("/generative_scoring", json={**SEED_TOKEN_REQUEST, "model": "my-reranker"})
+    assert other.status_code == 404  # as vLLM: a model the server does not serve
 
 
 def test_identical_requests_give_identical_scores(client: httpx.Client) -> None:
@@ -108,7 +111,8 @@ def test_options_change_the_scores_as_the_protocol_says(
 def test_empty_items_is_the_seeds_400(client: httpx.Client, path: str) -> None:
     response = client.post(path, json=SEED_EMPTY_ITEMS_REQUEST)
     assert response.status_code == 400
-    assert response.json() == SEED_EMPTY_ITEMS_ERROR
+    # The seed's body, plus the message again as "detail" for Jina-style clients.
+    assert response.json() == {**SEED_EMPTY_ITEMS_ERROR, "detail": SEED_EMPTY_ITEMS_ERROR["error"]["message"]}
 
 
 def test_out_of_vocabulary_label_is_400(client: httpx.Client, scorer: GenerativeScorer) -> None:

@@ -1,0 +1,132 @@
+"""The OpenAPI document against what the server really answers, on real uvicorn servers on loopback.
+
+Every error case is sent to every endpoint that can meet it; the status must be one the document
+lists for that endpoint, the body must validate against the schema it lists for that status, and
+each listed error status must be one the server was seen to answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+
+from genscore_core import GenerativeScorer
+from genscore_core.server import create_app
+
+from ._support import SEED_TEXT_REQUEST, TEST_LIMITS, LiveServer, serve_in_thread
+
+SCORING_PATHS = ["/generative_scoring", "/generative_score"]
+RERANK_PATHS = ["/v1/rerank", "/v2/rerank", "/rerank"]
+RERANK_REQUEST: dict[str, Any] = {"query": "capital of France", "documents": ["Paris is in France.", "Rome."]}
+
+
+def _request(path: str) -> dict[str, Any]:
+    return dict(SEED_TEXT_REQUEST if path in SCORING_PATHS else RERANK_REQUEST)
+
+
+def error_cases(path: str) -> dict[int, dict[str, Any]]:
+    """One request per error status a POST endpoint can meet (keyword arguments of ``httpx.post``)."""
+    good = _request(path)
+    too_many = TEST_LIMITS.max_items_per_request + 1
+    bad = (
+        {**good, "items": []}  # the protocol's own 400
+        if path in SCORING_PATHS
+        else {**good, "documents": ["d"] * too_many}  # over --max-items
+    )
+    oversized = json.dumps({**good, "query": "x" * (TEST_LIMITS.max_body_bytes + 10)})
+    return {
+        400: {"json": bad},
+        404: {"json": {**good, "model": "no-such-model"}},
+        413: {"content": oversized, "headers": {"content-type": "application/json"}},
+        422: {"content": b"{not json", "headers": {"content-type": "application/json"}},
+    }
+
+
+@pytest.fixture(scope="module")
+def spec(live_server: LiveServer) -> dict[str, Any]:
+    document: dict[str, Any] = httpx.get(f"{live_server.url}/openapi.json", timeout=30).json()
+    return document
+
+
+def check_against_spec(spec: dict[str, Any], method: str, path: str, response: httpx.Response) -> None:
+    """The status is listed for the endpoint, and the body validates against the schema listed for it."""
+    listed = spec["paths"][path][method]["responses"]
+    status = str(response.status_code)
+    assert status in listed, f"{method.upper()} {path} answered {status}; the document lists {sorted(listed)}"
+    schema = listed[status]["content"]["application/json"]["schema"]
+    # Refs point into the document's components: validate from a root that holds them.
+    jsonschema.Draft202012Validator({**schema, "components": spec["components"]}).validate(response.json())
+
+
+@pytest.mark.parametrize("path", SCORING_PATHS + RERANK_PATHS)
+def test_every_error_the_endpoint_answers_is_listed_with_its_real_body(
+    spec: dict[str, Any], client: httpx.Client, path: str
+) -> None:
+    seen = set()
+    for code, request in error_cases(path).items():
+        response = client.post(path, **request)
+        assert response.status_code == code, response.text
+        check_against_spec(spec, "post", path, response)
+        body = response.json()
+        assert body["detail"] == body["error"]["message"] and body["error"]["code"] == code
+        seen.add(code)
+    ok = client.post(path, json=_request(path))
+    assert ok.status_code == 200, ok.text
+    check_against_spec(spec, "post", path, ok)
+    listed = {int(code) for code in spec["paths"][path]["post"]["responses"]}
+    # 503 and 500 are checked on servers of their own below; nothing else may be listed.
+    assert listed == seen | {200, 500, 503}
+
+
+def test_a_full_queue_is_the_listed_503(scorer: GenerativeScorer) -> None:
+    app = create_app(scorer, TEST_LIMITS)
+    with serve_in_thread(app) as live, httpx.Client(base_url=live.url, timeout=60.0) as http:
+        spec = http.get("/openapi.json").json()
+        app.state.batcher.max_queued = 0
+        for path in (SCORING_PATHS[0], RERANK_PATHS[0]):
+            busy = http.post(path, json=_request(path))
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+            check_against_spec(spec, "post", path, busy)
+            assert "Retry-After" in spec["paths"][path]["post"]["responses"]["503"]["headers"]
+
+
+def test_get_endpoints_answer_what_they_list(spec: dict[str, Any], client: httpx.Client) -> None:
+    for path in ("/health", "/v1/models", "/stats"):
+        response = client.get(path)
+        assert response.status_code == 200
+        check_against_spec(spec, "get", path, response)
+    assert set(spec["paths"]["/health"]["get"]["responses"]) == {"200", "503"}
+    # The validation error schema FastAPI would list by default is not what the server sends.
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+
+
+@pytest.mark.parametrize("path", SCORING_PATHS + RERANK_PATHS)
+def test_an_unknown_model_is_404_with_error_and_detail(
+    client: httpx.Client, scorer: GenerativeScorer, path: str
+) -> None:
+    response = client.post(path, json={**_request(path), "model": "no-such-model"})
+    assert response.status_code == 404
+    body = response.json()
+    assert set(body) == {"error", "detail"}
+    assert body["error"]["type"] == "NotFoundError" and body["error"]["code"] == 404
+    assert body["error"]["message"].startswith("The model `no-such-model` does not exist")
+    assert scorer.config.model in body["error"]["message"]  # names what is served
+    assert body["detail"] == body["error"]["message"]
+    # The served name, or no name, is answered.
+    for named in ({"model": scorer.config.model}, {}):
+        answer = client.post(path, json={**_request(path), **named})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == scorer.config.model
+
+
+def test_a_served_model_name_replaces_the_folder_name(scorer: GenerativeScorer) -> None:
+    app = create_app(scorer, TEST_LIMITS, served_model_name="my-reranker")
+    with serve_in_thread(app) as live, httpx.Client(base_url=live.url, timeout=60.0) as http:
+        named = http.post("/v1/rerank", json={**RERANK_REQUEST, "model": "my-reranker"})
+        assert named.status_code == 200 and named.json()["model"] == "my-reranker"
+        folder = http.post("/v1/rerank", json={**RERANK_REQUEST, "model": scorer.config.model})
+        assert folder.status_code == 404 and "`my-reranker`" in folder.json()["detail"]
