@@ -189,7 +189,8 @@ def test_ray_serve_answers_like_genscore_serve(genscore_serve: str, ray_serve: s
             assert _without_ids(got) == _without_ids(want)
 
         empty = http.post(ray_serve + "/generative_scoring", json=SEED_EMPTY_ITEMS_REQUEST)
-        assert (empty.status_code, empty.json()) == (400, SEED_EMPTY_ITEMS_ERROR)
+        seed_error = {**SEED_EMPTY_ITEMS_ERROR, "detail": SEED_EMPTY_ITEMS_ERROR["error"]["message"]}
+        assert (empty.status_code, empty.json()) == (400, seed_error)
         for body in ({"query": "q", "items": ["a"]}, {"query": "q", "documents": "not a list"}):
             path = "/generative_scoring" if "items" in body else "/v1/rerank"
             reference = http.post(genscore_serve + path, json=body)

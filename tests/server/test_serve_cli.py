@@ -72,7 +72,11 @@ def test_seed_curl_examples_against_genscore_serve(served: str, scorer: Generati
         # Another process, same model and kernels: the same numbers.
         assert [d["score"] for d in body["data"]] == pytest.approx(expected, abs=1e-6)
     status, body = curl(served, "/generative_score", SEED_EMPTY_ITEMS_REQUEST)
-    assert (status, body) == (400, SEED_EMPTY_ITEMS_ERROR)
+    # The seed's error object, and its message again as "detail" (for Jina-style clients).
+    assert (status, body) == (
+        400,
+        {**SEED_EMPTY_ITEMS_ERROR, "detail": "items must contain at least one item."},
+    )
     missing = {k: v for k, v in SEED_TEXT_REQUEST.items() if k != "label_token_ids"}
     status, body = curl(served, "/generative_scoring", missing)
     assert status == 422 and "label_token_ids" in body["error"]["message"]
