@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 try:
-    from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+    from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, PrivateAttr
     from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
@@ -175,6 +175,19 @@ class GenerativeRerank(BaseNodePostprocessor):
         )
         settings.pop("model", None)  # the field already holds the scorer's model name
         return {**settings, **data}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the options and the scorer's settings, not the scorer: unpickling (LlamaIndex's
+        ``__setstate__`` calls ``__init__`` with the fields) then loads a scorer that scores the same."""
+        # pydantic's state, not LlamaIndex's: that one test-pickles every attribute, the model included.
+        state: dict[str, Any] = BaseModel.__getstate__(self)
+        state["__pydantic_private__"] = {
+            key: value for key, value in (state.get("__pydantic_private__") or {}).items() if key != "_scorer"
+        }
+        settings = self.to_dict()
+        settings.pop("class_name", None)
+        state["__dict__"] = {**settings, **state["__dict__"]}
+        return state
 
     @classmethod
     def class_name(cls) -> str:

@@ -186,3 +186,15 @@ def test_settings_given_as_config_are_saved_too(tiny_model_dir: Path) -> None:
     data = GenerativeReranker(config=config).model_dump()
     assert (data["model"], data["max_length"], data["top_n"]) == (str(tiny_model_dir), 100, 3)
     assert GenerativeRerank(config=config).to_dict()["max_length"] == 100
+
+
+def test_a_pickled_postprocessor_scores_the_same(tiny_model_dir: Path) -> None:
+    import pickle
+
+    original = GenerativeRerank(
+        str(tiny_model_dir), top_n=None, device="cpu", dtype="float32", max_length=90, score_mode="logit"
+    )
+    reloaded = pickle.loads(pickle.dumps(original))
+    assert reloaded.scorer is not original.scorer
+    assert reloaded.scorer.config == original.scorer.config
+    assert _node_scores(reloaded) == _node_scores(original)
