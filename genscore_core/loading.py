@@ -167,13 +167,30 @@ def load_causal_lm(
 
     config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     check_causal_lm_config(config, name_or_path)
+    placement: dict[str, Any] = {}
+    if device.type == "cuda" and _accelerate_available():
+        # Each tensor goes from the file straight to the GPU in ``dtype``: no whole copy of the
+        # model in host memory first (transformers needs accelerate for this; without it, the
+        # model is loaded on the CPU and moved).
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        placement["device_map"] = {"": torch.device("cuda", index)}
     with transformers_progress_bars(show_progress):
         loaded: Any = AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True
+            name_or_path,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+            **placement,
         )
     model, info = loaded
     check_loaded_causal_lm(model, list(info.get("missing_keys") or []), name_or_path)
     return model.to(device).eval()
+
+
+def _accelerate_available() -> bool:
+    from transformers.utils import is_accelerate_available
+
+    return bool(is_accelerate_available())
 
 
 @contextlib.contextmanager

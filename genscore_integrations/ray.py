@@ -189,8 +189,8 @@ def score_file_on_ray(
     in input order with a score column added. CSV values stay strings, as in ``genscore score``.
 
     Args:
-        num_blocks: Split the input into this many blocks before scoring, so that every actor gets
-            work even from a single file (default: 4 per actor).
+        num_blocks: Read the input as this many blocks, so that every actor gets work even from a
+            single file (default: 4 per actor).
         Others: as for :func:`score_dataset`.
 
     Unlike ``genscore score`` this job is not resumable and stops at the first bad row; run
@@ -202,13 +202,16 @@ def score_file_on_ray(
     # Ray reorders blocks for speed unless told not to; the output's order is part of its contract.
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     source = str(input)
+    # The read itself splits its output into blocks (streamed to the actors as they come) rather than
+    # a repartition afterwards, which is an all-to-all barrier: no actor would get a row before the
+    # whole input had been read and shuffled.
+    blocks = num_blocks or 4 * num_actors
     if fmt == "jsonl":
-        dataset = ray.data.read_json(source, lines=True)
+        dataset = ray.data.read_json(source, lines=True, override_num_blocks=blocks)
     elif fmt == "csv":
-        dataset = ray.data.read_csv(source, convert_options=_all_strings(source))
+        dataset = ray.data.read_csv(source, convert_options=_all_strings(source), override_num_blocks=blocks)
     else:
-        dataset = ray.data.read_parquet(source)
-    dataset = dataset.repartition(num_blocks or 4 * num_actors)
+        dataset = ray.data.read_parquet(source, override_num_blocks=blocks)
     scored = score_dataset(
         dataset,
         model,

@@ -20,8 +20,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
 import random
+import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,13 +43,55 @@ WORDS = (
 
 
 class TimedScoreBatches(ScoreBatches):
-    """ScoreBatches that also records when each batch started and finished scoring."""
+    """ScoreBatches that records when its actor started and when each batch started and finished.
+
+    Start-up events go to the file named by ``timeline`` (one JSON line per actor; set on the class
+    before a job, so it travels with the pickled class); batch times go into the rows.
+    """
+
+    timeline: str | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        entered = time.time()
+        import torch
+
+        cuda = torch.cuda.is_available() and kwargs.get("device") != "cpu"
+        if cuda:
+            torch.zeros(1, device="cuda")  # the CUDA context, timed on its own
+        cuda_ready = time.time()
+        super().__init__(*args, **kwargs)
+        loaded = time.time()
+        if self.timeline:
+            event = {
+                "pid": os.getpid(),
+                "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "process_started": _process_start_time(),
+                "init_entered": entered,
+                "cuda_ready": cuda_ready,
+                "loaded": loaded,
+            }
+            with open(self.timeline, "a") as out:
+                out.write(json.dumps(event) + "\n")
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         started = time.time()
         out = super().__call__(batch)
         rows = len(out[self.score_column])
-        return {**out, "t_start": np.full(rows, started), "t_end": np.full(rows, time.time())}
+        return {
+            **out,
+            "t_start": np.full(rows, started),
+            "t_end": np.full(rows, time.time()),
+            "pid": np.full(rows, os.getpid()),
+        }
+
+
+def _process_start_time() -> float:
+    """When this process was created (wall clock), from /proc: tells a fresh worker from a pooled one."""
+    with open("/proc/self/stat") as stat:
+        started = int(stat.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    with open("/proc/uptime") as uptime:
+        now = float(uptime.read().split()[0])
+    return time.time() - (now - started)
 
 
 def build_model(folder: Path, tiny: bool) -> Path:
@@ -106,8 +152,22 @@ def write_pairs(path: Path, queries: int, documents: int, words: int) -> int:
     return queries * documents
 
 
-def run_job(source: Path, folder: Path, model: Path, actors: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_job(
+    source: Path, folder: Path, model: Path, actors: int, args: argparse.Namespace, *, ray_init: bool = False
+) -> dict[str, Any]:
+    """One ``score_file_on_ray`` job, timed, with its start-up broken down from the actors' events.
+
+    ``ray_init``: start Ray inside the timed span (a job on a cluster that is not up yet).
+    """
+    import ray
+
+    timeline = folder.with_suffix(".timeline.jsonl")
+    timeline.unlink(missing_ok=True)
+    TimedScoreBatches.timeline = str(timeline)
     started = time.time()
+    if ray_init:
+        _ray_init(args)
+    initialised = time.time()
     score_file_on_ray(
         source,
         folder,
@@ -121,16 +181,95 @@ def run_job(source: Path, folder: Path, model: Path, actors: int, args: argparse
         device="cpu" if args.cpu else None,
         max_length=1024,
     )
-    job = time.time() - started
+    finished = time.time()
+    if ray_init:
+        ray.shutdown()
     rows = [json.loads(line) for path in sorted(folder.iterdir()) for line in path.read_text().splitlines()]
-    scoring = max(r["t_end"] for r in rows) - min(r["t_start"] for r in rows)
+    events = [json.loads(line) for line in timeline.read_text().splitlines()]
+    first = min(r["t_start"] for r in rows)
+    last = max(r["t_end"] for r in rows)
+    batches = sorted({(r["pid"], r["t_start"], r["t_end"]) for r in rows}, key=lambda b: b[1])
+    steady = statistics.median(end - begin for _, begin, end in batches)
+    # Start-up of the actor that scored the first batch (the critical path); times from the job's start.
+    lead = next(e for e in events if e["pid"] == batches[0][0])
+    firsts = [
+        next(b for b in batches if b[0] == e["pid"]) for e in events if any(b[0] == e["pid"] for b in batches)
+    ]
     return {
         "actors": actors,
         "rows": len(rows),
-        "job_s": job,
-        "scoring_s": scoring,
+        "job_s": finished - started,
+        "scoring_s": last - first,
         "scores": [r["score"] for r in rows],
+        "ids": [r["id"] for r in rows],
+        "breakdown": {
+            "ray.init": initialised - started,
+            "worker process ready (after ray.init)": lead["process_started"] - initialised,
+            "to actor __init__ (imports, unpickling)": lead["init_entered"]
+            - max(lead["process_started"], initialised),
+            "CUDA context": lead["cuda_ready"] - lead["init_entered"],
+            "tokenizer + model load": lead["loaded"] - lead["cuda_ready"],
+            "wait for first batch": first - lead["loaded"],
+            "first batch beyond a steady one": (batches[0][2] - batches[0][1]) - steady,
+            "scoring (first batch start to last batch end)": last - first,
+            "after last batch (write, shutdown)": finished - last,
+        },
+        "actor_ready_s": [e["loaded"] - initialised for e in events],
+        "first_batch_s": [end - begin for _, begin, end in firsts],
+        "steady_batch_s": steady,
+        "batches": len(batches),
     }
+
+
+def _ray_init(args: argparse.Namespace) -> None:
+    import ray
+
+    ray.init(include_dashboard=False, log_to_driver=False, num_cpus=4 if args.cpu else None)
+
+
+def startup_costs(model: Path, cpu: bool) -> dict[str, float]:
+    """Each start-up step of a scoring actor on its own, in a fresh process (imports, CUDA, loads)."""
+    code = f"""
+import json, time
+t0 = time.time()
+import torch
+t1 = time.time()
+import transformers, transformers.models.qwen3.modeling_qwen3
+t2 = time.time()
+import ray.data, genscore_integrations.ray
+from genscore_core.loading import load_tokenizer, load_causal_lm
+t3 = time.time()
+device = torch.device("cpu" if {cpu} else "cuda")
+if device.type == "cuda":
+    torch.zeros(1, device=device)
+t4 = time.time()
+tokenizer = load_tokenizer({str(model)!r})
+t5 = time.time()
+lm = load_causal_lm({str(model)!r}, device=device, dtype=torch.float32 if {cpu} else torch.bfloat16,
+                    show_progress=False)
+if device.type == "cuda":
+    torch.cuda.synchronize()
+t6 = time.time()
+# Again, both warm now: one after the other, then the tokenizer on a thread beside the model.
+del lm
+load = lambda: load_causal_lm({str(model)!r}, device=device, dtype=torch.float32 if {cpu} else torch.bfloat16,
+                              show_progress=False)
+load_tokenizer({str(model)!r}); lm = load()
+t7 = time.time()
+from concurrent.futures import ThreadPoolExecutor
+with ThreadPoolExecutor(1) as pool:
+    pending = pool.submit(load_tokenizer, {str(model)!r})
+    lm = load()
+    pending.result()
+t8 = time.time()
+print(json.dumps({{"import torch": t1 - t0, "import transformers (+ Qwen3 model code)": t2 - t1,
+                  "import ray.data + genscore": t3 - t2, "CUDA context": t4 - t3, "load tokenizer": t5 - t4,
+                  "load model (to its device, in its dtype)": t6 - t5,
+                  "again: tokenizer then model": t7 - t6, "again: tokenizer beside model (thread)": t8 - t7}}))
+"""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"} if not cpu else dict(os.environ)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def main() -> None:
@@ -141,6 +280,14 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=230, help="mean document length in words")
     parser.add_argument("--batch-size", type=int, default=400)
     parser.add_argument("--blocks", type=int, default=64)
+    parser.add_argument("--actors", type=int, nargs="+", default=[1, 2], help="actor counts to compare")
+    parser.add_argument(
+        "--cold-cluster", action="store_true", help="also time jobs that start Ray themselves"
+    )
+    parser.add_argument(
+        "--no-warm-up", action="store_true", help="skip the warm-up job (caches already warm)"
+    )
+    parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--cpu", action="store_true", help="CPU actors and a tiny model")
     args = parser.parse_args()
 
@@ -148,32 +295,96 @@ def main() -> None:
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)
-    model = build_model(args.out / "model", tiny=args.cpu)
-    source = args.out / "pairs.jsonl"
+    model = args.out / "model"
+    if not (model / "config.json").exists():
+        build_model(model, tiny=args.cpu)
+    source = args.out / f"pairs-{args.queries}x{args.documents}.jsonl"
     total = write_pairs(source, args.queries, args.documents, args.words)
     warm = args.out / "warm.jsonl"
     write_pairs(warm, 2, args.documents, args.words)
+    costs = startup_costs(model, args.cpu)
 
-    ray.init(include_dashboard=False, log_to_driver=False, num_cpus=4 if args.cpu else None)
+    began = time.time()
+    _ray_init(args)
+    init_s = time.time() - began
     resources = ray.cluster_resources()
     gpus = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     print(f"ray {ray.__version__}, resources {resources}, GPU {gpus}, torch {torch.__version__}", flush=True)
+    print(f"ray.init: {init_s:.2f} s; one actor's start-up steps, each timed in a fresh process:", flush=True)
+    for step, seconds in costs.items():
+        print(f"  {step}: {seconds:.2f} s", flush=True)
 
-    run_job(warm, args.out / "out-warm", model, 1, args)
-    results = [run_job(source, args.out / f"out-{n}", model, n, args) for n in (1, 2)]
-    one, two = results
-    diff = max(abs(a - b) for a, b in zip(one["scores"], two["scores"]))
-    print(f"\n{total} pairs ({args.queries} queries x {args.documents} documents), {platform.node()}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; max |score(1) - score(2)| = {diff:.2e}")  # fmt: skip
-    print("| actors | job (s) | pairs/s (job) | scoring (s) | pairs/s (scoring) |")
-    print("|---|---|---|---|---|")
+    results: list[dict[str, Any]] = []
+    stamp = int(time.time())
+    if not args.no_warm_up:
+        # The first job on this machine: Triton compiles every kernel and fills its on-disk cache.
+        results.append(
+            {
+                "label": "warm-up (cold Triton cache)",
+                **run_job(warm, args.out / f"out-warm-{stamp}", model, 1, args),
+            }
+        )
+    for n in args.actors:
+        results.append(
+            {
+                "label": "Ray up, Triton cache warm",
+                **run_job(source, args.out / f"out-{n}-{stamp}", model, n, args),
+            }
+        )
+    if args.cold_cluster:
+        ray.shutdown()
+        for n in args.actors:
+            results.append(
+                {
+                    "label": "ray.init inside the job",
+                    **run_job(source, args.out / f"out-cold-{n}-{stamp}", model, n, args, ray_init=True),
+                }
+            )
+    else:
+        ray.shutdown()
+
     for r in results:
-        print(f"| {r['actors']} | {r['job_s']:.1f} | {total / r['job_s']:.0f} | {r['scoring_s']:.1f} | "
-              f"{total / r['scoring_s']:.0f} |")  # fmt: skip
+        print(
+            f"\n{r['label']}, {r['actors']} actor(s), {r['rows']} rows, {r['batches']} batches "
+            f"(steady batch {r['steady_batch_s']:.3f} s; first batch per actor "
+            f"{', '.join(f'{x:.2f}' for x in r['first_batch_s'])} s; actors ready at "
+            f"{', '.join(f'{x:.2f}' for x in r['actor_ready_s'])} s):"
+        )
+        for step, seconds in r["breakdown"].items():
+            print(f"  {step}: {seconds:.2f} s")
+    measured = [r for r in results if not r["label"].startswith("warm-up")]
+    reference = measured[0]
+    for r in measured[1:]:
+        assert r["ids"] == reference["ids"], "rows differ between jobs"
+        diff = max(abs(a - b) for a, b in zip(reference["scores"], r["scores"]))
+        print(
+            f"max |score difference| vs {reference['actors']} actor(s): {diff:.2e} ({r['label']}, {r['actors']} actors)"
+        )
+    if args.json:
+        args.json.write_text(
+            json.dumps([{k: v for k, v in r.items() if k != "ids"} for r in results], indent=1)
+        )
+
     print(
-        f"| speed-up | {one['job_s'] / two['job_s']:.2f}x | | {one['scoring_s'] / two['scoring_s']:.2f}x | |"
+        f"\n{total} pairs ({args.queries} queries x {args.documents} documents), {platform.node()}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, ray.init {init_s:.1f} s"
     )
-    ray.shutdown()
+    print("| setting | actors | job (s) | pairs/s (job) | scoring (s) | pairs/s (scoring) |")
+    print("|---|---|---|---|---|---|")
+    for r in measured:
+        print(
+            f"| {r['label']} | {r['actors']} | {r['job_s']:.1f} | {total / r['job_s']:.0f} | "
+            f"{r['scoring_s']:.1f} | {total / r['scoring_s']:.0f} |"
+        )
+    for label in dict.fromkeys(r["label"] for r in measured):
+        group = {r["actors"]: r for r in measured if r["label"] == label}
+        if 1 in group:
+            for n, r in group.items():
+                if n != 1:
+                    print(
+                        f"| {label}: speed-up | {n} vs 1 | {group[1]['job_s'] / r['job_s']:.2f}x | | "
+                        f"{group[1]['scoring_s'] / r['scoring_s']:.2f}x | |"
+                    )
 
 
 if __name__ == "__main__":
