@@ -62,12 +62,32 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_AUTOSCALING",
+    "WORKER_PRELOAD_MODULES",
     "GenscoreServer",
     "ScoreBatches",
     "score_dataset",
     "score_file_on_ray",
     "serve_app",
 ]
+
+
+WORKER_PRELOAD_MODULES: tuple[str, ...] = (
+    "torch",
+    "transformers.modeling_utils",
+    "transformers.modeling_layers",
+    "ray.data",
+    "genscore_integrations.ray",
+)
+"""Modules a scoring actor imports before it can load a model: about 10 s of a fresh worker's start.
+
+Ray can import them into its pooled worker processes when the cluster starts, so that an actor
+started later by a job finds them imported (Ray's ``preload_python_modules`` system setting)::
+
+    ray start --head --system-config='{"preload_python_modules": ["torch", "transformers.modeling_utils", ...]}'
+    # or, for a local cluster: ray.init(_system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)})
+
+None of them initialises CUDA, so each actor still sees only the GPU Ray gives it.
+"""
 
 
 class ScoreBatches:

@@ -10,7 +10,10 @@ Two times per run:
 * ``scoring``: from the first batch an actor starts to the last batch an actor finishes, read from
   timestamps the actors add to the rows (one clock: all actors run on this host).
 
-A warm-up job first fills the compile caches (Triton kernels) that every later actor process reads.
+Each cluster first runs a warm-up job (the first fills Triton's on-disk kernel cache, which every
+later actor process reads, as a cluster image or shared cache would). Clusters compared: ``plain``
+(Ray up before the timer) and ``preloaded`` (also its pooled workers import
+``WORKER_PRELOAD_MODULES`` when the cluster starts); ``--cold-cluster`` adds jobs that start Ray.
 
     python examples/benchmarks/bench_ray_scaling.py --out /tmp/ray-scaling
 """
@@ -32,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from genscore_integrations.ray import ScoreBatches, score_file_on_ray
+from genscore_integrations.ray import WORKER_PRELOAD_MODULES, ScoreBatches, score_file_on_ray
 
 WORDS = (
     "the of and to in is was for on that with as by at from his her an which were are this be had has "
@@ -53,6 +56,8 @@ class TimedScoreBatches(ScoreBatches):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         entered = time.time()
+        # Whether the worker had transformers' model code before this actor asked for it.
+        preloaded = "transformers.modeling_utils" in sys.modules
         import torch
 
         cuda = torch.cuda.is_available() and kwargs.get("device") != "cpu"
@@ -65,6 +70,9 @@ class TimedScoreBatches(ScoreBatches):
             event = {
                 "pid": os.getpid(),
                 "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                # The physical GPU this actor really uses (two actors on one GPU would share this).
+                "gpu_uuid": str(torch.cuda.get_device_properties(0).uuid) if cuda else None,
+                "preloaded": preloaded,
                 "process_started": _process_start_time(),
                 "init_entered": entered,
                 "cuda_ready": cuda_ready,
@@ -192,6 +200,8 @@ def run_job(
     steady = statistics.median(end - begin for _, begin, end in batches)
     # Start-up of the actor that scored the first batch (the critical path); times from the job's start.
     lead = next(e for e in events if e["pid"] == batches[0][0])
+    gpus = [e["gpu_uuid"] for e in events]
+    assert None in gpus or len(set(gpus)) == len(gpus), f"actors share a GPU: {gpus}"
     firsts = [
         next(b for b in batches if b[0] == e["pid"]) for e in events if any(b[0] == e["pid"] for b in batches)
     ]
@@ -215,16 +225,24 @@ def run_job(
             "after last batch (write, shutdown)": finished - last,
         },
         "actor_ready_s": [e["loaded"] - initialised for e in events],
+        "preloaded": [e["preloaded"] for e in events],
         "first_batch_s": [end - begin for _, begin, end in firsts],
         "steady_batch_s": steady,
         "batches": len(batches),
     }
 
 
-def _ray_init(args: argparse.Namespace) -> None:
+def _ray_init(args: argparse.Namespace, *, preload: bool = False) -> None:
+    """A local Ray cluster; ``preload``: its pooled worker processes import the scoring modules at start."""
     import ray
 
-    ray.init(include_dashboard=False, log_to_driver=False, num_cpus=4 if args.cpu else None)
+    system_config = {"preload_python_modules": list(WORKER_PRELOAD_MODULES)} if preload else None
+    ray.init(
+        include_dashboard=False,
+        log_to_driver=False,
+        num_cpus=4 if args.cpu else None,
+        _system_config=system_config,
+    )
 
 
 def startup_costs(model: Path, cpu: bool) -> dict[str, float]:
@@ -285,8 +303,13 @@ def main() -> None:
         "--cold-cluster", action="store_true", help="also time jobs that start Ray themselves"
     )
     parser.add_argument(
-        "--no-warm-up", action="store_true", help="skip the warm-up job (caches already warm)"
+        "--clusters",
+        nargs="+",
+        choices=["plain", "preloaded"],
+        default=["plain", "preloaded"],
+        help="clusters to compare: plain, and one whose pooled workers preload WORKER_PRELOAD_MODULES",
     )
+    parser.add_argument("--no-startup-steps", action="store_true", help="skip timing start-up steps alone")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--cpu", action="store_true", help="CPU actors and a tiny model")
     args = parser.parse_args()
@@ -302,10 +325,10 @@ def main() -> None:
     total = write_pairs(source, args.queries, args.documents, args.words)
     warm = args.out / "warm.jsonl"
     write_pairs(warm, 2, args.documents, args.words)
-    costs = startup_costs(model, args.cpu)
+    costs = {} if args.no_startup_steps else startup_costs(model, args.cpu)
 
     began = time.time()
-    _ray_init(args)
+    _ray_init(args, preload=args.clusters[0] == "preloaded")
     init_s = time.time() - began
     resources = ray.cluster_resources()
     gpus = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
@@ -316,23 +339,23 @@ def main() -> None:
 
     results: list[dict[str, Any]] = []
     stamp = int(time.time())
-    if not args.no_warm_up:
-        # The first job on this machine: Triton compiles every kernel and fills its on-disk cache.
+    for cluster in args.clusters:
+        preload = cluster == "preloaded"
+        if cluster != args.clusters[0]:
+            _ray_init(args, preload=preload)
+        name = "Ray up, workers preloaded" if preload else "Ray up"
+        # The first job on a new cluster: Ray Data's own actors start, pooled workers finish their
+        # preloading, and on a new machine Triton compiles every kernel into its on-disk cache.
+        warm_label = f"warm-up ({name}{', cold Triton cache' if not results else ''})"
         results.append(
-            {
-                "label": "warm-up (cold Triton cache)",
-                **run_job(warm, args.out / f"out-warm-{stamp}", model, 1, args),
-            }
+            {"label": warm_label, **run_job(warm, args.out / f"out-warm-{cluster}-{stamp}", model, 1, args)}
         )
-    for n in args.actors:
-        results.append(
-            {
-                "label": "Ray up, Triton cache warm",
-                **run_job(source, args.out / f"out-{n}-{stamp}", model, n, args),
-            }
-        )
-    if args.cold_cluster:
+        for n in args.actors:
+            results.append(
+                {"label": name, **run_job(source, args.out / f"out-{cluster}-{n}-{stamp}", model, n, args)}
+            )
         ray.shutdown()
+    if args.cold_cluster:
         for n in args.actors:
             results.append(
                 {
@@ -340,15 +363,13 @@ def main() -> None:
                     **run_job(source, args.out / f"out-cold-{n}-{stamp}", model, n, args, ray_init=True),
                 }
             )
-    else:
-        ray.shutdown()
 
     for r in results:
         print(
             f"\n{r['label']}, {r['actors']} actor(s), {r['rows']} rows, {r['batches']} batches "
             f"(steady batch {r['steady_batch_s']:.3f} s; first batch per actor "
             f"{', '.join(f'{x:.2f}' for x in r['first_batch_s'])} s; actors ready at "
-            f"{', '.join(f'{x:.2f}' for x in r['actor_ready_s'])} s):"
+            f"{', '.join(f'{x:.2f}' for x in r['actor_ready_s'])} s; modules preloaded: {r['preloaded']}):"
         )
         for step, seconds in r["breakdown"].items():
             print(f"  {step}: {seconds:.2f} s")
