@@ -75,6 +75,7 @@ WORKER_PRELOAD_MODULES: tuple[str, ...] = (
     "torch",
     "transformers.modeling_utils",
     "transformers.modeling_layers",
+    "transformers.generation.utils",
     "ray.data",
     "genscore_integrations.ray",
 )

@@ -260,3 +260,38 @@ def test_importing_without_ray_names_the_extra() -> None:
         result.stdout.strip()
         == 'genscore_integrations.ray needs Ray; install it with: pip install "genscore[ray]"'
     )
+
+
+def test_worker_preload_modules_import_and_cover_what_scoring_needs(tiny_model_dir: Path) -> None:
+    """Each name imports (Ray would only log a typo and carry on), and once they are imported, building a
+    scorer and scoring imports no more of transformers' model-building code: that is what they spare."""
+    from genscore_integrations.ray import WORKER_PRELOAD_MODULES
+
+    script = (
+        "import importlib, sys\n"
+        f"for name in {list(WORKER_PRELOAD_MODULES)!r}:\n"
+        "    importlib.import_module(name)\n"
+        "before = set(sys.modules)\n"
+        "from genscore_integrations.ray import ScoreBatches\n"
+        "import numpy as np\n"
+        f"score = ScoreBatches({str(tiny_model_dir)!r}, device='cpu', dtype='float32', max_length=512)\n"
+        "score({'query': np.array(['q'], dtype=object), 'document': np.array(['d'], dtype=object)})\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith(('torch.', 'transformers.'))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    added = eval(result.stdout.strip().splitlines()[-1])
+    # Only the model's own files and its tokenizer's may load late; torch and shared model code may not.
+    late = [
+        m
+        for m in added
+        if not m.startswith(
+            (
+                "transformers.models.",
+                "transformers.tokenization",
+                "transformers.convert_slow",
+                "transformers.integrations.",
+            )
+        )
+    ]
+    assert late == [], late
