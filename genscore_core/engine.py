@@ -10,17 +10,48 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
+
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
+from genscore_core.batching import is_out_of_memory
 from genscore_core.config import ScorerConfig
 from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup
 from genscore_core.scoring import LabelHead, check_scores
+from genscore_core.streaming import (
+    FIRST_BATCH_TOKENS,
+    BatchPlanner,
+    JobPart,
+    Prefetcher,
+    StreamingForward,
+    StreamState,
+    plan_stream,
+)
+from genscore_core.templates import ScoreMode
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ScoringEngine", "ScoringJob", "group_prompts", "select_forward", "shared_prefix_length"]
+__all__ = [
+    "ScoringEngine",
+    "ScoringJob",
+    "StreamedJob",
+    "group_prompts",
+    "select_forward",
+    "shared_prefix_length",
+]
+
+
+@dataclass(frozen=True)
+class StreamedJob:
+    """A job whose ``size`` prompts arrive later, in parts (:meth:`ScoringEngine.score_stream`)."""
+
+    size: int
+    label_ids: list[int]
+    mode: ScoreMode = "label-softmax"
 
 
 def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
@@ -86,6 +117,11 @@ class ScoringEngine(ScoringBackend):
         # serialising keeps memory use bounded.
         self._lock = threading.Lock()
 
+    @property
+    def streams(self) -> bool:
+        """Whether the forward runs batches as a producer lays them out (:meth:`score_stream`)."""
+        return isinstance(self.forward, StreamingForward)
+
     def score_jobs(
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
     ) -> list[list[float]]:
@@ -93,7 +129,88 @@ class ScoringEngine(ScoringBackend):
 
         A prompt repeated within a job (the same chunk found by two retrievers) is computed once, so
         duplicates get the very same score and stay tied whatever batch layout the forward picks.
+        Token ids need only their batch layout, which the forward does between batches: streaming
+        them (:meth:`score_stream`) measured 4% slower on W1 (docs/benchmarks.md), so they are not.
         """
+        return self._score_whole(jobs, on_progress)
+
+    def score_stream(
+        self,
+        jobs: Sequence[StreamedJob],
+        parts: Iterable[JobPart],
+        on_progress: ProgressCallback | None = None,
+        *,
+        first_batch_tokens: int = FIRST_BATCH_TOKENS,
+    ) -> list[list[float]]:
+        """:meth:`score_jobs` with the prompts handed over in parts as they are made (tokenized).
+
+        ``parts`` is consumed on a producer thread that lays out batch k+1 while the GPU runs batch
+        k; the parts of each job come in prompt order. An exception raised by ``parts`` reaches the
+        caller, after the batches before it ran. Scores equal :meth:`score_jobs` on the whole jobs.
+        The first batch holds up to ``first_batch_tokens`` tokens, each later one twice its
+        predecessor's, within the forward's budget.
+        """
+        items = iter(parts)
+        forward = self.forward
+        if not isinstance(forward, StreamingForward):
+            prompts: list[list[list[int]]] = [[] for _ in jobs]
+            for part in items:
+                prompts[part.job].extend(list(p) for p in part.prompts)
+            whole = [ScoringJob(p, job.label_ids, score_mode=job.mode) for p, job in zip(prompts, jobs)]
+            return self._score_whole(whole, on_progress)
+        state = StreamState()
+        with self._lock:
+            try:
+                planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens)
+                planned = plan_stream([job.size for job in jobs], items, planner, state)
+                with Prefetcher(planned, forward.prepare_stream_batch) as batches:
+                    hidden, keys = forward.run_stream(batches, on_progress)
+                rows: list[list[int]] = [[0] * len(p.distinct) for p in state.jobs]
+                for row, key in enumerate(keys):
+                    rows[key.job][key.prompt] = row
+            except (torch.OutOfMemoryError, RuntimeError) as error:
+                if not is_out_of_memory(error):
+                    raise
+                del error
+                hidden, rows = self._score_again(state, items)
+            scores: list[list[float]] = []
+            for job, recorded, job_rows in zip(jobs, state.jobs, rows):
+                if not job_rows:
+                    scores.append([])
+                    continue
+                index = torch.tensor(job_rows, device=hidden.device)
+                job_scores = self.head.scores(hidden.index_select(0, index), job.label_ids, job.mode)
+                check_scores(job_scores, job.mode)
+                values = job_scores.double().cpu().tolist()
+                scores.append([values[i] for i in recorded.where])
+                if on_progress is not None and len(recorded.distinct) < job.size:
+                    on_progress(job.size - len(recorded.distinct))
+        return scores
+
+    def _score_again(
+        self, state: StreamState, items: Iterable[JobPart]
+    ) -> tuple[torch.Tensor, list[list[int]]]:
+        """After an out-of-memory error mid-stream: every distinct prompt through the forward's own
+        policy (it splits batches and lowers the budget). The producer has stopped; the parts it
+        did not take are taken here. Progress already reported is reported again."""
+        logger.warning("out of memory while streaming batches; scoring the call again in smaller batches")
+        for part in items:
+            recorded = state.jobs[part.job]
+            for prompt in part.prompts:
+                recorded.add(np.asarray(prompt, dtype=np.int32))
+        groups = [group_prompts([p.tolist() for p in job.distinct]) for job in state.jobs if job.distinct]
+        hidden = self.forward.last_hidden_states(groups)
+        rows: list[list[int]] = []
+        offset = 0
+        for job in state.jobs:
+            rows.append(list(range(offset, offset + len(job.distinct))))
+            offset += len(job.distinct)
+        return hidden, rows
+
+    def _score_whole(
+        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
+        """Every prompt at once through ``forward.last_hidden_states`` (forwards that do not stream)."""
         active = [job for job in jobs if job.prompts]
         distinct = [distinct_prompts(job.prompts) for job in active]
         groups = [group_prompts(prompts) for prompts, _ in distinct]

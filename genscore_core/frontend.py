@@ -9,11 +9,12 @@ machine, from a server, or from ``genscore serve``'s batcher.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from genscore_core.backend import JobTexts, ScoringJob
 from genscore_core.config import ScorerConfig
+from genscore_core.engine import StreamedJob
 from genscore_core.errors import InvalidRequestError
 from genscore_core.loading import check_label_ids, load_tokenizer
 from genscore_core.long_documents import WindowedPairs, cap_to_tokens, token_spans, window_spans
@@ -22,7 +23,17 @@ from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, bounded_
 from genscore_core.protocol import GenerativeScoringRequest, check_request, check_text
 from genscore_core.recipes import Recipe, resolve_recipe
 from genscore_core.request_life import TokenizerLock
+from genscore_core.streaming import JobPart
 from genscore_core.templates import ScoreMode, Span, resolve_label_ids
+
+FIRST_PART_CHARS = 24_000
+"""Characters of documents in a query's first part: 3-6k Qwen3 tokens of English, a millisecond or
+two of tokenization before the first batch can fill."""
+PART_CHARS = 64_000
+"""Characters of documents in each later part."""
+STREAM_MIN_CHARS = 65_536
+"""Calls with fewer characters of documents are built whole, then scored (:meth:`PairStream.streams`):
+with 10-20k tokens there is little to overlap, and parts would only add a batch."""
 
 
 class ScoringFrontEnd:
@@ -69,6 +80,12 @@ class ScoringFrontEnd:
         """Threads waiting for the tokenizer now (a server reports it in ``/stats``)."""
         lock = self._tokenizer_lock
         return lock.waiting if isinstance(lock, TokenizerLock) else 0
+
+    @property
+    def tokenizing(self) -> bool:
+        """Whether a thread holds or waits for the tokenizer now: a request is being prepared."""
+        lock = self._tokenizer_lock
+        return lock.locked() or (isinstance(lock, TokenizerLock) and lock.waiting > 0)
 
     @classmethod
     def for_server(cls, config: ScorerConfig) -> ScoringFrontEnd:
@@ -120,13 +137,7 @@ class ScoringFrontEnd:
         tokens; with ``long_documents="chunk"``, a document that does not fit is then scored as
         overlapping windows (:mod:`genscore_core.long_documents`).
         """
-        for position, pair in enumerate(pairs):
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-                raise InvalidRequestError(
-                    f"pairs[{position}] is not a (query, document) pair", param="pairs", index=position
-                )
-            check_text(pair[0], "query", position)
-            check_text(pair[1], "documents", position)
+        check_pairs(pairs)
         if max_tokens_per_doc is not None and (
             isinstance(max_tokens_per_doc, bool)
             or not isinstance(max_tokens_per_doc, int)
@@ -214,6 +225,22 @@ class ScoringFrontEnd:
             jobs=jobs,
         )
 
+    def stream_pairs(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        first_part_chars: int = FIRST_PART_CHARS,
+        part_chars: int = PART_CHARS,
+    ) -> PairStream:
+        """The prompts of (query, document) pairs as :meth:`prepare_pairs` builds them (whole
+        documents, ``long_documents="truncate"``), made part by part when the stream's
+        :meth:`~PairStream.parts` are taken, so that a local engine scores early parts while later
+        ones are tokenized. Every pair is checked here, before any part is made. A query's documents
+        go in parts of about ``part_chars`` characters, the first of ``first_part_chars``.
+        """
+        check_pairs(pairs)
+        return PairStream(self, pairs, first_part_chars=first_part_chars, part_chars=part_chars)
+
     def prepare_rerank(
         self, query: str, documents: Sequence[str], *, max_tokens_per_doc: int | None = None
     ) -> PreparedPairs:
@@ -222,6 +249,85 @@ class ScoringFrontEnd:
         return self.prepare_pairs(
             [(query, document) for document in documents], max_tokens_per_doc=max_tokens_per_doc
         )
+
+
+def text_parts(
+    documents: Sequence[str], first_part_chars: int = FIRST_PART_CHARS, part_chars: int = PART_CHARS
+) -> Iterator[tuple[int, int]]:
+    """``[start, stop)`` ranges of ``documents`` of about ``part_chars`` characters each, the
+    first of ``first_part_chars`` and at least two documents (so that it shows the prefix the
+    prompts share)."""
+    start, limit, minimum = 0, first_part_chars, 2
+    while start < len(documents):
+        stop, chars = start, 0
+        while stop < len(documents) and (chars < limit or stop - start < minimum):
+            chars += len(documents[stop])
+            stop += 1
+        yield start, stop
+        start, limit, minimum = stop, part_chars, 1
+
+
+class PairStream:
+    """(query, document) pairs whose prompts are built part by part (:meth:`ScoringFrontEnd.stream_pairs`).
+
+    :attr:`jobs` says what the engine scores (one job per distinct query); :meth:`parts` builds
+    the prompts, and :meth:`assemble` puts the scores back in input order once they have all
+    been built.
+    """
+
+    def __init__(
+        self,
+        front_end: ScoringFrontEnd,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        first_part_chars: int = FIRST_PART_CHARS,
+        part_chars: int = PART_CHARS,
+    ) -> None:
+        self._front_end = front_end
+        self._part_chars = (first_part_chars, part_chars)
+        by_query: dict[str, list[int]] = {}
+        for position, (query, _) in enumerate(pairs):
+            by_query.setdefault(query, []).append(position)
+        self._queries = list(by_query)
+        self._documents = [[pairs[p][1] for p in positions] for positions in by_query.values()]
+        self.positions = list(by_query.values())
+        self.streams = sum(len(document) for _, document in pairs) >= STREAM_MIN_CHARS
+        """Whether the call is large enough to be scored part by part (else prepare it whole)."""
+        self.prompts: list[EncodedPrompt | None] = [None] * len(pairs)
+        mode = front_end.score_mode
+        self.jobs = [StreamedJob(len(p), front_end.label_token_ids, mode) for p in self.positions]
+
+    def parts(self) -> Iterator[JobPart]:
+        """Each query's prompts in parts, in order; a document that cannot fit raises
+        :class:`~genscore_core.errors.PromptTooLongError` with its index among the query's documents,
+        as :meth:`ScoringFrontEnd.prepare_pairs` does."""
+        builder = self._front_end._builder
+        for job, (query, documents, positions) in enumerate(
+            zip(self._queries, self._documents, self.positions)
+        ):
+            for start, stop in text_parts(documents, *self._part_chars):
+                prompts = builder.build(query, documents[start:stop], first_index=start)
+                for position, prompt in zip(positions[start:stop], prompts):
+                    self.prompts[position] = prompt
+                yield JobPart(job, [prompt.token_ids for prompt in prompts])
+
+    def assemble(self, scores: list[list[float]]) -> list[tuple[float, EncodedPrompt]]:
+        """(score, prompt) of each pair in input order, once every part was built."""
+        prompts = [prompt for prompt in self.prompts if prompt is not None]
+        if len(prompts) != len(self.prompts):
+            raise RuntimeError("the pair stream was not taken to its end")
+        return PreparedPairs(self.positions, prompts, []).assemble(scores)
+
+
+def check_pairs(pairs: Sequence[tuple[str, str]]) -> None:
+    """Each pair is a (query, document) pair of texts (InvalidRequestError naming the first bad one)."""
+    for position, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise InvalidRequestError(
+                f"pairs[{position}] is not a (query, document) pair", param="pairs", index=position
+            )
+        check_text(pair[0], "query", position)
+        check_text(pair[1], "documents", position)
 
 
 def resolve_score_mode(setting: str, template_mode: ScoreMode, labels: int) -> ScoreMode:

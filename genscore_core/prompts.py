@@ -197,12 +197,14 @@ class TemplatePromptBuilder:
         # Fail early, not on the first request, if the template cannot take the instruction.
         template.render_body("", "", instruction)
 
-    def build(self, query: str, documents: Sequence[str]) -> list[EncodedPrompt]:
+    def build(self, query: str, documents: Sequence[str], *, first_index: int = 0) -> list[EncodedPrompt]:
+        """The prompts of ``documents`` for ``query``; errors name a document by its index plus
+        ``first_index`` (the position of ``documents[0]`` in the caller's list)."""
         query, *documents = bounded_texts(self.tokenizer, [query, *documents], self.body_budget)
         bodies = [self.template.render_body(query, doc, self.instruction) for doc in documents]
         prompts = []
         for index, (body, (ids, offsets)) in enumerate(zip(bodies, self._encode(bodies))):
-            body_ids, truncated = self._fit(query, documents[index], body, ids, offsets, index)
+            body_ids, truncated = self._fit(query, documents[index], body, ids, offsets, first_index + index)
             prompts.append(EncodedPrompt(self.prefix_ids + body_ids + self.suffix_ids, truncated))
         return prompts
 

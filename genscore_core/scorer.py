@@ -24,7 +24,7 @@ from genscore_core.loading import (
 )
 from genscore_core.prepared import PreparedPairs, PreparedScore
 from genscore_core.prompts import EncodedPrompt
-from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse
+from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse, check_text
 from genscore_core.recipes import Recipe
 from genscore_core.results import RankedResults, check_rank_options, rank_results
 from genscore_core.templates import PromptTemplate, ScoreMode
@@ -187,16 +187,17 @@ class GenerativeScorer:
 
     def score_documents(self, query: str, documents: Sequence[str]) -> list[float]:
         """Score of each document for ``query``, in input order."""
-        prepared = self.front_end.prepare_rerank(query, documents)
-        return [score for score, _ in prepared.assemble(self._run(prepared.jobs))]
+        check_text(query, "query")
+        return [score for score, _ in self._score_texts([(query, document) for document in documents])]
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         """Score of each (query, document) pair, in input order; pairs may mix queries."""
-        prepared = self.front_end.prepare_pairs(pairs)
-        return [score for score, _ in prepared.assemble(self._run(prepared.jobs))]
+        return [score for score, _ in self._score_texts(pairs)]
 
     async def ascore_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         """:meth:`score_pairs` without blocking the event loop."""
+        if self._streams(None):
+            return [score for score, _ in await asyncio.to_thread(self._score_texts, pairs)]
         prepared = await asyncio.to_thread(self.front_end.prepare_pairs, pairs)
         return [score for score, _ in prepared.assemble(await self.backend.ascore_jobs(prepared.jobs))]
 
@@ -218,8 +219,8 @@ class GenerativeScorer:
             InvalidRequestError: A bad option (``param`` names it) or document (``index`` says which).
         """
         check_rank_options(top_n, score_threshold)
-        prepared = self.front_end.prepare_rerank(query, documents, max_tokens_per_doc=max_tokens_per_doc)
-        scored = prepared.assemble(self._run(prepared.jobs))
+        check_text(query, "query")
+        scored = self._score_texts([(query, document) for document in documents], max_tokens_per_doc)
         return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
 
     async def arerank(
@@ -237,19 +238,58 @@ class GenerativeScorer:
         batcher as the backend.
         """
         check_rank_options(top_n, score_threshold)
-        prepared = await asyncio.to_thread(
-            self.front_end.prepare_rerank, query, documents, max_tokens_per_doc=max_tokens_per_doc
-        )
-        scored = prepared.assemble(await self.backend.ascore_jobs(prepared.jobs))
+        if self._streams(max_tokens_per_doc):
+            check_text(query, "query")
+            pairs = [(query, document) for document in documents]
+            scored = await asyncio.to_thread(self._score_texts, pairs)
+        else:
+            prepared = await asyncio.to_thread(
+                self.front_end.prepare_rerank, query, documents, max_tokens_per_doc=max_tokens_per_doc
+            )
+            scored = prepared.assemble(await self.backend.ascore_jobs(prepared.jobs))
         return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
 
     # -- internals ----------------------------------------------------------------------------------
 
-    def _run(self, jobs: list[ScoringJob]) -> list[list[float]]:
-        total = sum(len(job.prompts) for job in jobs)
-        with tqdm(
+    def _streams(self, max_tokens_per_doc: int | None) -> bool:
+        """Whether texts go the streamed way: a local engine that streams, whole documents."""
+        backend = self.backend
+        return (
+            isinstance(backend, ScoringEngine)
+            and backend.streams
+            and max_tokens_per_doc is None
+            and self.config.long_documents == "truncate"
+        )
+
+    def _score_texts(
+        self, pairs: Sequence[tuple[str, str]], max_tokens_per_doc: int | None = None
+    ) -> list[tuple[float, EncodedPrompt]]:
+        """(score, prompt) of each pair in input order.
+
+        With a local engine that streams, the documents are tokenized part by part on the engine's
+        producer thread while the GPU runs the batches already laid out (:mod:`genscore_core.streaming`);
+        otherwise every prompt is built first, then scored.
+        """
+        if not self._streams(max_tokens_per_doc):
+            prepared = self.front_end.prepare_pairs(pairs, max_tokens_per_doc=max_tokens_per_doc)
+            return prepared.assemble(self._run(prepared.jobs))
+        engine = self.backend
+        assert isinstance(engine, ScoringEngine)
+        stream = self.front_end.stream_pairs(pairs)
+        if not stream.streams:
+            prepared = self.front_end.prepare_pairs(pairs)
+            return prepared.assemble(self._run(prepared.jobs))
+        with self._progress(len(pairs)) as bar:
+            scores = engine.score_stream(stream.jobs, stream.parts(), on_progress=bar.update)
+        return stream.assemble(scores)
+
+    def _progress(self, total: int) -> tqdm[Any]:
+        return tqdm(
             total=total, disable=not self.config.show_progress, file=sys.stderr, desc="scoring", unit="doc"
-        ) as bar:
+        )
+
+    def _run(self, jobs: list[ScoringJob]) -> list[list[float]]:
+        with self._progress(sum(len(job.prompts) for job in jobs)) as bar:
             return self.backend.score_jobs(jobs, on_progress=bar.update)
 
     def close(self) -> None:

@@ -3,6 +3,10 @@
     PYTHONPATH=. python examples/benchmarks/bench_text.py              # GPU (W1-W5) + CPU W1
     PYTHONPATH=. python examples/benchmarks/bench_text.py --dry-run    # the same code on the CPU, tiny shapes
 
+To compare two versions in one run, measure each with its own ``PYTHONPATH=<tree>`` and ``OUT=<folder>``,
+then ``--table-of NEW/bench_text.json --baseline OLD/bench_text.json`` prints both side by side (or give
+``--baseline`` to the second run itself).
+
 Every figure has the engine alone (the same prompts as token ids into the backend) and the official
 Qwen3-Reranker transformers recipe (text in: its own tokenization, left-padded batches of 32, full
 logits, log-softmax over no/yes, SDPA) beside it, measured in the same process and run.
@@ -543,7 +547,8 @@ def gpu_benchmark(report: Report, args: argparse.Namespace) -> None:
     w1_rate = len(docs1) / text_s
 
     # W2: many queries in one call, as score_pairs receives them.
-    for name, work in (("W2 16x64", w2), ("W2 64x100", w2b)):
+    w2_works = [("W2 16x64", w2)] + ([("W2 64x100", w2b)] if args.w2_large else [])
+    for name, work in w2_works:
         pairs = work.pairs
         call = lambda p=pairs: scorer.score_pairs(p)  # noqa: E731
         t2, _ = measure_text_vs_engine(report, name, scorer, work, call, 2 if dry else 3, off_w1)
@@ -624,6 +629,37 @@ def cpu_benchmark(report: Report, args: argparse.Namespace) -> None:
         torch.set_num_threads(threads)
 
 
+def compare_table(baseline: dict[str, Any], report: Report) -> str:
+    """Rows of both runs side by side: the figure before, after, and after / before."""
+
+    def figure(row: dict[str, Any]) -> tuple[str, float | None, bool]:
+        if row.get("ms") is not None and (row.get("pairs_per_s") is None or row["workload"] == "W4"):
+            return f"{row['ms']:.1f} ms", row["ms"], False
+        rate = row.get("pairs_per_s")
+        return ("" if rate is None else f"{rate:,.0f} pairs/s"), rate, True
+
+    before = {(r["workload"], r["path"]): r for r in baseline.get("rows", [])}
+    lines = [
+        f"before: {baseline.get('header', '?')}",
+        "",
+        "| workload | path | before | after | after vs before | after: text-in / engine | after: note | before: note |",
+        "|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for row in report.rows:
+        now = vars(row)
+        text_now, value_now, higher_better = figure(now)
+        old = before.get((row.workload, row.path))
+        text_old, value_old = ("", None) if old is None else figure(old)[:2]
+        change = ""
+        if value_now and value_old:
+            change = f"{(value_now / value_old if higher_better else value_old / value_now):.2f}x"
+        ratio = "" if row.vs_engine is None else f"{row.vs_engine:.1%}"
+        lines.append(
+            f"| {row.workload} | {row.path} | {text_old} | {text_now} | {change} | {ratio} | {row.note} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="the GPU part's code on the CPU, tiny shapes")
@@ -633,7 +669,26 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="host (cProfile) and GPU busy-time profiles")
     parser.add_argument("--server-seconds", type=float, default=6.0, help="measuring window per client count")
     parser.add_argument("--cpu-docs", type=int, default=32, help="documents of the CPU W1")
+    parser.add_argument(
+        "--no-w2-large", dest="w2_large", action="store_false", help="skip W2 64x100 (6,400 pairs a call)"
+    )
+    parser.add_argument("--label", default="", help="what is measured (a commit), printed in the header")
+    parser.add_argument(
+        "--baseline", type=Path, help="bench_text.json of an earlier run: the last table compares with it"
+    )
+    parser.add_argument(
+        "--table-of",
+        type=Path,
+        help="print only the table comparing this run's bench_text.json with --baseline",
+    )
     args = parser.parse_args()
+    if args.table_of is not None:
+        if args.baseline is None:
+            parser.error("--table-of needs --baseline")
+        done = json.loads(args.table_of.read_text())
+        print(f"after: {done.get('header', '?')}")
+        print(compare_table(json.loads(args.baseline.read_text()), Report([Row(**r) for r in done["rows"]])))
+        return
 
     import transformers
 
@@ -641,7 +696,7 @@ def main() -> None:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = (
-        f"{stamp}; GPU {gpu}; torch {torch.__version__}; transformers {transformers.__version__}; "
+        f"{args.label + '; ' if args.label else ''}{stamp}; GPU {gpu}; torch {torch.__version__}; transformers {transformers.__version__}; "
         f"python {platform.python_version()}; {os.cpu_count()} CPUs"
     )
     report.note(header)
@@ -649,7 +704,11 @@ def main() -> None:
         gpu_benchmark(report, args)
     if not args.no_cpu:
         cpu_benchmark(report, args)
+    report.raw["header"] = header
+    report.raw["rows"] = [vars(row) for row in report.rows]
     table = report.table()
+    if args.baseline is not None:
+        table = compare_table(json.loads(args.baseline.read_text()), report) + "\n\n" + table
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

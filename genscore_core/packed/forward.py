@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from genscore_core.forward import ForwardStrategy, PrefixGroup
+from genscore_core.forward import ForwardStrategy, PrefixGroup, ProgressCallback
 from genscore_core.packed.decoder import DeviceBatch, PackedDecoder, PackedOptions
 from genscore_core.packed.graphs import DecoderGraphs
 from genscore_core.packed.plan import GroupSlice, PackedBatch, build_batch, plan_batches
+from genscore_core.streaming import RowKey, StreamBatch
 
 DEFAULT_MAX_BATCH_TOKENS = 65536
 
@@ -58,6 +59,57 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         graph_tokens = decoder.options.graph_tokens
         if graph_tokens and decoder.device.type == "cuda" and decoder.attention_impl == "triton":
             self.graphs = DecoderGraphs(decoder, max_tokens=graph_tokens)
+
+    # -- the streamed entry point (genscore_core.streaming) -------------------------------------------
+
+    def prepare_stream_batch(self, batch: StreamBatch) -> tuple[StreamBatch, DeviceBatch]:
+        """Lay out a planned batch and start its copy to the device (on the producer thread)."""
+        slices = [
+            GroupSlice(g, 0, len(group.suffix_ids), batch.compute_prefix[g], batch.save_prefix[g])
+            for g, group in batch.groups.items()
+        ]
+        return batch, DeviceBatch.from_batch(build_batch(batch.groups, slices), self.decoder.device)
+
+    @torch.inference_mode()
+    def run_stream(
+        self,
+        batches: Iterable[tuple[StreamBatch, DeviceBatch]],
+        on_progress: ProgressCallback | None = None,
+    ) -> tuple[torch.Tensor, list[RowKey]]:
+        """Run batches in the order a producer hands them over (:meth:`prepare_stream_batch`).
+
+        Returns the float32 final-norm hidden states of every row and each row's key. Nothing here
+        waits for the GPU, so the producer lays out batch k+1 while batch k runs. A small batch may
+        replay a CUDA graph (:meth:`decode`); the producer's copy then goes unused. An out-of-memory
+        error propagates: the engine then scores the call again through :meth:`last_hidden_states`,
+        whose policy splits batches.
+        """
+        decoder = self.decoder
+        cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        outputs: list[torch.Tensor] = []
+        rows: list[RowKey] = []
+        for planned, dev in batches:
+            packed = dev.batch
+            loaded = None
+            if packed.load:
+                keys = [cache[g] for g, _ in packed.load]
+                loaded = (torch.cat([k for k, _ in keys], dim=1), torch.cat([v for _, v in keys], dim=1))
+            hidden, saved = self.decode(packed, dev, loaded)
+            if saved is not None:
+                offset = 0
+                for g, slots in packed.save:
+                    n = slots.numel()
+                    cache[g] = (saved[0][:, offset : offset + n], saved[1][:, offset : offset + n])
+                    offset += n
+            for g in planned.release:
+                cache.pop(g, None)
+            outputs.append(hidden)
+            rows.extend(planned.ordered_rows())
+            if on_progress is not None:
+                on_progress(planned.num_prompts)
+        if not outputs:
+            return torch.empty(0, decoder.final_norm.shape[0], device=decoder.device), rows
+        return torch.cat(outputs), rows
 
     def _start(self, groups: Sequence[PrefixGroup]) -> _PackedCall:
         return _PackedCall(groups)

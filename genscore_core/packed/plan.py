@@ -14,9 +14,8 @@ kept (``save``) and loaded into a region after the stream's rows in later batche
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -144,13 +143,19 @@ class PackedBatch:
         return int(self.prompt_segments.numel())
 
 
-def build_batch(groups: Sequence[PrefixGroup], slices: Sequence[GroupSlice]) -> PackedBatch:
+def build_batch(
+    groups: Sequence[PrefixGroup] | Mapping[int, PrefixGroup], slices: Sequence[GroupSlice]
+) -> PackedBatch:
     """Lay out one batch: stream tokens, their positions, and the attention segments.
 
     A computed prefix is a segment of its own; each prompt is a segment of its suffix tokens that
     also reads its group's prefix where it lies (in this batch's stream, or in the loaded region).
     Per-segment numbers are gathered in Python (a few hundred segments); per-token arrays are built
     with vectorised numpy, so a batch of 100k tokens takes a few milliseconds on the host.
+
+    Token ids may be lists or ``int32`` numpy arrays (the streamed path's, :mod:`genscore_core.streaming`);
+    the stream is their concatenation, one ``int32`` copy per prompt in C rather than a Python
+    iteration over every token.
     """
     token_lists: list[list[int]] = []
     q_len: list[int] = []  # per segment
@@ -175,7 +180,7 @@ def build_batch(groups: Sequence[PrefixGroup], slices: Sequence[GroupSlice]) -> 
                 save.append((part.group, torch.arange(stream, stream + plen)))
             stream += plen
         for suffix in group.suffix_ids[part.start : part.stop]:
-            if not suffix:
+            if not len(suffix):
                 raise ValueError("every prompt needs at least one token after the shared prefix")
             token_lists.append(suffix)
             prompt_segments.append(len(q_len))
@@ -202,9 +207,14 @@ def build_batch(groups: Sequence[PrefixGroup], slices: Sequence[GroupSlice]) -> 
     segments = np.stack(
         [q_start, q, q_start, q, prefix_start, np.asarray(prefix_len, dtype=np.int64)], axis=1
     )
-    input_ids = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64, count=stream)
+    input_ids = (
+        np.concatenate([np.asarray(t, dtype=np.int32) for t in token_lists])
+        if token_lists
+        else np.empty(0, dtype=np.int32)
+    )
     return PackedBatch(
-        input_ids=torch.from_numpy(input_ids),
+        # The decoder's index tensors are int64 and travel in one pinned copy (DeviceBatch).
+        input_ids=torch.from_numpy(input_ids.astype(np.int64)),
         positions=torch.from_numpy(positions),
         segments=segments.reshape(-1, 6),
         kv_len=kv_len,

@@ -4,11 +4,21 @@ The batcher is itself a :class:`~genscore_core.backend.ScoringBackend`: ``gensco
 the scorer's front end with it, so each request is answered by ``GenerativeScorer.ascore`` or
 ``arerank`` exactly as a library call would be, only scored together with other requests.
 
-Requests queue their :class:`~genscore_core.backend.ScoringJob`; one worker task takes as many as fit
-in a token budget (waiting a few milliseconds for company when the queue is short) and scores them
-with a single ``score_jobs`` call on one worker thread, so the event loop keeps accepting requests
-while the model runs. A job's scores do not depend on what it is batched with, beyond float32
-rounding in the padded forward (observed differences are below 1e-6).
+Requests queue their :class:`~genscore_core.backend.ScoringJob` (their prompts were built on worker
+threads: nothing tokenizes on the event loop). One worker task takes jobs in arrival order, as many
+as fit in a token budget, and scores them with a single ``score_jobs`` call on one worker thread, so
+the event loop keeps accepting requests while the model runs; the requests that arrive meanwhile
+fill the next call. The budget bounds a call's latency, not its memory (the engine splits a call
+into forward batches of its own budget), so it is large: one call fills the GPU with many requests.
+
+Fairness: a queued job is never overtaken (arrival order), and a job that has already seen
+``max_waited_batches`` calls run while it was queued goes into the next call whatever the budget, so
+no request waits behind more than that many calls, however the load comes. The worker waits for
+company (``max_wait_ms`` at most) only while other requests are still being prepared; a lone
+request starts at once.
+
+A job's scores do not depend on what it is batched with, beyond float32 rounding (observed
+differences are below 1e-6).
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -63,6 +73,10 @@ class RequestBatcher(ScoringBackend):
         backend: What scores the jobs (the scorer's engine, or a remote backend).
         max_batch_tokens: Prompt tokens per engine call; a single larger job runs alone.
         max_wait_ms: How long a short queue waits for more jobs before it is scored.
+        max_waited_batches: Calls a queued job may see run before it; the next call takes it
+            whatever ``max_batch_tokens`` says.
+        preparing: Whether requests are being prepared (tokenized) now; when given, the worker waits
+            for company only while it says so. None: a short queue always waits ``max_wait_ms``.
         max_queued: Jobs allowed to wait; :meth:`score` raises :class:`ServerBusyError` beyond it.
         max_request_tokens: Prompt tokens one :meth:`ascore_jobs` call (one request) may hold; more
             is an :class:`~genscore_core.InvalidRequestError`. ``None``: no limit.
@@ -72,16 +86,22 @@ class RequestBatcher(ScoringBackend):
         self,
         backend: ScoringBackend,
         *,
-        max_batch_tokens: int = 32_768,
+        max_batch_tokens: int = 262_144,
         max_wait_ms: float = 2.0,
         max_queued: int = 4096,
         max_request_tokens: int | None = None,
+        max_waited_batches: int = 2,
+        preparing: Callable[[], bool] | None = None,
     ) -> None:
+        if max_waited_batches < 1:
+            raise ValueError(f"max_waited_batches must be at least 1, got {max_waited_batches}")
         self.backend = backend
         self.max_request_tokens = max_request_tokens
         self.max_batch_tokens = max_batch_tokens
         self.max_wait = max_wait_ms / 1000.0
         self.max_queued = max_queued
+        self.max_waited_batches = max_waited_batches
+        self._preparing = preparing
         self.stats = BatchStats()
         self._pending: deque[_Entry] = deque()
         self._pending_tokens = 0
@@ -208,7 +228,7 @@ class RequestBatcher(ScoringBackend):
         if self.max_wait > 0:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.max_wait
-            while self._pending_tokens < self.max_batch_tokens:
+            while self._pending_tokens < self.max_batch_tokens and self._company_coming():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -219,9 +239,12 @@ class RequestBatcher(ScoringBackend):
                     break
         batch: list[_Entry] = []
         tokens = 0
+        # The calls finished so far, plus the one about to run: a job queued before
+        # ``overdue`` calls had finished has waited behind max_waited_batches of them.
+        overdue = self.stats.batches + 1 - self.max_waited_batches
         while self._pending:
             entry = self._pending[0]
-            if batch and tokens + entry.tokens > self.max_batch_tokens:
+            if batch and tokens + entry.tokens > self.max_batch_tokens and entry.batches_done >= overdue:
                 break
             self._pending.popleft()
             self._pending_tokens -= entry.tokens
@@ -230,6 +253,9 @@ class RequestBatcher(ScoringBackend):
             batch.append(entry)
             tokens += entry.tokens
         return batch
+
+    def _company_coming(self) -> bool:
+        return self._preparing is None or self._preparing()
 
     def _score_isolated(self, jobs: list[ScoringJob]) -> list[list[float] | Exception]:
         """Score the jobs together; if that fails, again one by one, so one bad job fails alone."""

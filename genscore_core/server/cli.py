@@ -28,6 +28,7 @@ _LIMIT_FLAGS = {
     "max_body_bytes": "max_body_bytes",
     "batch_max_tokens": "batch_max_tokens",
     "batch_max_wait_ms": "batch_max_wait_ms",
+    "batch_max_waited": "batch_max_waited",
     "max_queued_requests": "max_queued_requests",
     "max_connections": "max_connections",
     "header_timeout": "header_timeout_s",
@@ -87,7 +88,14 @@ def add_serve_command(
         "--batch-max-wait-ms",
         type=non_negative_float,
         default=defaults.batch_max_wait_ms,
-        help="how long a request waits for others to batch with (default %(default)s)",
+        help="how long a call waits for requests still being tokenized (default %(default)s)",
+    )
+    limits.add_argument(
+        "--batch-max-waited",
+        type=positive_int,
+        default=defaults.batch_max_waited,
+        help="engine calls a queued request may see run before it is taken, whatever the token budget "
+        "(default %(default)s)",
     )
     limits.add_argument(
         "--max-queued-requests",

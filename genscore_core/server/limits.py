@@ -17,11 +17,16 @@ class ServerLimits(BaseModel):
     is a 400. Each prompt is also cut to the scorer's ``max_length``."""
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     """Largest request body; more is a 413, answered before the body is parsed."""
-    batch_max_tokens: int = Field(default=32_768, gt=0)
+    batch_max_tokens: int = Field(default=262_144, gt=0)
     """Prompt tokens gathered from concurrent requests into one engine call (one request larger than
-    this runs alone)."""
+    this runs alone). The engine splits a call into forward batches of its own budget, so this bounds
+    a call's latency, not memory: 28 requests of 20 prompts of 460 tokens fill one call."""
     batch_max_wait_ms: float = Field(default=2.0, ge=0)
-    """How long the first request of a batch waits for others; 0 takes only what is already queued."""
+    """How long the worker waits for requests still being tokenized before it starts a call (not at
+    all when none is); 0 takes only what is already queued."""
+    batch_max_waited: int = Field(default=2, ge=1)
+    """Engine calls a request may see run while it is queued; the next call takes it whatever
+    ``batch_max_tokens`` says, so no request waits behind more calls than this."""
     max_queued_requests: int = Field(default=4096, gt=0)
     """Requests waiting to be scored; beyond this new ones get a 503 (with ``Retry-After``)."""
     max_connections: int = Field(default=512, gt=0)

@@ -58,7 +58,7 @@ async def test_concurrent_jobs_share_one_call() -> None:
 async def test_token_budget_splits_batches_and_a_big_job_runs_alone() -> None:
     backend = RecordingBackend()
     backend.release.clear()  # hold the worker so that every job is queued before the first batch
-    batcher = RequestBatcher(backend, max_batch_tokens=10, max_wait_ms=0)
+    batcher = RequestBatcher(backend, max_batch_tokens=10, max_wait_ms=0, max_waited_batches=10)
     batcher.start()
     try:
         tasks = [asyncio.ensure_future(batcher.score(job(tag))) for tag in range(1, 6)]

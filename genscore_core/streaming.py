@@ -1,0 +1,373 @@
+"""Host work overlapped with the GPU's: prompts arrive in parts, batches leave as soon as they are laid out.
+
+Text in, the host's work (tokenizing, finding each query's shared prefix, dropping duplicates, laying
+batches out as flat arrays, the copy to the device) used to finish for the whole call before the
+first kernel ran. Here a producer thread does it part by part and hands each batch over as soon as
+it is laid out, so the GPU runs batch k while the host prepares batch k+1. The first batch is kept
+small so that the GPU starts early.
+
+Token ids travel as flat ``int32`` numpy buffers: each part's prompts are copied once into one
+buffer (:class:`TokenRows`), and a batch's stream is the concatenation of slices of those buffers.
+Nothing converts token ids element by element in Python after the tokenizer.
+
+Scores do not depend on the parts: the prompts of a job that start with its shared prefix form one
+group whose prefix is computed once (its keys and values are kept for later batches), duplicates are
+scored once, and prompts that do not start with that prefix are scored as a group of their own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
+
+import numpy as np
+
+from genscore_core.forward import PrefixGroup, ProgressCallback
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+FIRST_BATCH_TOKENS = 8192
+"""Token target of the first batch of a text call: small, so that the GPU starts while the host
+tokenizes the rest (about 12 ms of an H200 on a Qwen3-0.6B shape). Each later batch's target is
+twice its predecessor's, up to the forward's budget (W1 text in: 1,333 pairs/s, against 1,306 with
+32k-token batches after the first; docs/benchmarks.md)."""
+
+
+class TokenRows:
+    """Prompts as one flat ``int32`` buffer: prompt ``i`` is ``tokens[starts[i]:starts[i + 1]]``."""
+
+    def __init__(self, tokens: np.ndarray, starts: np.ndarray) -> None:
+        self.tokens = tokens
+        self.starts = starts
+
+    @classmethod
+    def from_lists(cls, prompts: Sequence[Sequence[int]]) -> TokenRows:
+        """One copy of every prompt's ids into the buffer (in C: ``chain`` feeding ``fromiter``)."""
+        lengths = np.fromiter(map(len, prompts), dtype=np.int64, count=len(prompts))
+        starts = np.zeros(len(prompts) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        total = int(starts[-1])
+        tokens = np.fromiter(itertools.chain.from_iterable(prompts), dtype=np.int32, count=total)
+        return cls(tokens, starts)
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def row(self, index: int) -> np.ndarray:
+        return self.tokens[self.starts[index] : self.starts[index + 1]]
+
+    def starting_with(self, prefix: np.ndarray) -> np.ndarray:
+        """Whether each prompt starts with ``prefix`` and goes on past it (one vectorised compare)."""
+        lengths = np.diff(self.starts)
+        longer = lengths > len(prefix)
+        if not len(prefix):
+            return longer
+        rows = np.flatnonzero(longer)
+        if not len(rows):
+            return longer
+        window = self.tokens[self.starts[rows][:, None] + np.arange(len(prefix))]
+        longer[rows] = (window == prefix).all(axis=1)
+        return longer
+
+
+@dataclass(frozen=True)
+class JobPart:
+    """Some of the prompts (token ids) of job ``job``, in the job's prompt order."""
+
+    job: int
+    prompts: Sequence[Sequence[int]]
+
+
+@dataclass(frozen=True)
+class RowKey:
+    """An output row: distinct prompt ``prompt`` of job ``job``."""
+
+    job: int
+    prompt: int
+
+
+@dataclass
+class StreamBatch:
+    """One planned batch: its groups (only the prompts this batch computes), which prefixes it
+    computes and keeps, and the key of each output row."""
+
+    groups: dict[int, PrefixGroup]
+    """Group id -> the group's prefix and this batch's suffixes of it (``int32`` arrays)."""
+    compute_prefix: dict[int, bool]
+    save_prefix: dict[int, bool]
+    rows: dict[int, list[RowKey]]
+    """Group id -> the key of each of its suffixes here."""
+    release: list[int]
+    """Groups whose kept prefix no later batch reads (drop it after this batch)."""
+    tokens: int
+
+    @property
+    def num_prompts(self) -> int:
+        return sum(map(len, self.rows.values()))
+
+    def ordered_rows(self) -> list[RowKey]:
+        """Keys of the output rows in the batch's layout order (group by group)."""
+        return [key for group in self.groups for key in self.rows[group]]
+
+
+class JobPrompts:
+    """The distinct prompts of one job as its parts arrive (first-seen order), and which distinct
+    prompt each input prompt is: :func:`genscore_core.engine.distinct_prompts`, incrementally."""
+
+    def __init__(self) -> None:
+        self.distinct: list[np.ndarray] = []
+        self.where: list[int] = []
+        self._index: dict[bytes, int] = {}
+
+    def add(self, prompt: np.ndarray) -> int | None:
+        """Record ``prompt``; its distinct index if it is new, None if it repeats an earlier one."""
+        # The bytes of an int32 slice hash in C; equal bytes are equal token ids.
+        key = prompt.tobytes()
+        index = self._index.get(key)
+        if index is not None:
+            self.where.append(index)
+            return None
+        index = self._index[key] = len(self.distinct)
+        self.where.append(index)
+        self.distinct.append(prompt)
+        return index
+
+
+class BatchPlanner:
+    """Fills batches of at most ``max_batch_tokens`` computed tokens (a prefix counts once, in the
+    batch that computes it) from prompts added one at a time; :meth:`add` returns a batch it closed.
+
+    A prompt larger than the budget gets a batch of its own. The first batch closes at
+    ``first_batch_tokens`` already, and each later one at twice its predecessor's target, up to the
+    budget.
+    """
+
+    def __init__(self, max_batch_tokens: int, first_batch_tokens: int = FIRST_BATCH_TOKENS) -> None:
+        if max_batch_tokens <= 0:
+            raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
+        self.max_batch_tokens = max_batch_tokens
+        self._target = min(first_batch_tokens, max_batch_tokens)
+        self._computed: set[int] = set()  # groups whose prefix an earlier batch computed
+        self._closed: set[int] = set()
+        self._kept: set[int] = set()  # groups whose prefix is saved for later batches
+        self._reset()
+
+    def _reset(self) -> None:
+        self._groups: dict[int, PrefixGroup] = {}
+        self._compute: dict[int, bool] = {}
+        self._rows: dict[int, list[RowKey]] = {}
+        self._used = 0
+
+    def add(self, group: int, prefix: np.ndarray, suffix: np.ndarray, row: RowKey) -> StreamBatch | None:
+        """Add one prompt (``prefix + suffix``) of ``group``; the batch it closed, if any."""
+        if not len(suffix):
+            raise ValueError("every prompt needs at least one token after the shared prefix")
+        full = None
+        cost = len(suffix) + (0 if self._has_prefix(group) else len(prefix))
+        if self._rows and self._used + cost > self.max_batch_tokens:
+            full = self._flush()
+            cost = len(suffix) + (0 if self._has_prefix(group) else len(prefix))
+        entry = self._groups.get(group)
+        if entry is None:
+            # numpy arrays in place of lists: build_batch reads them with len() and concatenation.
+            entry = self._groups[group] = PrefixGroup(cast(list[int], prefix), [])
+            self._compute[group] = group not in self._computed
+            self._rows[group] = []
+        entry.suffix_ids.append(cast(list[int], suffix))
+        self._rows[group].append(row)
+        self._used += cost
+        if full is None and self._used >= self._target:
+            return self._flush()
+        # A batch that reached its target right after another closed goes out with the next prompt.
+        return full
+
+    def _has_prefix(self, group: int) -> bool:
+        return group in self._computed or group in self._groups
+
+    def close(self, group: int) -> None:
+        """No more prompts of ``group`` will be added."""
+        self._closed.add(group)
+
+    def finish(self) -> StreamBatch | None:
+        """The last, partly filled batch (None when empty)."""
+        return self._flush() if self._rows else None
+
+    def _flush(self) -> StreamBatch:
+        save = {
+            g: self._compute[g] and g not in self._closed and len(pg.prefix_ids) > 0
+            for g, pg in self._groups.items()
+        }
+        self._kept.update(g for g, keep in save.items() if keep)
+        self._computed.update(g for g, computes in self._compute.items() if computes)
+        release = sorted(g for g in self._kept if g in self._closed)
+        self._kept.difference_update(release)
+        batch = StreamBatch(
+            groups=self._groups,
+            compute_prefix=self._compute,
+            save_prefix=save,
+            rows=self._rows,
+            release=release,
+            tokens=self._used,
+        )
+        self._reset()
+        self._target = min(2 * self._target, self.max_batch_tokens)
+        return batch
+
+
+@dataclass
+class StreamState:
+    """What the producer learnt about each job: its distinct prompts and where each input prompt went."""
+
+    jobs: list[JobPrompts] = field(default_factory=list)
+
+
+def plan_stream(
+    sizes: Sequence[int],
+    parts: Iterable[JobPart],
+    planner: BatchPlanner,
+    state: StreamState,
+) -> Iterator[StreamBatch]:
+    """Batches for the parts of jobs of ``sizes[j]`` prompts each, as the parts arrive.
+
+    A job's prompts that start with the prefix its first part shares and go on past it form one
+    group (id ``j``); the others form a second group, scored after all parts, whose prefix is the
+    one its own prompts share.
+    """
+    state.jobs = [JobPrompts() for _ in sizes]
+    prefixes: dict[int, np.ndarray] = {}
+    seen = [0] * len(sizes)
+    spilled: dict[int, list[int]] = {}  # job -> its distinct prompts outside its main group
+    for part in parts:
+        job = part.job
+        rows = TokenRows.from_lists(part.prompts)
+        if job not in prefixes:
+            length = shared_prefix_length([rows.row(i) for i in range(len(rows))]) if len(rows) > 1 else 0
+            prefixes[job] = rows.row(0)[:length].copy() if len(rows) else np.empty(0, np.int32)
+        prefix = prefixes[job]
+        inside = rows.starting_with(prefix)
+        recorded = state.jobs[job]
+        # Every prompt of the part is recorded before any batch is handed out, so that a consumer
+        # that stops early finds each part the producer took either wholly recorded or not at all.
+        added = [(i, recorded.add(rows.row(i))) for i in range(len(rows))]
+        for i, index in added:
+            if index is None:
+                continue
+            if inside[i]:
+                batch = planner.add(job, prefix, rows.row(i)[len(prefix) :], RowKey(job, index))
+                if batch is not None:
+                    yield batch
+            else:
+                spilled.setdefault(job, []).append(index)
+        seen[job] += len(rows)
+        if seen[job] >= sizes[job]:
+            # Closed only now: a batch closed while this part was added still keeps the prefix for
+            # the part's later prompts.
+            planner.close(job)
+    for job in range(len(sizes)):
+        planner.close(job)
+    for number, (job, indices) in enumerate(spilled.items()):
+        group = len(sizes) + number
+        rest = [state.jobs[job].distinct[i] for i in indices]
+        shared = shared_prefix_length(rest)
+        for i, prompt in zip(indices, rest):
+            batch = planner.add(group, prompt[:shared], prompt[shared:], RowKey(job, i))
+            if batch is not None:
+                yield batch
+        planner.close(group)
+    last = planner.finish()
+    if last is not None:
+        yield last
+
+
+def shared_prefix_length(prompts: Sequence[np.ndarray]) -> int:
+    """:func:`genscore_core.engine.shared_prefix_length` of ``int32`` arrays (vectorised)."""
+    if not prompts:
+        return 0
+    first = prompts[0]
+    length = max(min(len(p) for p in prompts) - 1, 0)
+    for prompt in prompts[1:]:
+        if not length:
+            break
+        differ = np.flatnonzero(prompt[:length] != first[:length])
+        if len(differ):
+            length = int(differ[0])
+    return length
+
+
+@runtime_checkable
+class StreamingForward(Protocol):
+    """A forward that runs batches as a producer lays them out (:class:`~genscore_core.packed.PackedForward`)."""
+
+    max_batch_tokens: int
+
+    def prepare_stream_batch(self, batch: StreamBatch) -> Any:
+        """Lay out ``batch`` and start its copy to the device (called on the producer thread)."""
+
+    def run_stream(self, batches: Iterable[Any], on_progress: ProgressCallback | None = None) -> Any:
+        """Run prepared batches in order; (float32 hidden states [rows, H], the row keys in order)."""
+
+
+class _End:
+    pass
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error: BaseException
+
+
+class Prefetcher(Generic[T, U]):
+    """Runs ``produce`` over ``items`` on a producer thread, at most ``depth`` results ahead of the
+    consumer; an exception of the producer (or of ``items``) is raised to the consumer in order.
+
+    Leaving the ``with`` block, normally or on an error of the consumer, stops the producer after
+    the item it is working on and joins it: no thread outlives the call.
+    """
+
+    def __init__(self, items: Iterable[T], produce: Callable[[T], U], depth: int = 2) -> None:
+        self._items = items
+        self._produce = produce
+        self._queue: queue.Queue[U | _End | _Failure] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._ended = False
+        self._thread = threading.Thread(target=self._run, name="genscore-host-batches", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            for item in self._items:
+                if self._stop.is_set():
+                    break
+                self._queue.put(self._produce(item))
+        except BaseException as error:  # raised to the consumer by __iter__
+            self._queue.put(_Failure(error))
+            return
+        self._queue.put(_End())
+
+    def __enter__(self) -> Prefetcher[T, U]:
+        self._thread.start()
+        return self
+
+    def __iter__(self) -> Iterator[U]:
+        while not self._ended:
+            item = self._queue.get()
+            if isinstance(item, _End):
+                self._ended = True
+                return
+            if isinstance(item, _Failure):
+                self._ended = True
+                raise item.error
+            yield item
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        # The producer always ends with one _End or _Failure; taking items until it frees a producer
+        # blocked on the full queue, which then sees the stop at its next item.
+        while not self._ended:
+            if isinstance(self._queue.get(), (_End, _Failure)):
+                self._ended = True
+        self._thread.join()

@@ -1,0 +1,237 @@
+"""The server's scheduler: arrival order, the token budget, bounded waiting, company only while
+requests are tokenized, and no tokenizing on the event loop (real server on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Iterator, Sequence
+
+import httpx
+import pytest
+
+from genscore_core import GenerativeScorer
+from genscore_core.engine import ScoringJob
+from genscore_core.forward import ProgressCallback
+from genscore_core.server import RequestBatcher, ServerLimits, create_app
+
+from ._support import LiveServer, serve_in_thread
+
+
+class SteppedBackend:
+    """Scores each prompt by its first token and runs one call per :meth:`step`, so a test decides
+    what is queued while each call runs."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+        self.tokens: list[int] = []
+        self.entered = threading.Semaphore(0)
+        self._go = threading.Semaphore(0)
+
+    def score_jobs(
+        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
+        self.entered.release()
+        assert self._go.acquire(timeout=30), "the test never let this call run"
+        self.calls.append([job.prompts[0][0] for job in jobs])
+        self.tokens.append(sum(len(p) for job in jobs for p in job.prompts))
+        return [[float(prompt[0]) for prompt in job.prompts] for job in jobs]
+
+    async def running(self) -> None:
+        """Until the worker is inside a call."""
+        assert await asyncio.to_thread(self.entered.acquire, True, 30)
+
+    def step(self) -> None:
+        self._go.release()
+
+
+def job(tag: int, tokens: int = 4) -> ScoringJob:
+    return ScoringJob([[tag] * tokens], [1, 2])
+
+
+async def queue(batcher: RequestBatcher, jobs: Sequence[ScoringJob]) -> list[asyncio.Future[list[float]]]:
+    tasks = [asyncio.ensure_future(batcher.score(j)) for j in jobs]
+    await asyncio.sleep(0)  # one turn of the loop: each task has queued its job, in this order
+    assert batcher.queued >= len(jobs)
+    return tasks
+
+
+async def test_arrival_order_and_the_token_budget() -> None:
+    backend = SteppedBackend()
+    batcher = RequestBatcher(backend, max_batch_tokens=12, max_wait_ms=0, max_waited_batches=100)
+    batcher.start()
+    try:
+        first = await queue(batcher, [job(1)])
+        await backend.running()
+        sizes = {2: 4, 3: 4, 4: 8, 5: 2, 6: 2, 7: 30, 8: 4}
+        rest = await queue(batcher, [job(tag, size) for tag, size in sizes.items()])
+        for _ in range(6):
+            backend.step()
+        results = await asyncio.gather(*first, *rest)
+    finally:
+        await batcher.stop()
+    assert results == [[1.0], *[[float(tag)] for tag in sizes]]
+    # Arrival order: calls are consecutive runs of the queue; nothing is overtaken, not even by a
+    # small job that would fit beside an earlier call (5 beside [2, 3], 8 beside 7).
+    assert [tag for call in backend.calls for tag in call] == list(range(1, 9))
+    assert backend.calls == [[1], [2, 3], [4, 5, 6], [7], [8]]
+    # Within the budget of 12 tokens, except a job larger than it, which runs alone.
+    assert all(t <= 12 or len(c) == 1 for c, t in zip(backend.calls, backend.tokens))
+
+
+@pytest.mark.parametrize(
+    ("max_waited", "calls"), [(2, [[1], [2, 3], [4, 5, 6, 7, 8, 9]]), (1, [[1], list(range(2, 10))])]
+)
+async def test_no_job_waits_behind_more_than_max_waited_calls(
+    max_waited: int, calls: list[list[int]]
+) -> None:
+    backend = SteppedBackend()
+    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
+    batcher.start()
+    try:
+        first = await queue(batcher, [job(1)])
+        await backend.running()
+        rest = await queue(batcher, [job(tag) for tag in range(2, 10)])
+        for _ in calls:
+            backend.step()
+        await asyncio.gather(*first, *rest)
+    finally:
+        await batcher.stop()
+    # The budget holds two 4-token jobs; a job that has seen max_waited calls go by is taken anyway.
+    assert backend.calls == calls
+    assert max(batcher.stats.waited_batches) == max_waited
+
+
+async def test_a_large_job_is_not_starved_by_a_stream_of_small_ones() -> None:
+    backend = SteppedBackend()
+    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
+    batcher.start()
+    tasks = []
+    try:
+        tasks += await queue(batcher, [job(1)])
+        await backend.running()
+        tasks += await queue(batcher, [job(2), job(99, tokens=50), job(3)])
+        # While each call runs, two more small jobs arrive, which would fill every call on their own.
+        tag = 10
+        for _ in range(5):
+            backend.step()
+            await backend.running()
+            tasks += await queue(batcher, [job(tag), job(tag + 1)])
+            tag += 2
+        big = tasks[2]
+        assert big.done() and big.result() == [99.0]
+        for _ in range(10):  # the calls still to come
+            backend.step()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    finally:
+        await batcher.stop()
+    order = [t for call in backend.calls for t in call]
+    assert order == [1, 2, 99, 3, *range(10, 20)]  # arrival order
+    assert backend.calls[1] == [2] and backend.calls[2] == [99, 3]
+    assert max(batcher.stats.waited_batches) <= 2
+
+
+async def test_company_is_awaited_only_while_requests_are_being_tokenized() -> None:
+    backend = SteppedBackend()
+    # Requests count as being tokenized until four are queued; then none is.
+    coming = [4]
+    batcher: RequestBatcher
+    # A wait long enough that a test relying on it would time out.
+    batcher = RequestBatcher(backend, max_wait_ms=600_000, preparing=lambda: batcher.queued < coming[0])
+    batcher.start()
+    try:
+        tasks = []
+        for tag in range(1, 5):
+            tasks += await queue(batcher, [job(tag)])
+        await backend.running()
+        coming[0] = 0
+        backend.step()
+        # A lone request later starts without waiting for company.
+        tasks += await queue(batcher, [job(5)])
+        await backend.running()
+        backend.step()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    finally:
+        await batcher.stop()
+    assert backend.calls == [[1, 2, 3, 4], [5]]
+
+
+WORDS = "paris london capital france river city museum tower bridge history art food wine".split()
+
+
+@pytest.fixture(scope="module")
+def fair_server(scorer: GenerativeScorer) -> Iterator[LiveServer]:
+    # A budget of a few requests, so that 16 concurrent clients queue behind several calls.
+    limits = ServerLimits(batch_max_tokens=1500, batch_max_wait_ms=2.0)
+    with serve_in_thread(create_app(scorer, limits)) as live:
+        yield live
+
+
+def test_concurrent_clients_wait_behind_at_most_two_calls(
+    fair_server: LiveServer, scorer: GenerativeScorer
+) -> None:
+    rng = random.Random(8)
+    bodies = [
+        {
+            "query": " ".join(rng.choices(WORDS, k=4)),
+            "documents": [" ".join(rng.choices(WORDS, k=30)) for _ in range(6)],
+        }
+        for _ in range(48)
+    ]
+
+    async def run() -> list[dict[str, float]]:
+        async with httpx.AsyncClient(base_url=fair_server.url, timeout=120.0) as client:
+            limit = asyncio.Semaphore(16)
+
+            async def one(body: dict[str, object]) -> dict[str, float]:
+                async with limit:
+                    answer = await client.post("/v1/rerank", json=body)
+                answer.raise_for_status()
+                return {r["index"]: r["relevance_score"] for r in answer.json()["results"]}
+
+            return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+    answers = asyncio.run(run())
+    stats = httpx.get(f"{fair_server.url}/stats").json()
+    waited = {int(k): n for k, n in stats["waited_batches"].items()}
+    assert sum(waited.values()) == len(bodies)
+    assert max(waited) <= 2, waited
+    assert stats["largest_batch"] > 1, "concurrent requests shared calls"
+    for body, answer in zip(bodies[:6], answers):
+        alone = {r.index: r.score for r in scorer.rerank(body["query"], body["documents"])}  # type: ignore[arg-type]
+        assert max(abs(answer[i] - alone[i]) for i in alone) <= 1e-5
+
+
+def test_the_event_loop_answers_while_a_request_waits_for_the_tokenizer(
+    fair_server: LiveServer, scorer: GenerativeScorer
+) -> None:
+    """The tokenizer is held here; a rerank then waits for it on a worker thread, and the server
+    keeps answering on its event loop (it could not, had it tokenized there)."""
+    lock = scorer.front_end._tokenizer_lock
+    body = {"query": "capital of france", "documents": ["paris is the capital", "london bridge"]}
+    with httpx.Client(base_url=fair_server.url, timeout=60.0) as client:
+        assert lock.acquire()
+        try:
+            result: dict[str, object] = {}
+            sender = threading.Thread(
+                target=lambda: result.update(answer=client.post("/v1/rerank", json=body))
+            )
+            sender.start()
+            for _ in range(10_000):
+                # Every /stats answer comes from the event loop while the request is not tokenized.
+                if client.get("/stats").json()["waiting_to_tokenize"] == 1:
+                    break
+            else:
+                pytest.fail("the request never reached the tokenizer")
+            assert client.get("/health").status_code == 200
+            assert sender.is_alive(), "the request cannot finish while the tokenizer is held"
+        finally:
+            lock.release()
+        sender.join(60)
+    answer = result["answer"]
+    assert isinstance(answer, httpx.Response) and answer.status_code == 200
+    alone = {r.index: r.score for r in scorer.rerank(body["query"], body["documents"])}  # type: ignore[arg-type]
+    assert {r["index"]: r["relevance_score"] for r in answer.json()["results"]} == pytest.approx(
+        alone, abs=1e-5
+    )

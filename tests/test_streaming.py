@@ -1,0 +1,298 @@
+"""The streamed host path: int32 buffers, batch planning, the producer thread, and scores through it."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from genscore_core import GenerativeScorer, PromptTooLongError
+from genscore_core.engine import shared_prefix_length as list_prefix_length
+from genscore_core.forward import PrefixGroup
+from genscore_core.packed.plan import GroupSlice, build_batch
+from genscore_core.streaming import (
+    BatchPlanner,
+    JobPart,
+    Prefetcher,
+    StreamBatch,
+    StreamState,
+    TokenRows,
+    plan_stream,
+)
+from tests.reference_recipe import official_qwen3_scores
+
+WORDS = "paris france capital river seine museum berlin wall history london thames bridge tower".split()
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def _jobs(rng: random.Random) -> list[list[list[int]]]:
+    """Token-id jobs: a shared prefix per job, suffixes of mixed lengths, duplicates, and prompts
+    that do not start with the job's prefix."""
+    jobs = []
+    for job in range(4):
+        prefix = [rng.randrange(1, 1000) for _ in range(rng.randint(0, 12))]
+        prompts = [prefix + [rng.randrange(1, 1000) for _ in range(rng.randint(1, 40))] for _ in range(30)]
+        prompts += [list(prompts[3]), list(prompts[7])]  # duplicates
+        if job % 2:
+            prompts.append([5000 + rng.randrange(100) for _ in range(9)])  # outside the prefix
+        rng.shuffle(prompts)
+        jobs.append(prompts)
+    return jobs
+
+
+def _reference_layout(batch: StreamBatch) -> tuple[list[int], list[int]]:
+    """Stream tokens and positions of a batch, token by token in Python: the reference layout."""
+    ids: list[int] = []
+    positions: list[int] = []
+    for group_id, group in batch.groups.items():
+        prefix = [int(t) for t in group.prefix_ids]
+        if batch.compute_prefix[group_id] and prefix:
+            ids += prefix
+            positions += list(range(len(prefix)))
+        for suffix in group.suffix_ids:
+            ids += [int(t) for t in suffix]
+            positions += list(range(len(prefix), len(prefix) + len(suffix)))
+    return ids, positions
+
+
+def _planned(jobs: list[list[list[int]]], budget: int) -> tuple[list[StreamBatch], StreamState]:
+    """Parts of 5 prompts without a prefix hint: each job's prefix is what its first part shares."""
+    state = StreamState()
+    parts = [
+        JobPart(j, prompts[i : i + 5]) for j, prompts in enumerate(jobs) for i in range(0, len(prompts), 5)
+    ]
+    return list(plan_stream([len(j) for j in jobs], parts, BatchPlanner(budget, 96), state)), state
+
+
+def test_token_rows_hold_the_prompts_as_int32() -> None:
+    prompts = [[1, 2, 3], [7], [1, 2, 9, 9], [1, 2]]
+    rows = TokenRows.from_lists(prompts)
+    assert rows.tokens.dtype == np.int32 and rows.tokens.flags.c_contiguous
+    assert [rows.row(i).tolist() for i in range(len(rows))] == prompts
+    # Starts with [1, 2] and goes on past it: not [7], not [1, 2] itself.
+    assert rows.starting_with(np.array([1, 2], np.int32)).tolist() == [True, False, True, False]
+    assert rows.starting_with(np.array([], np.int32)).tolist() == [True, True, True, True]
+
+
+def test_int32_layout_equals_the_reference_layout() -> None:
+    jobs = _jobs(random.Random(3))
+    batches, _ = _planned(jobs, budget=200)
+    assert len(batches) > 4
+    for batch in batches:
+        slices = [
+            GroupSlice(g, 0, len(group.suffix_ids), batch.compute_prefix[g], batch.save_prefix[g])
+            for g, group in batch.groups.items()
+        ]
+        packed = build_batch(batch.groups, slices)
+        ids, positions = _reference_layout(batch)
+        assert packed.input_ids.tolist() == ids
+        assert packed.positions.tolist() == positions
+        # The same batch with Python lists (the layout before int32 buffers) is laid out identically.
+        as_lists = {
+            g: PrefixGroup(
+                [int(t) for t in group.prefix_ids], [[int(t) for t in s] for s in group.suffix_ids]
+            )
+            for g, group in batch.groups.items()
+        }
+        listed = build_batch(as_lists, slices)
+        for name in ("input_ids", "positions", "segment_last", "prompt_segments"):
+            assert torch.equal(getattr(packed, name), getattr(listed, name)), name
+        assert np.array_equal(packed.segments, listed.segments)
+        assert packed.kv_len == listed.kv_len and packed.load == listed.load
+        assert [(g, r.tolist()) for g, r in packed.save] == [(g, r.tolist()) for g, r in listed.save]
+
+
+def test_plan_covers_each_distinct_prompt_once_within_budget_and_computes_each_prefix_once() -> None:
+    jobs = _jobs(random.Random(5))
+    budget = 200
+    batches, state = _planned(jobs, budget)
+    seen: dict[tuple[int, int], list[int]] = {}
+    computed: dict[int, int] = {}
+    for number, batch in enumerate(batches):
+        cost = 0
+        for g, group in batch.groups.items():
+            if batch.compute_prefix[g]:
+                computed[g] = computed.get(g, 0) + 1
+                cost += len(group.prefix_ids)
+            else:
+                assert g in computed, "a prefix is loaded only after a batch computed it"
+            cost += sum(len(s) for s in group.suffix_ids)
+        assert cost == batch.tokens
+        assert cost <= budget or batch.num_prompts == 1
+        if number == 0:
+            assert cost < budget, "the first batch is small, so the GPU starts early"
+        for g, group in batch.groups.items():
+            for suffix, key in zip(group.suffix_ids, batch.rows[g]):
+                seen.setdefault((key.job, key.prompt), []).append(number)
+                prompt = [int(t) for t in group.prefix_ids] + [int(t) for t in suffix]
+                assert prompt == state.jobs[key.job].distinct[key.prompt].tolist()
+    assert all(count == 1 for count in computed.values())
+    for j, prompts in enumerate(jobs):
+        recorded = state.jobs[j]
+        distinct = {tuple(p) for p in prompts}
+        assert len(recorded.distinct) == len(distinct)
+        assert all(len(seen[(j, i)]) == 1 for i in range(len(distinct)))
+        # Each input prompt points at its own tokens; duplicates share one row.
+        assert [recorded.distinct[w].tolist() for w in recorded.where] == prompts
+    # The main group of each job carries the prefix its first part shares; prompts without it
+    # (job 1 and 3 have one) are scored in a group of their own.
+    for j, prompts in enumerate(jobs):
+        first = next(b.groups[j] for b in batches if j in b.groups)
+        assert len(first.prefix_ids) == list_prefix_length(prompts[:5])
+    assert any(g >= len(jobs) for batch in batches for g in batch.groups)
+
+
+def test_the_producer_runs_ahead_and_results_come_in_order() -> None:
+    made = [threading.Event() for _ in range(6)]
+
+    def produce(item: int) -> int:
+        made[item].set()
+        return item * item
+
+    got = []
+    with Prefetcher(range(6), produce, depth=2) as results:
+        for value in results:
+            if value == 0:
+                # Item 1 is made while the consumer still holds item 0: the producer is ahead.
+                assert made[1].wait(10)
+            got.append(value)
+    assert got == [i * i for i in range(6)]
+
+
+def test_an_error_in_the_producer_reaches_the_consumer_and_nothing_hangs() -> None:
+    def items() -> Iterator[int]:
+        yield 1
+        yield 2
+        raise ValueError("part 3 is bad")
+
+    got = []
+    prefetcher = Prefetcher(items(), lambda x: x, depth=1)
+    with pytest.raises(ValueError, match="part 3 is bad"):
+        with prefetcher as results:
+            for value in results:
+                got.append(value)
+    assert got == [1, 2]
+    assert not prefetcher._thread.is_alive()
+
+
+def test_a_consumer_that_stops_early_stops_the_producer() -> None:
+    started = threading.Event()
+
+    def items() -> Iterator[int]:
+        for i in range(1000):
+            if i == 2:  # item 0 taken, item 1 queued: the producer blocks on putting this one
+                started.set()
+            yield i
+
+    prefetcher = Prefetcher(items(), lambda x: x, depth=1)
+    with pytest.raises(RuntimeError, match="consumer failed"):
+        with prefetcher as results:
+            for value in results:
+                assert started.wait(10)
+                raise RuntimeError(f"consumer failed at {value}")
+    assert not prefetcher._thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def small_batch_scorer(scorer: GenerativeScorer) -> GenerativeScorer:
+    """The session's tiny model with a small packed budget, so a call runs many batches."""
+    return GenerativeScorer.from_model(
+        scorer.model, scorer.tokenizer, max_length=512, forward="packed", max_batch_tokens=256
+    )
+
+
+@pytest.fixture(scope="module")
+def reference_model(tiny_model_dir: Path) -> tuple[object, object]:
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+def test_streamed_scores_equal_the_official_recipe(
+    small_batch_scorer: GenerativeScorer, reference_model: tuple[object, object]
+) -> None:
+    rng = random.Random(11)
+    queries = [_text(rng, n) for n in (4, 9, 2)]
+    pairs = [(q, _text(rng, rng.randint(1, 60))) for q in queries for _ in range(12)]
+    pairs.insert(5, pairs[2])  # a duplicate
+    rng.shuffle(pairs)
+    scorer = small_batch_scorer
+    stream = scorer.front_end.stream_pairs(pairs, first_part_chars=200, part_chars=500)
+    parts = list(stream.parts())
+    assert len(parts) > len(queries), "several parts per query"
+    stream = scorer.front_end.stream_pairs(pairs, first_part_chars=200, part_chars=500)
+    batches: list[int] = []
+    scores = scorer.engine.score_stream(stream.jobs, stream.parts(), on_progress=batches.append)
+    assert len(batches) > 4 and sum(batches) == len(pairs)
+    got = [score for score, _ in stream.assemble(scores)]
+    model, tokenizer = reference_model
+    expected = official_qwen3_scores(model, tokenizer, pairs, max_length=scorer.max_length)
+    worst = max(abs(a - b) for a, b in zip(got, expected, strict=True))
+    assert worst <= 1e-5, f"max |score - official| = {worst:.3g}"
+
+
+def test_a_large_rerank_takes_the_stream(
+    small_batch_scorer: GenerativeScorer, reference_model: tuple[object, object]
+) -> None:
+    scorer = small_batch_scorer
+    rng = random.Random(12)
+    documents = [_text(rng, rng.randint(20, 60)) for _ in range(260)]
+    assert sum(map(len, documents)) > 65_536  # what a call needs to be streamed
+    calls: list[bool] = []
+    engine = scorer.engine
+    original = engine.score_stream
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        calls.append(len(args[0]))
+        return original(*args, **kwargs)
+
+    engine.score_stream = recording  # type: ignore[method-assign]
+    try:
+        ranked = scorer.rerank("capital of france", documents)
+    finally:
+        del engine.score_stream
+    assert calls == [1], "one streamed call of one job"
+    # The official recipe on every 13th document (its full-vocabulary logits are slow on the CPU).
+    sample = list(range(0, len(documents), 13))
+    model, tokenizer = reference_model
+    expected = official_qwen3_scores(
+        model, tokenizer, [("capital of france", documents[i]) for i in sample], max_length=scorer.max_length
+    )
+    got = {r.index: r.score for r in ranked}
+    assert len(got) == len(documents)
+    assert max(abs(got[i] - e) for i, e in zip(sample, expected)) <= 1e-5
+
+
+def test_an_error_of_a_later_part_reaches_the_caller_after_earlier_batches_ran(
+    small_batch_scorer: GenerativeScorer,
+) -> None:
+    scorer = small_batch_scorer
+    rng = random.Random(2)
+    documents = [_text(rng, 40) for _ in range(20)]
+    stream = scorer.front_end.stream_pairs(
+        [("q", d) for d in documents], first_part_chars=100, part_chars=300
+    )
+    ran: list[int] = []
+
+    def failing() -> Iterator[JobPart]:
+        for number, part in enumerate(stream.parts()):
+            if number == 3:
+                raise PromptTooLongError("part 3 cannot be built", param="documents", index=9)
+            yield part
+
+    with pytest.raises(PromptTooLongError, match="part 3") as raised:
+        scorer.engine.score_stream(stream.jobs, failing(), on_progress=ran.append)
+    assert raised.value.index == 9
+    assert ran, "the batches of the parts before the error ran"
+    assert not [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
+    # Nothing is left holding the engine.
+    assert len(scorer.score_documents("q", documents[:3])) == 3
