@@ -25,6 +25,7 @@ def _run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run([GENSCORE, *args], input=stdin, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_make_tiny_model_is_loadable_and_labelled(tmp_path: Path) -> None:
     out = tmp_path / "tiny"
     result = _run("make-tiny-model", str(out))
@@ -36,6 +37,7 @@ def test_make_tiny_model_is_loadable_and_labelled(tmp_path: Path) -> None:
     assert scorer.label_token_ids == [9693, 2152]
 
 
+@pytest.mark.slow
 def test_rerank_plain_text_from_stdin(tiny_model_dir: Path, scorer: GenerativeScorer) -> None:
     docs = ["Paris is the capital of France.", "Berlin is in Germany.", "Lyon has good food."]
     result = _run(
@@ -53,6 +55,7 @@ def test_rerank_plain_text_from_stdin(tiny_model_dir: Path, scorer: GenerativeSc
         assert line["truncated"] is False
 
 
+@pytest.mark.slow
 def test_rerank_json_lines_file_carries_fields_and_top_n(tiny_model_dir: Path, tmp_path: Path) -> None:
     path = tmp_path / "docs.jsonl"
     records = [{"text": f"document number {i}", "id": f"doc-{i}", "meta": {"n": i}} for i in range(40)]
@@ -175,6 +178,7 @@ def test_a_model_path_that_does_not_exist_is_one_line_and_exit_2(tmp_path: Path)
     assert "'./typo-model': no such folder" in result.stderr
 
 
+@pytest.mark.slow
 def test_an_unreachable_server_exits_3_not_as_bad_input(tiny_model_dir: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     result = _run(
@@ -188,6 +192,7 @@ def test_an_unreachable_server_exits_3_not_as_bad_input(tiny_model_dir: Path) ->
     )
 
 
+@pytest.mark.slow
 def test_make_tiny_model_without_the_testing_extra_says_what_to_install(tmp_path: Path) -> None:
     # A None entry in sys.modules is how Python marks a module as not importable (PEP 451).
     script = (

@@ -20,6 +20,7 @@ def _run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run([GENSCORE, *args], input=stdin, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "settings"),
     [

@@ -32,6 +32,7 @@ def _text(rng: random.Random, n_words: int) -> str:
     return " ".join(words) + rng.choice([".", "?", "!", "", "\n"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("forward", ["padded", "packed"])
 def test_official_recipe_parity_fp32(
     scorer: GenerativeScorer, reference_model: tuple[object, object], forward: str

@@ -116,6 +116,7 @@ class _Transformers4Tokenizer:
         return {"input_ids": only_second(first, second, int(kwargs["max_length"]))}  # type: ignore[call-overload]
 
 
+@pytest.mark.slow
 def test_rerankers_mxbai_v2_ranker_offline(tiny_qwen2_dir: Path) -> None:
     """The ``rerankers`` package's port, run offline on the local folder."""
     from rerankers.models.mxbai_v2 import MxBaiV2Ranker

@@ -68,6 +68,7 @@ def _st_prompt_ids(model: CrossEncoder, pairs: list[tuple[str, str]]) -> list[li
     return [row[mask.bool()].tolist() for row, mask in zip(features["input_ids"], features["attention_mask"])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["two", "structured"])
 def test_two_token_folder(st_folders: dict[str, Path], kind: str) -> None:
     folder = str(st_folders[kind])

@@ -103,6 +103,7 @@ def _node_scores(rerank: GenerativeRerank) -> list[tuple[str, float | None]]:
     return [(n.node.node_id, n.score) for n in rerank.postprocess_nodes(_nodes(), query_str=QUERY)]
 
 
+@pytest.mark.slow
 def test_llama_index_round_trip_keeps_every_setting_and_the_scores(tiny_model_dir: Path) -> None:
     settings = non_default_settings(tiny_model_dir)
     original = GenerativeRerank(str(tiny_model_dir), top_n=None, score_threshold=0.0, **settings)
@@ -157,6 +158,7 @@ def test_a_secret_is_not_saved(tiny_model_dir: Path) -> None:
         assert "s3cret" not in data and "server_api_key" not in data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", [GenerativeReranker, GenerativeCrossEncoder])
 def test_langchain_dump_keeps_every_setting_and_the_scores(cls: Any, tiny_model_dir: Path) -> None:
     settings = non_default_settings(tiny_model_dir)

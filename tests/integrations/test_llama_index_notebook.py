@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.integrations.notebooks import DEMO_FOLDER, committed, execute, printed
 
 NOTEBOOK = "llama_index_query_engine.ipynb"
@@ -21,6 +23,7 @@ def test_notebook_is_committed_with_its_outputs() -> None:
     assert _scored_ids(printed(notebook))[0] == "seine"
 
 
+@pytest.mark.slow
 def test_notebook_runs_top_to_bottom(tmp_path: Path, demo_model_dir: Path) -> None:
     (tmp_path / DEMO_FOLDER).symlink_to(demo_model_dir)
     out = printed(execute(NOTEBOOK, tmp_path))

@@ -48,6 +48,7 @@ def _expect_ranked(
     return lines
 
 
+@pytest.mark.slow
 def test_a_byte_order_mark_is_not_text(
     tiny_model_dir: Path, scorer: GenerativeScorer, tmp_path: Path
 ) -> None:
@@ -58,6 +59,7 @@ def test_a_byte_order_mark_is_not_text(
     _expect_ranked(_run(tiny_model_dir, "--query", QUERY, stdin=lines), scorer, TEXTS)
 
 
+@pytest.mark.slow
 def test_a_json_array_is_read_as_documents(
     tiny_model_dir: Path, scorer: GenerativeScorer, tmp_path: Path
 ) -> None:
@@ -86,6 +88,7 @@ def test_bad_input_is_one_line(tiny_model_dir: Path, stdin: bytes, message: str)
     assert len(lines) == 1 and message in lines[0], lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("locale", ["C", "POSIX"])
 def test_invalid_bytes_are_not_utf8_text_under_the_c_locale(tiny_model_dir: Path, locale: str) -> None:
     result = _run(
@@ -96,6 +99,7 @@ def test_invalid_bytes_are_not_utf8_text_under_the_c_locale(tiny_model_dir: Path
     assert (result.returncode, result.stderr) == (2, b"genscore: error: --query is not UTF-8 text\n")
 
 
+@pytest.mark.slow
 def test_a_closed_pipe_ends_quietly(tiny_model_dir: Path) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # nobody will ever read: the first write fails
@@ -114,6 +118,7 @@ def test_a_closed_pipe_ends_quietly(tiny_model_dir: Path) -> None:
     assert result.returncode == 141
 
 
+@pytest.mark.slow
 def test_head_one_reads_the_best_line_and_nothing_else_is_said(tiny_model_dir: Path, tmp_path: Path) -> None:
     documents = tmp_path / "many.txt"
     # About 100 KB of output: more than a pipe holds, so the writer meets the closed pipe.

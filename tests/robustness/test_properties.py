@@ -143,6 +143,7 @@ def _reference_scores(model: Any, tokenizer: Any, request: dict[str, Any]) -> li
     return scores
 
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(request=protocol_requests())
 def test_protocol_scores_or_names_the_field(
@@ -174,6 +175,7 @@ def test_protocol_scores_or_names_the_field(
 # -- rerank ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(PROPERTY_SETTINGS, max_examples=25)
 @given(
     query=st.text(alphabet=_characters, max_size=40),

@@ -176,6 +176,7 @@ def _open_files() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")
 def test_async_clients_close_with_their_event_loop(tiny_model_dir: Path, scorer: GenerativeScorer) -> None:
     with serve_in_thread(create_app(scorer, TEST_LIMITS)) as live:

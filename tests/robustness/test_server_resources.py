@@ -153,6 +153,7 @@ def limited(tiny_model_dir: Path) -> Iterator[Served]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_client_that_never_finishes_its_headers_is_disconnected(limited: Served) -> None:
     host, port = limited.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
@@ -162,6 +163,7 @@ def test_a_client_that_never_finishes_its_headers_is_disconnected(limited: Serve
     assert httpx.get(f"{limited.url}/health", timeout=30).status_code == 200
 
 
+@pytest.mark.slow
 def test_connections_beyond_the_limit_get_503(limited: Served) -> None:
     clients = [httpx.Client(base_url=limited.url, timeout=30) for _ in range(3)]
     try:

@@ -94,6 +94,7 @@ def model_and_scorer(tiny_model_dir: Path) -> tuple[Any, Any, GenerativeScorer]:
     return model, tokenizer, scorer
 
 
+@pytest.mark.slow
 def test_long_documents_score_as_with_full_tokenization(model_and_scorer: tuple[Any, Any, Any]) -> None:
     model, tokenizer, scorer = model_and_scorer
     length = 3 * ((MAX_LENGTH + 1) * 192 + CUT_MARGIN_CHARS)

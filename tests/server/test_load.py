@@ -84,6 +84,7 @@ def scores_served(path: str, answer: dict[str, Any]) -> dict[int, float]:
     return {d["index"]: d["score"] for d in answer["data"]}
 
 
+@pytest.mark.slow
 async def test_concurrent_clients_get_exactly_their_own_answers(
     batching_server: LiveServer, scorer: GenerativeScorer
 ) -> None:

@@ -61,6 +61,7 @@ def curl(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]
     return int(status), json.loads(text)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CURL is None, reason="curl is not installed")
 def test_seed_curl_examples_against_genscore_serve(served: str, scorer: GenerativeScorer) -> None:
     for request in (SEED_TEXT_REQUEST, SEED_TOKEN_REQUEST):
@@ -82,6 +83,7 @@ def test_seed_curl_examples_against_genscore_serve(served: str, scorer: Generati
     assert status == 422 and "label_token_ids" in body["error"]["message"]
 
 
+@pytest.mark.slow
 def test_serve_rejects_bad_arguments() -> None:
     assert GENSCORE is not None
     result = subprocess.run(
