@@ -107,6 +107,7 @@ def _text(document: str | dict[str, Any]) -> str:
     return document if isinstance(document, str) else document["text"]
 
 
+@pytest.mark.slow
 def test_several_queries_in_one_run_score_as_the_official_recipe(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -190,6 +191,7 @@ def test_query_and_queries_are_exclusive(capsys: pytest.CaptureFixture[str]) -> 
 BRACE_LINES = '{not JSON, a document about braces}\n{"text": "this line is text too"}\nplain words\n'
 
 
+@pytest.mark.slow
 def test_format_text_reads_lines_starting_with_a_brace_as_text(tiny_model_dir: Path) -> None:
     args = ["rerank", "--model", str(tiny_model_dir), "--query", "braces", "--no-progress"]
     auto = _run(*args, stdin=BRACE_LINES)
