@@ -168,6 +168,7 @@ def fair_server(scorer: GenerativeScorer) -> Iterator[LiveServer]:
         yield live
 
 
+@pytest.mark.slow
 def test_concurrent_clients_wait_behind_at_most_two_calls(
     fair_server: LiveServer, scorer: GenerativeScorer
 ) -> None:
