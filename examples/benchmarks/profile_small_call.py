@@ -295,6 +295,63 @@ def child(tree: str, out: str) -> None:
         del eager, eager_engine
         if not smoke:
             torch.cuda.empty_cache()
+        # The decoder's replay time by padding step: step 1 pads nothing (the kernels of the exact
+        # shape), larger steps pad more but need fewer graphs.
+        if os.environ.get("PROFILE_STEPS"):
+            try:
+                from genscore_core.engine import group_prompts as group_of
+                from genscore_core.packed.graphs import DecoderGraphs
+                from genscore_core.packed.plan import build_batch as layout
+                from genscore_core.packed.plan import plan_batches as plan
+
+                batches = []
+                for j in jobs:
+                    groups_j = [group_of(j[0].prompts)]
+                    [slices_j] = plan(groups_j, forward.max_batch_tokens)
+                    batches.append(layout(groups_j, slices_j))
+                steps = {}
+                with torch.inference_mode():
+                    for step in [int(x) for x in os.environ["PROFILE_STEPS"].split(",")]:
+                        trial = DecoderGraphs(
+                            forward.decoder, max_tokens=32768, token_step=step, capture_after=1
+                        )
+                        for b in batches:
+                            trial.run(b)
+                        steps[step] = median_ms(lambda i, t=trial: t.run(batches[i % 4]), 20)[0]
+                        del trial
+                report["replay_ms_by_token_step"] = steps
+            except Exception as error:  # reported: the other numbers still come back
+                report["replay_ms_by_token_step"] = repr(error)
+
+    Path(out, "result.json").write_text(json.dumps(report, indent=1, default=str))
+
+    def serve() -> None:
+        """One client against a real ``genscore serve`` on this model (PROFILE_SERVER seconds)."""
+        nonlocal scorer, engine, forward
+        if os.environ.get("PROFILE_SERVER") and not smoke:
+            import shutil
+            import tempfile
+
+            from bench_text import Report, save_model, server_benchmark
+
+            folder = Path(tempfile.mkdtemp(prefix="genscore-small-"))
+            try:
+                save_model(model, tokenizer, folder)
+                scorer = engine = forward = None  # type: ignore[assignment]
+                model.cpu()
+                torch.cuda.empty_cache()
+                server = Report()
+                server_benchmark(server, folder, words, [1], float(os.environ["PROFILE_SERVER"]))
+                report["server_1_client"] = [vars(r) for r in server.rows] + server.notes
+            except Exception as error:  # reported: the rest of the numbers still come back
+                report["server_1_client"] = repr(error)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            Path(out, "result.json").write_text(json.dumps(report, indent=1, default=str))
+
+    if os.environ.get("PROFILE_LIGHT"):  # the numbers above, then the server; no deep profiles
+        serve()
+        return
 
     # The packed decoder alone on a batch already on the device, and its host launch time.
     decoder_report: dict[str, Any] = {}
@@ -445,26 +502,7 @@ def child(tree: str, out: str) -> None:
         path.unlink()
     print(report["profile_text_cpu_table"][:3000])
     Path(out, "result.json").write_text(json.dumps(report, indent=1, default=str))
-    if os.environ.get("PROFILE_SERVER") and not smoke:
-        import shutil
-        import tempfile
-
-        from bench_text import Report, save_model, server_benchmark
-
-        folder = Path(tempfile.mkdtemp(prefix="genscore-small-"))
-        try:
-            save_model(model, tokenizer, folder)
-            del scorer, engine, forward
-            model.cpu()
-            torch.cuda.empty_cache()
-            server = Report()
-            server_benchmark(server, folder, words, [1], float(os.environ["PROFILE_SERVER"]))
-            report["server_1_client"] = [vars(r) for r in server.rows] + server.notes
-        except Exception as error:  # reported: the rest of the numbers still come back
-            report["server_1_client"] = repr(error)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        Path(out, "result.json").write_text(json.dumps(report, indent=1, default=str))
+    serve()
 
 
 def main() -> None:
@@ -480,7 +518,7 @@ def main() -> None:
     results = {}
     for tree in trees:
         label = Path(tree).resolve().name
-        folder = Path("/tmp/profile_small_" + label)
+        folder = out_root / label  # written as it goes: a run cut short still leaves its numbers
         folder.mkdir(parents=True, exist_ok=True)
         env = dict(
             os.environ, CHILD_OUT=str(folder), PYTHONPATH=tree + os.pathsep + os.environ.get("PYTHONPATH", "")
@@ -500,7 +538,10 @@ def main() -> None:
         ):  # fmt: skip
             if key in r:
                 print(f"{key:28s} {r[key]:8.4g}")
-        for key in ("new_shape_calls_ms (eager, capture, replay)", "graph_stats", "server_1_client"):
+        for key in (
+            "new_shape_calls_ms (eager, capture, replay)", "graph_stats", "replay_ms_by_token_step",
+            "server_1_client",
+        ):  # fmt: skip
             if key in r:
                 print(f"{key}: {r[key]}")
         for key, value in r.get("phases_ms", {}).items():
