@@ -13,9 +13,14 @@ no set runs twice in a row):
   decoder against its GPU time (launch-bound or not);
 * the decoder replayed from a CUDA graph (an upper bound on what removing launch gaps can give),
   with its scores compared to the eager run;
-* GEMM micro-benchmarks at the W4 token count: q/k/v and gate/up as separate products and fused.
+* GEMM micro-benchmarks at the W4 token count: q/k/v and gate/up as separate products and fused
+  (``PROFILE_GEMMS=1``);
+* with the packed forward's graphs (genscore_core.packed.graphs): scores with and without them, the
+  first three calls of a new shape, and the replay time by padding step (``PROFILE_STEPS=1,128,256``);
+* one HTTP client against a real ``genscore serve`` (``PROFILE_SERVER=<seconds>``).
 
-Prints a table last and writes ``$OUT/profile_<tree>.json``.
+``PROFILE_LIGHT=1`` stops after the W4 figures, the graph checks and the server (no deep profiles).
+Prints the figures last and writes ``$OUT/<tree>/result.json`` as it goes.
 """
 
 from __future__ import annotations
@@ -552,6 +557,8 @@ def main() -> None:
             else:
                 print(f"{key:28s} {value}")
         for name in ("text", "engine"):
+            if f"profile_{name}" not in r:  # PROFILE_LIGHT
+                continue
             p = r[f"profile_{name}"]
             print(f"-- profile {name}: call {p['call_us'] / 1e3:.2f} ms, kernels {p['kernel_us'] / 1e3:.2f} ms "
                   f"({p['kernels']} kernels, {p['launch_calls']} launch calls), GPU span {p['gpu_span_us'] / 1e3:.2f}, "
