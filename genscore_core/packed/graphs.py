@@ -9,9 +9,11 @@ A graph has fixed sizes, so batches are padded to a :class:`~genscore_core.packe
 no segment and are never read by a real one, so the real rows are what the unpadded batch gives. A
 shape is captured the second time it is seen (a one-off call does not pay for a capture it will not
 reuse), at most ``max_graphs`` are kept (the least recently used goes first), and all of them share
-one memory pool (so they hold about the memory of the largest, not the sum). Batches that load or save prefix keys and values (a group split over several
-batches), or are larger than ``max_tokens``, run eagerly as before. If a capture fails, graphs are
-switched off for this decoder with a warning and every batch runs eagerly.
+one memory pool, so they hold about the memory of the largest, not the sum (about 24 KB a token on a
+Qwen3-0.6B shape: up to about 0.4 GB at 16k tokens, kept reserved while the graphs live). Batches
+that load or save prefix keys and values (a group split over several batches), or are larger than
+``max_tokens``, run eagerly as before. If a capture fails, graphs are switched off for this decoder
+with a warning and every batch runs eagerly.
 """
 
 from __future__ import annotations
