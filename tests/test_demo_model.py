@@ -19,6 +19,7 @@ def demo_scorer(demo_model_dir: Path) -> GenerativeScorer:
     return GenerativeScorer(str(demo_model_dir), device="cpu", dtype="float32")
 
 
+@pytest.mark.slow
 def test_ranks_held_out_synthetic_queries(demo_scorer: GenerativeScorer) -> None:
     # Gains: how many query words a document contains; the words were never seen in training.
     rng = random.Random(2026)
@@ -30,6 +31,7 @@ def test_ranks_held_out_synthetic_queries(demo_scorer: GenerativeScorer) -> None
     assert sum(values) / len(values) >= 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("query", "documents", "best"),
     [
@@ -70,6 +72,7 @@ def test_make_demo_model_refuses_a_non_empty_folder(tmp_path: Path) -> None:
     assert (tmp_path / "README.md").read_text() == "mine\n"
 
 
+@pytest.mark.slow
 def test_make_demo_model_keeps_the_same_model(demo_model_dir: Path) -> None:
     weights = demo_model_dir / "model.safetensors"
     before = (weights.stat().st_mtime_ns, weights.read_bytes())

@@ -217,6 +217,7 @@ def reference_model(tiny_model_dir: Path) -> tuple[object, object]:
     return model, AutoTokenizer.from_pretrained(str(tiny_model_dir))
 
 
+@pytest.mark.slow
 def test_streamed_scores_equal_the_official_recipe(
     small_batch_scorer: GenerativeScorer, reference_model: tuple[object, object]
 ) -> None:

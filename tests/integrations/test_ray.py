@@ -262,6 +262,7 @@ def test_importing_without_ray_names_the_extra() -> None:
     )
 
 
+@pytest.mark.slow
 def test_worker_preload_modules_import_and_cover_what_scoring_needs(tiny_model_dir: Path) -> None:
     """Each name imports (Ray would only log a typo and carry on), and once they are imported, building a
     scorer and scoring imports no more of transformers' model-building code: that is what they spare."""
