@@ -13,9 +13,11 @@ into forward batches of its own budget), so it is large: one call fills the GPU 
 
 Fairness: a queued job is never overtaken (arrival order), and a job that has already seen
 ``max_waited_batches`` calls run while it was queued goes into the next call whatever the budget, so
-no request waits behind more than that many calls, however the load comes. The worker waits for
-company (``max_wait_ms`` at most) only while other requests are still being prepared; a lone
-request starts at once.
+no request waits behind more than that many calls, however the load comes. A short queue waits
+``max_wait_ms`` at most for company; with ``preparing=`` (a hook saying whether requests are being
+tokenized) it waits only while that says so, and a lone request starts at once. ``genscore serve``
+does not pass the hook: its ``--batch-max-wait-ms`` keeps meaning "wait up to this long for a fuller
+call", which deployments that want full calls rely on.
 
 A job's scores do not depend on what it is batched with, beyond float32 rounding (observed
 differences are below 1e-6).

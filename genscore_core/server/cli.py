@@ -88,7 +88,7 @@ def add_serve_command(
         "--batch-max-wait-ms",
         type=non_negative_float,
         default=defaults.batch_max_wait_ms,
-        help="how long a call waits for requests still being tokenized (default %(default)s)",
+        help="how long a request waits for others to batch with (default %(default)s)",
     )
     limits.add_argument(
         "--batch-max-waited",

@@ -22,8 +22,8 @@ class ServerLimits(BaseModel):
     this runs alone). The engine splits a call into forward batches of its own budget, so this bounds
     a call's latency, not memory: 28 requests of 20 prompts of 460 tokens fill one call."""
     batch_max_wait_ms: float = Field(default=2.0, ge=0)
-    """How long the worker waits for requests still being tokenized before it starts a call (not at
-    all when none is); 0 takes only what is already queued."""
+    """How long the first request of a call waits for others while the call is under
+    ``batch_max_tokens``; 0 takes only what is already queued. A long wait asks for full calls."""
     batch_max_waited: int = Field(default=2, ge=1)
     """Engine calls a request may see run while it is queued; the next call takes it whatever
     ``batch_max_tokens`` says, so no request waits behind more calls than this."""
