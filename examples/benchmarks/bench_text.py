@@ -51,6 +51,9 @@ from typing import Any
 
 import torch
 
+# The measuring helpers are bench_workloads.py's (this folder is on sys.path when a script runs).
+from bench_workloads import errors, peak_beyond, sync, timed
+
 from genscore_core import GenerativeScorer
 
 QWEN3_06B = dict(
@@ -173,41 +176,6 @@ class OfficialRecipe:
 
 
 # -- measuring ----------------------------------------------------------------------------------------
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[list[float], Any]:
-    """Seconds of each of ``repeats`` calls after one warm-up call, and the last result."""
-    result = fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        result = fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return times, result
-
-
-def peak_beyond(fn: Callable[[], Any]) -> float:
-    if not torch.cuda.is_available():
-        fn()
-        return float("nan")
-    sync()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    sync()
-    return (torch.cuda.max_memory_allocated() - base) / 2**30
-
-
-def errors(got: Sequence[float], ref: Sequence[float]) -> tuple[float, float]:
-    diff = [abs(a - b) for a, b in zip(got, ref, strict=True)]
-    return max(diff), sum(diff) / len(diff)
 
 
 def build_model(shape: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int = 0) -> Any:

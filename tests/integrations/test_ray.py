@@ -7,7 +7,6 @@ One Ray instance serves the whole module (starting Ray is most of the cost on a 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from tests.server._support import (
     SEED_TEXT_REQUEST,
     SEED_TOKEN_REQUEST,
     free_port,
+    stop_server_process,
     wait_healthy,
 )
 
@@ -139,12 +139,7 @@ def genscore_serve(tiny_model_dir: Path) -> Iterator[str]:
         wait_healthy(url, timeout=180, alive=lambda: process.poll() is None)
         yield url
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_server_process(process)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -21,7 +20,13 @@ from genscore_core import GenerativeScorer
 from genscore_core.request_life import AbandonStats
 from genscore_core.server import ServerLimits, create_app
 from genscore_core.server.connections import uvicorn_options
-from tests.server._support import TEST_LIMITS, free_port, serve_in_thread, wait_healthy
+from tests.server._support import (
+    TEST_LIMITS,
+    free_port,
+    serve_in_thread,
+    stop_server_process,
+    wait_healthy,
+)
 
 GENSCORE = shutil.which("genscore")
 
@@ -53,12 +58,7 @@ def _serve(model: Path, *flags: str) -> Iterator[Served]:
         wait_healthy(url, timeout=120, alive=lambda: process.poll() is None)
         yield Served(url, process)
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_server_process(process)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -98,3 +100,13 @@ def serve_in_thread(app: Any) -> Iterator[LiveServer]:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def stop_server_process(process: subprocess.Popen[Any]) -> None:
+    """Ctrl-C (uvicorn shuts down gracefully on it), then kill if it has not stopped within 30 s."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from ._support import (
     SEED_TEXT_REQUEST,
     SEED_TOKEN_REQUEST,
     free_port,
+    stop_server_process,
     wait_healthy,
 )
 
@@ -41,12 +41,7 @@ def served(tiny_model_dir: Path) -> Iterator[str]:
         wait_healthy(url, timeout=120, alive=lambda: process.poll() is None)
         yield url
     finally:
-        process.send_signal(signal.SIGINT)  # uvicorn shuts down gracefully on Ctrl-C
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_server_process(process)
 
 
 def curl(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
