@@ -38,6 +38,8 @@ without regard to their size and bypass the app's limits and error handling.
 from __future__ import annotations
 
 import csv
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,11 +52,16 @@ except ImportError as exc:
         'genscore_integrations.ray needs Ray; install it with: pip install "genscore[ray]"'
     ) from exc
 
+from genscore_core.backend import ScoringJob
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
+from genscore_core.engine import ScoringEngine, StreamedJob
 from genscore_core.errors import InvalidRequestError
 from genscore_core.jobs.files import detect_format
+from genscore_core.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from genscore_core.scorer import GenerativeScorer
 from genscore_core.server.limits import ServerLimits
+from genscore_core.streaming import FIRST_BATCH_TOKENS, JobPart
+from genscore_core.truncation import max_chars_per_token
 
 if TYPE_CHECKING:
     from ray.data import Dataset
@@ -68,6 +75,7 @@ __all__ = [
     "score_dataset",
     "score_file_on_ray",
     "serve_app",
+    "warm_up_model",
 ]
 
 
@@ -99,13 +107,18 @@ class ScoreBatches:
         query_column: Column holding the queries.
         document_column: Column holding the documents.
         score_column: Column added with the scores (float64); it must not exist yet.
+        warm_up: Run made-up prompts through the model in ``__init__`` while the tokenizer loads
+            on a thread beside it, so that the first real batch finds the GPU kernels loaded and
+            the actor is ready sooner (:func:`warm_up_model`). ``None`` (the default) does so on
+            a GPU and not on the CPU, where a forward has no start-up to hide and costs real time.
         **settings: :class:`~genscore_core.ScorerConfig` fields (``dtype``, ``max_length``,
             ``template``, ``instruction``, ...). ``device`` defaults to the GPU Ray gave the actor,
             or the CPU when it gave none.
 
     Each batch is scored through the scorer's pair path, which groups the batch's rows by query so
     each query's shared prefix is computed once; rows may come in any query order. Every other
-    column (ids included) is returned unchanged, in the same row order.
+    column (ids included) is returned unchanged, in the same row order. :attr:`startup_s` says how
+    long each start-up step took, for the actor's logs.
     """
 
     def __init__(
@@ -115,12 +128,29 @@ class ScoreBatches:
         query_column: str = "query",
         document_column: str = "document",
         score_column: str = "score",
+        warm_up: bool | None = None,
         **settings: Any,
     ) -> None:
         self.query_column = query_column
         self.document_column = document_column
         self.score_column = score_column
-        self.scorer = GenerativeScorer(model, **settings)
+        config = ScorerConfig(model=model or DEFAULT_MODEL, **settings)
+        local = config.server_url is None
+        if warm_up is None:
+            warm_up = local and resolve_device(config.device).type == "cuda"
+        elif warm_up and not local:
+            raise InvalidRequestError(
+                "warm_up=True needs the model in this actor, not a server_url", param="warm_up"
+            )
+        self.startup_s: dict[str, float] = {}
+        """When each start-up step ended, in seconds from the start of ``__init__``: ``tokenizer``,
+        ``model`` and ``warm-up`` (the first runs on a thread beside the others), and ``ready``."""
+        started = time.perf_counter()
+        if warm_up:
+            self.scorer = _load_warmed(config, self.startup_s)
+        else:
+            self.scorer = GenerativeScorer(config=config)
+        self.startup_s["ready"] = time.perf_counter() - started
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.score_column in batch:
@@ -150,6 +180,78 @@ class ScoreBatches:
         return values
 
 
+def _load_warmed(config: ScorerConfig, timings: dict[str, float]) -> GenerativeScorer:
+    """The scorer ``config`` asks for, its tokenizer loaded on a thread while the model loads and warms up.
+
+    Loading the tokenizer is Python and Rust work that holds the GIL; copying weights to the GPU and
+    running the warm-up's batches on it mostly wait on the device, so the two overlap in part.
+    """
+
+    def timed(step: str, started: float, value: Any) -> Any:
+        timings[step] = time.perf_counter() - started
+        return value
+
+    def tokenizer_ready() -> Any:
+        tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
+        # Computed once per tokenizer on the first call that cuts texts (a pass over the vocabulary,
+        # about 0.3 s); here it is off the first batch's path.
+        max_chars_per_token(tokenizer)
+        return timed("tokenizer", started, tokenizer)
+
+    device = resolve_device(config.device)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(1, thread_name_prefix="genscore-tokenizer") as pool:
+        tokenizer = pool.submit(tokenizer_ready)
+        causal_lm = load_causal_lm(
+            config.model,
+            device=device,
+            dtype=resolve_dtype(config.dtype, device),
+            trust_remote_code=config.trust_remote_code,
+            show_progress=config.show_progress,
+        )
+        timed("model", started, None)
+        warm_up_model(causal_lm, config)
+        timed("warm-up", started, None)
+        loaded_tokenizer = tokenizer.result()
+    return GenerativeScorer.from_model(causal_lm, loaded_tokenizer, **config.model_dump(exclude_unset=True))
+
+
+WARM_UP_PROMPT_TOKENS = 320
+"""Length of the made-up prompts of :func:`warm_up_model`: a query and a few hundred words of document."""
+
+
+def warm_up_model(causal_lm: Any, config: ScorerConfig) -> None:
+    """Score made-up token ids with ``causal_lm`` the way a large call scores real ones, and drop them.
+
+    The first batch a fresh process runs on a GPU costs about a second more than later ones
+    (docs/scaling.md, section 8): Triton finds and loads its compiled kernels, cuBLAS sets up, the
+    allocator takes its first blocks. That is per process, not per engine, so a throwaway engine
+    warms the scorer built afterwards. The prompts share a prefix, as a query's documents do, and
+    are as many as a streamed call of the forward's budget lays out in batches (the first small,
+    each later one twice as large), so each batch size a real call runs is run once. No tokenizer
+    is needed, so this can run while it loads.
+    """
+    engine = ScoringEngine.for_model(causal_lm, config, pad_token_id=0)
+    positions = getattr(causal_lm.config, "max_position_embeddings", None) or WARM_UP_PROMPT_TOKENS
+    length = max(2, min(WARM_UP_PROMPT_TOKENS, config.max_length or positions, positions))
+    budget = engine.forward.max_batch_tokens
+    target, total = min(FIRST_BATCH_TOKENS, budget), 0
+    while target < budget:
+        total += target
+        target *= 2
+    total += budget
+    count = max(2, total // length)
+    generator = np.random.default_rng(0)
+    vocab = engine.head.vocab_size
+    shared = generator.integers(0, vocab, length // 4).tolist()
+    prompts = [shared + generator.integers(0, vocab, length - len(shared)).tolist() for _ in range(count)]
+    labels = [0, 1]
+    if engine.streams:
+        engine.score_stream([StreamedJob(count, labels)], [JobPart(0, prompts)])
+    else:
+        engine.score_jobs([ScoringJob(prompts, labels)])
+
+
 def score_dataset(
     dataset: Dataset,
     model: str | None = None,
@@ -161,6 +263,7 @@ def score_dataset(
     document_column: str = "document",
     score_column: str = "score",
     batch_class: type[ScoreBatches] | None = None,
+    warm_up: bool | None = None,
     **settings: Any,
 ) -> Dataset:
     """``dataset`` with a score column, computed by ``num_actors`` :class:`ScoreBatches` actors.
@@ -168,7 +271,7 @@ def score_dataset(
     ``num_gpus=1`` gives each actor a GPU of its own (one model per GPU); 0 scores on CPUs.
     ``batch_size`` rows go to an actor at a time: larger batches share more query prefixes and fill
     the forward's token budget better. ``batch_class`` replaces :class:`ScoreBatches` by a subclass
-    (one that adds columns of its own, say).
+    (one that adds columns of its own, say); ``warm_up`` is :class:`ScoreBatches`' own.
     """
     ScorerConfig(model=model or DEFAULT_MODEL, **settings)  # reject bad settings before any actor starts
     return dataset.map_batches(
@@ -178,6 +281,7 @@ def score_dataset(
             "query_column": query_column,
             "document_column": document_column,
             "score_column": score_column,
+            "warm_up": warm_up,
             **settings,
         },
         batch_size=batch_size,
@@ -201,6 +305,7 @@ def score_file_on_ray(
     document_column: str = "document",
     score_column: str = "score",
     batch_class: type[ScoreBatches] | None = None,
+    warm_up: bool | None = None,
     **settings: Any,
 ) -> None:
     """``genscore score`` on a Ray cluster: read ``input``, score every row, write ``output``.
@@ -243,6 +348,7 @@ def score_file_on_ray(
         document_column=document_column,
         score_column=score_column,
         batch_class=batch_class,
+        warm_up=warm_up,
         **settings,
     )
     target = str(output)

@@ -68,6 +68,7 @@ class TimedScoreBatches(ScoreBatches):
         loaded = time.time()
         if self.timeline:
             event = {
+                "startup_s": self.startup_s,
                 "pid": os.getpid(),
                 "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 # The physical GPU this actor really uses (two actors on one GPU would share this).
@@ -161,7 +162,14 @@ def write_pairs(path: Path, queries: int, documents: int, words: int) -> int:
 
 
 def run_job(
-    source: Path, folder: Path, model: Path, actors: int, args: argparse.Namespace, *, ray_init: bool = False
+    source: Path,
+    folder: Path,
+    model: Path,
+    actors: int,
+    args: argparse.Namespace,
+    *,
+    ray_init: bool = False,
+    warm_up: bool = True,
 ) -> dict[str, Any]:
     """One ``score_file_on_ray`` job, timed, with its start-up broken down from the actors' events.
 
@@ -185,6 +193,7 @@ def run_job(
         batch_size=args.batch_size,
         num_blocks=args.blocks,
         batch_class=TimedScoreBatches,
+        warm_up=warm_up,
         dtype="float32" if args.cpu else "bfloat16",
         device="cpu" if args.cpu else None,
         max_length=1024,
@@ -218,7 +227,8 @@ def run_job(
             "to actor __init__ (imports, unpickling)": lead["init_entered"]
             - max(lead["process_started"], initialised),
             "CUDA context": lead["cuda_ready"] - lead["init_entered"],
-            "tokenizer + model load": lead["loaded"] - lead["cuda_ready"],
+            "scorer ready (tokenizer, model, warm-up)": lead["loaded"] - lead["cuda_ready"],
+            **{f"  of which {step} done at": seconds for step, seconds in lead["startup_s"].items()},
             "wait for first batch": first - lead["loaded"],
             "first batch beyond a steady one": (batches[0][2] - batches[0][1]) - steady,
             "scoring (first batch start to last batch end)": last - first,
@@ -245,48 +255,79 @@ def _ray_init(args: argparse.Namespace, *, preload: bool = False) -> None:
     )
 
 
-def startup_costs(model: Path, cpu: bool) -> dict[str, float]:
-    """Each start-up step of a scoring actor on its own, in a fresh process (imports, CUDA, loads)."""
-    code = f"""
-import json, time
-t0 = time.time()
+STARTUP_STEPS = """
+import json, sys, time, cProfile, io, pstats
+model, source, cpu, warm, profile = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1", sys.argv[5]
+steps = {}
+began = time.time()
+def step(name):
+    global began
+    steps[name] = time.time() - began
+    began = time.time()
 import torch
-t1 = time.time()
+step("import torch")
 import transformers, transformers.models.qwen3.modeling_qwen3
-t2 = time.time()
+step("import transformers (+ Qwen3 model code)")
 import ray.data, genscore_integrations.ray
-from genscore_core.loading import load_tokenizer, load_causal_lm
-t3 = time.time()
-device = torch.device("cpu" if {cpu} else "cuda")
-if device.type == "cuda":
+from genscore_core import GenerativeScorer
+from genscore_core.config import ScorerConfig
+from genscore_core.loading import load_causal_lm, load_tokenizer
+step("import ray.data + genscore")
+if not cpu:
+    import genscore_core.kernels.attention_triton, genscore_core.kernels.fused_ops_triton
+    import genscore_core.kernels.label_logprobs_triton
+    step("import genscore's Triton kernels")
+with open("/proc/self/maps") as maps:
+    steps["CUDA driver loaded by these imports (1 = yes)"] = float("libcuda" in maps.read())
+device = torch.device("cpu" if cpu else "cuda")
+dtype = torch.float32 if cpu else torch.bfloat16
+began = time.time()
+if not cpu:
     torch.zeros(1, device=device)
-t4 = time.time()
-tokenizer = load_tokenizer({str(model)!r})
-t5 = time.time()
-lm = load_causal_lm({str(model)!r}, device=device, dtype=torch.float32 if {cpu} else torch.bfloat16,
-                    show_progress=False)
-if device.type == "cuda":
-    torch.cuda.synchronize()
-t6 = time.time()
-# Again, both warm now: one after the other, then the tokenizer on a thread beside the model.
-del lm
-load = lambda: load_causal_lm({str(model)!r}, device=device, dtype=torch.float32 if {cpu} else torch.bfloat16,
-                              show_progress=False)
-load_tokenizer({str(model)!r}); lm = load()
-t7 = time.time()
-from concurrent.futures import ThreadPoolExecutor
-with ThreadPoolExecutor(1) as pool:
-    pending = pool.submit(load_tokenizer, {str(model)!r})
-    lm = load()
-    pending.result()
-t8 = time.time()
-print(json.dumps({{"import torch": t1 - t0, "import transformers (+ Qwen3 model code)": t2 - t1,
-                  "import ray.data + genscore": t3 - t2, "CUDA context": t4 - t3, "load tokenizer": t5 - t4,
-                  "load model (to its device, in its dtype)": t6 - t5,
-                  "again: tokenizer then model": t7 - t6, "again: tokenizer beside model (thread)": t8 - t7}}))
+step("CUDA context")
+lm = load_causal_lm(model, device=device, dtype=dtype, show_progress=False)
+step("load model")
+settings = {"model": model, "max_length": 1024}
+if warm:
+    genscore_integrations.ray.warm_up_model(lm, ScorerConfig(**settings))
+    if not cpu:
+        torch.cuda.synchronize()
+    step("warm-up (made-up prompts)")
+tokenizer = load_tokenizer(model)
+step("load tokenizer")
+scorer = GenerativeScorer.from_model(lm, tokenizer, **settings)
+step("scorer parts")
+with open(source) as lines:
+    rows = [json.loads(next(lines)) for _ in range(1200)]
+for i in range(3):
+    pairs = [(r["query"], r["document"]) for r in rows[400 * i : 400 * (i + 1)]]
+    profiler = cProfile.Profile() if profile and i == 0 else None
+    if profiler:
+        profiler.enable()
+    scorer.score_pairs(pairs)
+    if not cpu:
+        torch.cuda.synchronize()
+    if profiler:
+        profiler.disable()
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("cumulative").print_stats(45)
+        stats.sort_stats("tottime").print_stats(30)
+        with open(profile, "w") as report:
+            report.write(out.getvalue())
+    step(f"batch {i + 1} (400 pairs)")
+print(json.dumps(steps))
 """
+
+
+def startup_costs(model: Path, source: Path, cpu: bool, profile: Path | None) -> dict[str, float]:
+    """A scoring actor's start-up steps one by one in a fresh process, as ScoreBatches runs them with
+    ``warm_up=False``; the first batch is profiled when ``profile`` is given."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"} if not cpu else dict(os.environ)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    command = [
+        sys.executable, "-c", STARTUP_STEPS, str(model), str(source), str(int(cpu)), "0", str(profile or ""),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -309,7 +350,17 @@ def main() -> None:
         default=["plain", "preloaded"],
         help="clusters to compare: plain, and one whose pooled workers preload WORKER_PRELOAD_MODULES",
     )
+    parser.add_argument(
+        "--warm-up",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on"],
+        help="ScoreBatches' warm_up (on: tokenizer on a thread beside model load and warm-up); one job each",
+    )
     parser.add_argument("--no-startup-steps", action="store_true", help="skip timing start-up steps alone")
+    parser.add_argument(
+        "--profile", type=Path, help="write a profile of the first batch (start-up steps) here"
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--cpu", action="store_true", help="CPU actors and a tiny model")
     args = parser.parse_args()
@@ -325,7 +376,6 @@ def main() -> None:
     total = write_pairs(source, args.queries, args.documents, args.words)
     warm = args.out / "warm.jsonl"
     write_pairs(warm, 2, args.documents, args.words)
-    costs = {} if args.no_startup_steps else startup_costs(model, args.cpu)
 
     began = time.time()
     _ray_init(args, preload=args.clusters[0] == "preloaded")
@@ -333,9 +383,7 @@ def main() -> None:
     resources = ray.cluster_resources()
     gpus = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     print(f"ray {ray.__version__}, resources {resources}, GPU {gpus}, torch {torch.__version__}", flush=True)
-    print(f"ray.init: {init_s:.2f} s; one actor's start-up steps, each timed in a fresh process:", flush=True)
-    for step, seconds in costs.items():
-        print(f"  {step}: {seconds:.2f} s", flush=True)
+    print(f"ray.init: {init_s:.2f} s", flush=True)
 
     results: list[dict[str, Any]] = []
     stamp = int(time.time())
@@ -350,10 +398,13 @@ def main() -> None:
         results.append(
             {"label": warm_label, **run_job(warm, args.out / f"out-warm-{cluster}-{stamp}", model, 1, args)}
         )
-        for n in args.actors:
-            results.append(
-                {"label": name, **run_job(source, args.out / f"out-{cluster}-{n}-{stamp}", model, n, args)}
-            )
+        for variant in args.warm_up:
+            label = f"{name}, warm-up {variant}"
+            for n in args.actors:
+                folder = args.out / f"out-{cluster}-{variant}-{n}-{stamp}"
+                results.append(
+                    {"label": label, **run_job(source, folder, model, n, args, warm_up=variant == "on")}
+                )
         ray.shutdown()
     if args.cold_cluster:
         for n in args.actors:
@@ -363,6 +414,13 @@ def main() -> None:
                     **run_job(source, args.out / f"out-cold-{n}-{stamp}", model, n, args, ray_init=True),
                 }
             )
+
+    # After the clusters' jobs, which filled Triton's cache: a first batch here loads kernels, as
+    # an actor's does, rather than compiling them.
+    if not args.no_startup_steps:
+        print("\none actor's start-up steps, each timed in a fresh process (warm_up=False):")
+        for step, seconds in startup_costs(model, source, args.cpu, args.profile).items():
+            print(f"  {step}: {seconds:.2f} s", flush=True)
 
     for r in results:
         print(
