@@ -60,10 +60,19 @@ def ray_instance() -> Iterator[Any]:
         ray.shutdown()
 
 
-def test_score_batches_keeps_columns_ids_and_order(tiny_model_dir: Path, scorer: GenerativeScorer) -> None:
+# The warm-up's made-up batches follow the forward's token budget; a small one keeps them quick on a CPU.
+WARM = {"warm_up": True, "max_batch_tokens": 2048}
+
+
+@pytest.mark.parametrize("warm", [{}, WARM], ids=["plain", "warm-up"])
+def test_score_batches_keeps_columns_ids_and_order(
+    tiny_model_dir: Path, scorer: GenerativeScorer, warm: dict[str, Any]
+) -> None:
     from genscore_integrations.ray import ScoreBatches
 
-    score = ScoreBatches(str(tiny_model_dir), **SETTINGS)
+    score = ScoreBatches(str(tiny_model_dir), **SETTINGS, **warm)
+    # With the warm-up, the tokenizer loads on a thread while the model loads and runs made-up prompts.
+    assert set(score.startup_s) == ({"tokenizer", "model", "warm-up", "ready"} if warm else {"ready"})
     queries = ["capital of France", "tallest mountain", "capital of France", "tallest mountain"]
     documents = ["Paris.", "Everest is the highest.", "Berlin is in Germany.", "The Alps."]
     batch = {
@@ -85,6 +94,14 @@ def test_score_batches_keeps_columns_ids_and_order(tiny_model_dir: Path, scorer:
     batch["document"] = np.array(["Paris.", None, "x", "y"], dtype=object)
     with pytest.raises(InvalidRequestError, match=r"row with id 7: 'document' must be a string, got null"):
         score(batch)
+
+
+def test_score_batches_warm_up_needs_a_local_model(tiny_model_dir: Path) -> None:
+    from genscore_integrations.ray import ScoreBatches
+
+    with pytest.raises(InvalidRequestError, match="warm_up=True needs the model in this actor") as error:
+        ScoreBatches(str(tiny_model_dir), warm_up=True, server_url="http://127.0.0.1:9")
+    assert error.value.param == "warm_up"
 
 
 @pytest.mark.slow
@@ -114,7 +131,8 @@ def test_ray_data_job_equals_the_single_process_job(
     expected = [json.loads(line) for line in single.read_text().splitlines()]
 
     folder = tmp_path / "ray-out"
-    score_file_on_ray(source, folder, str(tiny_model_dir), num_actors=2, batch_size=8, **SETTINGS)
+    # Actors that warm up: the tokenizer loads on a thread beside the model, in a real Ray worker.
+    score_file_on_ray(source, folder, str(tiny_model_dir), num_actors=2, batch_size=8, **SETTINGS, **WARM)
     files = sorted(folder.iterdir())
     assert len(files) > 1  # the work really was split
     got = [json.loads(line) for path in files for line in path.read_text().splitlines()]
