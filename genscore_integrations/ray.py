@@ -57,6 +57,7 @@ from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine, StreamedJob
 from genscore_core.errors import InvalidRequestError
 from genscore_core.jobs.files import detect_format
+from genscore_core.kernels.dispatch import prepare_triton
 from genscore_core.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from genscore_core.scorer import GenerativeScorer
 from genscore_core.server.limits import ServerLimits
@@ -85,9 +86,11 @@ WORKER_PRELOAD_MODULES: tuple[str, ...] = (
     "transformers.modeling_layers",
     "transformers.generation.utils",
     "ray.data",
-    "genscore_integrations.ray",
+    "genscore_integrations.ray_preload",
 )
-"""Modules a scoring actor imports before it can load a model: about 10 s of a fresh worker's start.
+"""Modules a scoring actor imports before it can load a model: about 10 s of a fresh worker's start
+(the last one also does the GPU-free half second of the first Triton kernel launch, see
+:mod:`genscore_integrations.ray_preload`).
 
 Ray can import them into its pooled worker processes when the cluster starts, so that an actor
 started later by a job finds them imported (Ray's ``preload_python_modules`` system setting)::
@@ -192,6 +195,9 @@ def _load_warmed(config: ScorerConfig, timings: dict[str, float]) -> GenerativeS
         return value
 
     def tokenizer_ready() -> Any:
+        if device.type == "cuda":
+            # Hashing Triton's installation mostly runs without the GIL; a preloaded worker has done it.
+            prepare_triton()
         tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
         # Computed once per tokenizer on the first call that cuts texts (a pass over the vocabulary,
         # about 0.3 s); here it is off the first batch's path.

@@ -58,14 +58,11 @@ class TimedScoreBatches(ScoreBatches):
         entered = time.time()
         # Whether the worker had transformers' model code before this actor asked for it.
         preloaded = "transformers.modeling_utils" in sys.modules
+        super().__init__(*args, **kwargs)
+        loaded = time.time()
         import torch
 
         cuda = torch.cuda.is_available() and kwargs.get("device") != "cpu"
-        if cuda:
-            torch.zeros(1, device="cuda")  # the CUDA context, timed on its own
-        cuda_ready = time.time()
-        super().__init__(*args, **kwargs)
-        loaded = time.time()
         if self.timeline:
             event = {
                 "startup_s": self.startup_s,
@@ -76,7 +73,6 @@ class TimedScoreBatches(ScoreBatches):
                 "preloaded": preloaded,
                 "process_started": _process_start_time(),
                 "init_entered": entered,
-                "cuda_ready": cuda_ready,
                 "loaded": loaded,
             }
             with open(self.timeline, "a") as out:
@@ -226,8 +222,7 @@ def run_job(
             "worker process ready (after ray.init)": lead["process_started"] - initialised,
             "to actor __init__ (imports, unpickling)": lead["init_entered"]
             - max(lead["process_started"], initialised),
-            "CUDA context": lead["cuda_ready"] - lead["init_entered"],
-            "scorer ready (tokenizer, model, warm-up)": lead["loaded"] - lead["cuda_ready"],
+            "scorer ready (CUDA context, tokenizer, model, warm-up)": lead["loaded"] - lead["init_entered"],
             **{f"  of which {step} done at": seconds for step, seconds in lead["startup_s"].items()},
             "wait for first batch": first - lead["loaded"],
             "first batch beyond a steady one": (batches[0][2] - batches[0][1]) - steady,
@@ -274,11 +269,9 @@ from genscore_core.config import ScorerConfig
 from genscore_core.loading import load_causal_lm, load_tokenizer
 step("import ray.data + genscore")
 if not cpu:
-    import genscore_core.kernels.attention_triton, genscore_core.kernels.fused_ops_triton
-    import genscore_core.kernels.label_logprobs_triton
-    step("import genscore's Triton kernels")
-with open("/proc/self/maps") as maps:
-    steps["CUDA driver loaded by these imports (1 = yes)"] = float("libcuda" in maps.read())
+    from genscore_core.kernels.dispatch import prepare_triton
+    prepare_triton()
+    step("GPU-free part of the first Triton launch (prepare_triton)")
 device = torch.device("cpu" if cpu else "cuda")
 dtype = torch.float32 if cpu else torch.bfloat16
 began = time.time()

@@ -84,3 +84,42 @@ def use_triton(
             raise KernelUnavailableError(f"impl='triton' cannot run {kernel}: {unsupported}", setting="impl")
         return False
     return True
+
+
+TRITON_MODULES = (
+    "genscore_core.kernels.attention_triton",
+    "genscore_core.kernels.fused_ops_triton",
+    "genscore_core.kernels.label_logprobs_triton",
+)
+"""genscore's Triton kernels, one module per kernel family (each imports triton at the top)."""
+
+
+def prepare_triton() -> bool:
+    """Do ahead of time the host work of a process's first Triton launch that needs no GPU.
+
+    Before its first launch finds a compiled kernel in Triton's on-disk cache, a process computes
+    Triton's own cache key (hashing its installation, the 0.4 s of a 400 MB ``libtriton`` included,
+    measured on an H200 machine), imports Triton's Gluon front end (0.13 s) and hashes each kernel's
+    source and what it calls. None of it touches CUDA, so a worker can do it before it knows its GPU
+    (Ray's pooled workers, ``genscore_integrations.ray_preload``). Repeating it costs nothing; where
+    triton does not import it does nothing and returns False.
+    """
+    if triton_import_error() is not None:
+        return False
+    import importlib
+
+    from triton.runtime import cache
+    from triton.runtime.jit import JITFunction
+
+    compiler_key = getattr(cache, "triton_key", None)  # functools.lru_cache'd in Triton 3.x
+    if compiler_key is not None:
+        compiler_key()
+    try:
+        importlib.import_module("triton.experimental.gluon")
+    except ImportError:  # older Triton has no Gluon, and no Gluon to import at launch either
+        pass
+    for name in TRITON_MODULES:
+        for value in vars(importlib.import_module(name)).values():
+            if isinstance(value, JITFunction):
+                getattr(value, "cache_key", None)  # computed once, then kept on the function
+    return True

@@ -278,13 +278,17 @@ def test_importing_without_ray_names_the_extra() -> None:
 @pytest.mark.slow
 def test_worker_preload_modules_import_and_cover_what_scoring_needs(tiny_model_dir: Path) -> None:
     """Each name imports (Ray would only log a typo and carry on), and once they are imported, building a
-    scorer and scoring imports no more of transformers' model-building code: that is what they spare."""
+    scorer and scoring imports no more of transformers' model-building code: that is what they spare.
+    They also leave Triton's compiler key computed (the first launch's GPU-free work) and CUDA untouched,
+    so that an actor later started in the worker still gets only the GPU Ray assigns it."""
     from genscore_integrations.ray import WORKER_PRELOAD_MODULES
 
     script = (
         "import importlib, sys\n"
         f"for name in {list(WORKER_PRELOAD_MODULES)!r}:\n"
         "    importlib.import_module(name)\n"
+        "import torch, triton.runtime.cache\n"
+        "print(triton.runtime.cache.triton_key.cache_info().currsize, torch.cuda.is_initialized())\n"
         "before = set(sys.modules)\n"
         "from genscore_integrations.ray import ScoreBatches\n"
         "import numpy as np\n"
@@ -294,7 +298,9 @@ def test_worker_preload_modules_import_and_cover_what_scoring_needs(tiny_model_d
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    added = eval(result.stdout.strip().splitlines()[-1])
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2] == "1 False"
+    added = eval(lines[-1])
     # Only the model's own files and its tokenizer's may load late; torch and shared model code may not.
     late = [
         m
