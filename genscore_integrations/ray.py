@@ -111,7 +111,7 @@ class ScoreBatches:
         document_column: Column holding the documents.
         score_column: Column added with the scores (float64); it must not exist yet.
         warm_up: Run made-up prompts through the model in ``__init__`` while the tokenizer loads
-            on a thread beside it, so that the first real batch finds the GPU kernels loaded and
+            on a thread beside them, so that the first real batch finds the GPU kernels loaded and
             the actor is ready sooner (:func:`warm_up_model`). ``None`` (the default) does so on
             a GPU and not on the CPU, where a forward has no start-up to hide and costs real time.
         **settings: :class:`~genscore_core.ScorerConfig` fields (``dtype``, ``max_length``,
@@ -146,8 +146,8 @@ class ScoreBatches:
                 "warm_up=True needs the model in this actor, not a server_url", param="warm_up"
             )
         self.startup_s: dict[str, float] = {}
-        """When each start-up step ended, in seconds from the start of ``__init__``: ``tokenizer``,
-        ``model`` and ``warm-up`` (the first runs on a thread beside the others), and ``ready``."""
+        """When each start-up step ended, in seconds from the start of ``__init__``: ``model``, then
+        ``warm-up`` and ``tokenizer`` (on a thread beside the warm-up), and ``ready``."""
         started = time.perf_counter()
         if warm_up:
             self.scorer = _load_warmed(config, self.startup_s)
@@ -184,10 +184,13 @@ class ScoreBatches:
 
 
 def _load_warmed(config: ScorerConfig, timings: dict[str, float]) -> GenerativeScorer:
-    """The scorer ``config`` asks for, its tokenizer loaded on a thread while the model loads and warms up.
+    """The scorer ``config`` asks for, its tokenizer loaded on a thread while the model warms up.
 
-    Loading the tokenizer is Python and Rust work that holds the GIL; copying weights to the GPU and
-    running the warm-up's batches on it mostly wait on the device, so the two overlap in part.
+    Running the warm-up's batches mostly waits on the GPU, which leaves the GIL to the tokenizer's
+    Python and Rust work. The tokenizer starts only once the model is loaded: transformers resolves
+    its lazily imported names without a lock, and two threads importing from it at once can fail
+    ("cannot import name 'AutoConfig'"). Before that the thread does :func:`prepare_triton`, which
+    imports nothing of transformers and mostly hashes files without the GIL.
     """
 
     def timed(step: str, started: float, value: Any) -> Any:
@@ -195,19 +198,17 @@ def _load_warmed(config: ScorerConfig, timings: dict[str, float]) -> GenerativeS
         return value
 
     def tokenizer_ready() -> Any:
-        if device.type == "cuda":
-            # Hashing Triton's installation mostly runs without the GIL; a preloaded worker has done it.
-            prepare_triton()
         tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
         # Computed once per tokenizer on the first call that cuts texts (a pass over the vocabulary,
-        # about 0.3 s); here it is off the first batch's path.
+        # about 0.2 s); here it is off the first batch's path.
         max_chars_per_token(tokenizer)
         return timed("tokenizer", started, tokenizer)
 
     device = resolve_device(config.device)
     started = time.perf_counter()
-    with ThreadPoolExecutor(1, thread_name_prefix="genscore-tokenizer") as pool:
-        tokenizer = pool.submit(tokenizer_ready)
+    with ThreadPoolExecutor(1, thread_name_prefix="genscore-startup") as pool:
+        # A preloaded worker has done this already (then it returns at once).
+        triton = pool.submit(prepare_triton) if device.type == "cuda" else None
         causal_lm = load_causal_lm(
             config.model,
             device=device,
@@ -216,8 +217,11 @@ def _load_warmed(config: ScorerConfig, timings: dict[str, float]) -> GenerativeS
             show_progress=config.show_progress,
         )
         timed("model", started, None)
+        tokenizer = pool.submit(tokenizer_ready)
         warm_up_model(causal_lm, config)
         timed("warm-up", started, None)
+        if triton is not None:
+            triton.result()
         loaded_tokenizer = tokenizer.result()
     return GenerativeScorer.from_model(causal_lm, loaded_tokenizer, **config.model_dump(exclude_unset=True))
 

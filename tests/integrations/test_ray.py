@@ -71,7 +71,7 @@ def test_score_batches_keeps_columns_ids_and_order(
     from genscore_integrations.ray import ScoreBatches
 
     score = ScoreBatches(str(tiny_model_dir), **SETTINGS, **warm)
-    # With the warm-up, the tokenizer loads on a thread while the model loads and runs made-up prompts.
+    # With the warm-up, the tokenizer loads on a thread while the model runs made-up prompts.
     assert set(score.startup_s) == ({"tokenizer", "model", "warm-up", "ready"} if warm else {"ready"})
     queries = ["capital of France", "tallest mountain", "capital of France", "tallest mountain"]
     documents = ["Paris.", "Everest is the highest.", "Berlin is in Germany.", "The Alps."]
@@ -131,7 +131,7 @@ def test_ray_data_job_equals_the_single_process_job(
     expected = [json.loads(line) for line in single.read_text().splitlines()]
 
     folder = tmp_path / "ray-out"
-    # Actors that warm up: the tokenizer loads on a thread beside the model, in a real Ray worker.
+    # Actors that warm up, in fresh Ray workers: the tokenizer loads on a thread beside the warm-up.
     score_file_on_ray(source, folder, str(tiny_model_dir), num_actors=2, batch_size=8, **SETTINGS, **WARM)
     files = sorted(folder.iterdir())
     assert len(files) > 1  # the work really was split
