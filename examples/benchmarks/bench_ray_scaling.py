@@ -14,6 +14,9 @@ Each cluster first runs a warm-up job (the first fills Triton's on-disk kernel c
 later actor process reads, as a cluster image or shared cache would). Clusters compared: ``plain``
 (Ray up before the timer) and ``preloaded`` (also its pooled workers import
 ``WORKER_PRELOAD_MODULES`` when the cluster starts); ``--cold-cluster`` adds jobs that start Ray.
+``--warm-up on off`` runs each job with ScoreBatches' warm-up and without it. Each actor reports when
+each of its start-up steps ended; the breakdown follows the actor that scored the first batch. Last,
+one actor's start-up steps run one by one in a fresh process (``--profile`` profiles its first batch).
 
     python examples/benchmarks/bench_ray_scaling.py --out /tmp/ray-scaling
 """
