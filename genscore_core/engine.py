@@ -23,6 +23,7 @@ from genscore_core.config import ScorerConfig
 from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup
 from genscore_core.scoring import LabelHead, check_scores
 from genscore_core.streaming import (
+    BATCH_GROWTH,
     FIRST_BATCH_TOKENS,
     BatchPlanner,
     JobPart,
@@ -141,14 +142,15 @@ class ScoringEngine(ScoringBackend):
         on_progress: ProgressCallback | None = None,
         *,
         first_batch_tokens: int = FIRST_BATCH_TOKENS,
+        batch_growth: float = BATCH_GROWTH,
     ) -> list[list[float]]:
         """:meth:`score_jobs` with the prompts handed over in parts as they are made (tokenized).
 
         ``parts`` is consumed on a producer thread that lays out batch k+1 while the GPU runs batch
         k; the parts of each job come in prompt order. An exception raised by ``parts`` reaches the
         caller, after the batches before it ran. Scores equal :meth:`score_jobs` on the whole jobs.
-        The first batch holds up to ``first_batch_tokens`` tokens, each later one twice its
-        predecessor's, within the forward's budget.
+        The first batch holds up to ``first_batch_tokens`` tokens, each later one ``batch_growth``
+        times its predecessor's, within the forward's budget.
         """
         items = iter(parts)
         forward = self.forward
@@ -161,7 +163,7 @@ class ScoringEngine(ScoringBackend):
         state = StreamState()
         with self._lock:
             try:
-                planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens)
+                planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens, batch_growth)
                 planned = plan_stream([job.size for job in jobs], items, planner, state)
                 with Prefetcher(planned, forward.prepare_stream_batch) as batches:
                     hidden, keys = forward.run_stream(batches, on_progress)

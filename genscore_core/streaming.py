@@ -31,11 +31,15 @@ from genscore_core.forward import PrefixGroup, ProgressCallback
 T = TypeVar("T")
 U = TypeVar("U")
 
-FIRST_BATCH_TOKENS = 8192
+FIRST_BATCH_TOKENS = 4096
 """Token target of the first batch of a text call: small, so that the GPU starts while the host
-tokenizes the rest (about 12 ms of an H200 on a Qwen3-0.6B shape). Each later batch's target is
-twice its predecessor's, up to the forward's budget (W1 text in: 1,333 pairs/s, against 1,306 with
-32k-token batches after the first; docs/benchmarks.md)."""
+tokenizes the rest (about 7 ms of an H200 on a Qwen3-0.6B shape), and within what the first part
+of documents (``frontend.FIRST_PART_CHARS``) gives, so that it leaves with that part. Each later
+batch's target is twice its predecessor's, up to the forward's budget (docs/benchmarks.md)."""
+
+
+BATCH_GROWTH = 2.0
+"""Each batch's token target over its predecessor's."""
 
 
 class TokenRows:
@@ -139,22 +143,33 @@ class JobPrompts:
 
 
 class BatchPlanner:
-    """Fills batches of at most ``max_batch_tokens`` computed tokens (a prefix counts once, in the
-    batch that computes it) from prompts added one at a time; :meth:`add` returns a batch it closed.
+    """Fills batches of computed tokens (a prefix counts once, in the batch that computes it) from
+    prompts added one at a time; :meth:`add` returns the batch that the prompt did not fit into.
 
-    A prompt larger than the budget gets a batch of its own. The first batch closes at
-    ``first_batch_tokens`` already, and each later one at twice its predecessor's target, up to the
-    budget.
+    Each batch holds at most its target: ``first_batch_tokens`` for the first, twice its
+    predecessor's for each later one, up to ``max_batch_tokens``. A batch closes when the next
+    prompt would take it over its target, so batches fill their targets to within one prompt and
+    their sizes, padded to a CUDA graph's shape, repeat from call to call. A prompt larger than the
+    target gets a batch of its own.
     """
 
-    def __init__(self, max_batch_tokens: int, first_batch_tokens: int = FIRST_BATCH_TOKENS) -> None:
+    def __init__(
+        self,
+        max_batch_tokens: int,
+        first_batch_tokens: int = FIRST_BATCH_TOKENS,
+        growth: float = BATCH_GROWTH,
+    ) -> None:
         if max_batch_tokens <= 0:
             raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
+        if growth < 1:
+            raise ValueError(f"growth must be at least 1, got {growth}")
         self.max_batch_tokens = max_batch_tokens
+        self.growth = growth
         self._target = min(first_batch_tokens, max_batch_tokens)
         self._computed: set[int] = set()  # groups whose prefix an earlier batch computed
         self._closed: set[int] = set()
         self._kept: set[int] = set()  # groups whose prefix is saved for later batches
+        self._largest = 0  # the largest prompt (suffix tokens) added so far
         self._reset()
 
     def _reset(self) -> None:
@@ -169,7 +184,7 @@ class BatchPlanner:
             raise ValueError("every prompt needs at least one token after the shared prefix")
         full = None
         cost = len(suffix) + (0 if self._has_prefix(group) else len(prefix))
-        if self._rows and self._used + cost > self.max_batch_tokens:
+        if self._rows and self._used + cost > self._target:
             full = self._flush()
             cost = len(suffix) + (0 if self._has_prefix(group) else len(prefix))
         entry = self._groups.get(group)
@@ -181,10 +196,19 @@ class BatchPlanner:
         entry.suffix_ids.append(cast(list[int], suffix))
         self._rows[group].append(row)
         self._used += cost
-        if full is None and self._used >= self._target:
-            return self._flush()
-        # A batch that reached its target right after another closed goes out with the next prompt.
+        self._largest = max(self._largest, len(suffix))
         return full
+
+    def ripe(self) -> StreamBatch | None:
+        """The open batch, closed now if a prompt as large as the largest seen would not fit in it.
+
+        Called at the end of a part: without it, a batch within one prompt of its target would wait
+        for the next part to be tokenized to learn that its next prompt does not fit (the first
+        batch of W1 was handed over after 15 ms instead of after its own part).
+        """
+        if self._rows and self._used + self._largest > self._target:
+            return self._flush()
+        return None
 
     def _has_prefix(self, group: int) -> bool:
         return group in self._computed or group in self._groups
@@ -215,7 +239,7 @@ class BatchPlanner:
             tokens=self._used,
         )
         self._reset()
-        self._target = min(2 * self._target, self.max_batch_tokens)
+        self._target = min(int(self.growth * self._target), self.max_batch_tokens)
         return batch
 
 
@@ -268,6 +292,9 @@ def plan_stream(
             # Closed only now: a batch closed while this part was added still keeps the prefix for
             # the part's later prompts.
             planner.close(job)
+        ripe = planner.ripe()
+        if ripe is not None:
+            yield ripe
     for job in range(len(sizes)):
         planner.close(job)
     for number, (job, indices) in enumerate(spilled.items()):

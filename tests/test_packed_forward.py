@@ -23,6 +23,7 @@ from genscore_core import GenerativeScorer
 from genscore_core.config import ScorerConfig
 from genscore_core.engine import select_forward
 from genscore_core.forward import PaddedForward, PrefixGroup
+from genscore_core.kernels.attention import DEFAULT_TILING
 from genscore_core.packed import (
     DEFAULT_MAX_BATCH_TOKENS,
     PackedForward,
@@ -32,7 +33,7 @@ from genscore_core.packed import (
     supports,
     unsupported_reason,
 )
-from genscore_core.packed.decoder import DeviceBatch, StaticShape
+from genscore_core.packed.decoder import DeviceBatch, StaticShape, host_layout
 from genscore_core.packed.graphs import DecoderGraphs, static_shape
 
 ATOL = 1e-5
@@ -265,16 +266,20 @@ def _one_batch(groups: list[PrefixGroup]) -> Any:
     return build_batch(groups, slices)
 
 
-def test_static_shape_rounds_up_with_a_spare_segment() -> None:
+def test_static_shape_rounds_up_with_two_spare_segments() -> None:
     groups = _random_groups(random.Random(7), 100, SPEC)
     batch = _one_batch(groups)  # 136 tokens, 15 segments (3 prefixes, 12 prompts)
     assert (batch.num_tokens, len(batch.segments)) == (136, 15)
-    assert static_shape(batch, 128) == StaticShape(tokens=256, segments=16)
-    assert static_shape(batch, 68) == StaticShape(tokens=136, segments=16)
-    assert static_shape(batch, 1) == StaticShape(tokens=136, segments=16)
-    assert static_shape(batch, 500) == StaticShape(tokens=500, segments=16)
-    sixteen = build_batch([PrefixGroup([], [[1]] * 16)], plan_batches([PrefixGroup([], [[1]] * 16)], 99)[0])
-    assert static_shape(sixteen, 8) == StaticShape(tokens=16, segments=32), "always one empty segment"
+    assert static_shape(batch, 128) == StaticShape(tokens=256, segments=32)
+    assert static_shape(batch, 68) == StaticShape(tokens=136, segments=32)
+    assert static_shape(batch, 1) == StaticShape(tokens=136, segments=32)
+    assert static_shape(batch, 500) == StaticShape(tokens=500, segments=32)
+    fourteen = build_batch([PrefixGroup([], [[1]] * 14)], plan_batches([PrefixGroup([], [[1]] * 14)], 99)[0])
+    assert static_shape(fourteen, 8) == StaticShape(tokens=16, segments=16)
+    fifteen = build_batch([PrefixGroup([], [[1]] * 15)], plan_batches([PrefixGroup([], [[1]] * 15)], 99)[0])
+    assert static_shape(fifteen, 8) == StaticShape(tokens=16, segments=32), (
+        "the spare tokens' and an empty one"
+    )
     with pytest.raises(ValueError):
         static_shape(batch, 0)
 
@@ -293,13 +298,46 @@ def test_a_padded_batch_gives_the_rows_of_the_hf_forward(qwen3: Any, step: int) 
     torch.testing.assert_close(rows[: batch.num_prompts], _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
 
 
+@pytest.mark.parametrize("step", [1, 16, 128, 1000])
+def test_every_row_of_a_padded_batch_is_a_query_of_one_segment(step: int) -> None:
+    """The attention writes every row of its output: spare tokens attend among themselves (an
+    unwritten row can hold NaN on the GPU, which the next layer would carry into real rows' key
+    tiles), and every spare attention block points at an empty segment."""
+    groups = _random_groups(random.Random(8), 100, SPEC)
+    batch = _one_batch(groups)
+    shape = static_shape(batch, step)
+    parts, table, _ = host_layout(batch, shape)
+    covered = np.zeros(shape.tokens, dtype=np.int64)
+    for q_start, q_len, k_start, k_len, _, _ in table:
+        covered[q_start : q_start + q_len] += 1
+        assert k_start + k_len <= shape.tokens
+    assert (covered == 1).all()
+    real = len(batch.segments)
+    torch.testing.assert_close(torch.from_numpy(table[:real]), torch.from_numpy(batch.segments))
+    spare_tokens = shape.tokens - batch.num_tokens
+    if spare_tokens:
+        assert tuple(table[real]) == (batch.num_tokens, spare_tokens, batch.num_tokens, spare_tokens, 0, 0)
+    assert not table[real + 1 :].any(), "the other spare segments are empty"
+    blocks = parts[5].reshape(-1, 2)
+    assert len(blocks) == shape.blocks
+    # Each query row is in exactly one block; blocks past the planned ones point at the empty last row.
+    rows = np.zeros(shape.tokens, dtype=np.int64)
+    for segment, first in blocks:
+        q_start, q_len = table[segment, 0], table[segment, 1]
+        stop = min(first + DEFAULT_TILING.block_m, q_len)
+        rows[q_start + first : q_start + stop] += 1
+        if q_len == 0:
+            assert segment == shape.segments - 1
+    assert (rows == 1).all()
+
+
 def test_a_batch_that_does_not_fit_its_shape_is_refused() -> None:
     groups = _random_groups(random.Random(7), 100, SPEC)
     batch = _one_batch(groups)
     with pytest.raises(ValueError, match="does not fit"):
         DeviceBatch.static(StaticShape(tokens=100, segments=16), torch.device("cpu"), batch)
     with pytest.raises(ValueError, match="does not fit"):
-        DeviceBatch.static(StaticShape(tokens=256, segments=15), torch.device("cpu"), batch)
+        DeviceBatch.static(StaticShape(tokens=256, segments=16), torch.device("cpu"), batch)
 
 
 def test_graphs_reuse_static_buffers_without_stale_rows(qwen3: Any) -> None:
@@ -349,6 +387,81 @@ def test_batches_that_carry_prefixes_between_batches_run_eagerly(qwen3: Any) -> 
     assert graphs.shape_for(_one_batch(groups)) == StaticShape(tokens=128, segments=16)
     with pytest.raises(ValueError):
         DecoderGraphs(graphs.decoder, max_tokens=0)
+
+
+def _prefix_graph_rows(graphs: DecoderGraphs, groups: list[PrefixGroup], budget: int) -> torch.Tensor:
+    """Every batch of ``groups`` (split at ``budget``, so prefixes are saved and loaded) through
+    ``graphs``, carrying the saved prefix keys/values as the packed forward does."""
+    cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    rows = []
+    with torch.inference_mode():
+        for slices in plan_batches(groups, budget):
+            batch = build_batch(groups, slices)
+            loaded = None
+            if batch.load:
+                keys = [cache[g] for g, _ in batch.load]
+                loaded = (torch.cat([k for k, _ in keys], dim=1), torch.cat([v for _, v in keys], dim=1))
+            done = graphs.decode(batch, loaded)
+            assert done is not None
+            hidden, saved = done
+            assert (saved is None) == (not batch.save)
+            offset = 0
+            for g, save in batch.save:
+                assert saved is not None
+                cache[g] = (
+                    saved[0][:, offset : offset + save.numel()],
+                    saved[1][:, offset : offset + save.numel()],
+                )
+                offset += save.numel()
+            rows.append(hidden)
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize(("max_tokens", "large_tokens"), [(4096, 0), (16, 4096)])
+def test_graphs_of_batches_that_carry_prefixes_give_the_hf_rows(
+    qwen3: Any, max_tokens: int, large_tokens: int
+) -> None:
+    """Saving and loading prefixes through static buffers: padding moves the loaded rows, spare save
+    rows are cut off, and a second group set of the same shapes gets its own rows (no stale keys)."""
+    vocab = qwen3.config.vocab_size
+    graphs = DecoderGraphs(
+        PackedForward(qwen3).decoder, max_tokens=max_tokens, token_step=16, capture_after=1,
+        large_tokens=large_tokens, prefixes=True, cuda_graphs=False,
+    )  # fmt: skip
+    for seed in (16, 17):
+        groups = _random_groups(random.Random(seed), vocab, [(20, [30, 2, 11, 4, 6]), (9, [7, 12, 3])])
+        batches = [build_batch(groups, s) for s in plan_batches(groups, 40)]
+        assert any(b.save for b in batches) and any(b.load for b in batches)
+        shapes = [graphs.shape_for(b) for b in batches]
+        assert all(shape is not None and shape.fits(b) for shape, b in zip(shapes, batches))
+        # A padded batch that loads: its loaded rows sit below the padding, not where the batch put them.
+        assert any(
+            shape is not None and shape.load and shape.tokens > b.num_tokens
+            for shape, b in zip(shapes, batches)
+        )
+        rows = _prefix_graph_rows(graphs, groups, 40)
+        torch.testing.assert_close(rows, _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
+    assert graphs.captures == len(graphs.graphs) and graphs.replays > graphs.captures, "shapes repeat"
+    if large_tokens:
+        large = [shape for shape in graphs.graphs if shape.tokens > max_tokens]
+        assert large and all(shape.tokens % 1024 == 0 and shape.segments % 64 == 0 for shape in large)
+
+
+def test_graphs_take_prefix_batches_only_when_asked(qwen3: Any) -> None:
+    groups = _random_groups(random.Random(14), qwen3.config.vocab_size, [(20, [30, 2, 11, 4, 6])])
+    first, second = [build_batch(groups, s) for s in plan_batches(groups, 40)]
+    decoder = PackedForward(qwen3).decoder
+    graphs = DecoderGraphs(decoder, max_tokens=4096, capture_after=1, prefixes=True, cuda_graphs=False)
+    assert graphs.shape_for(first) == StaticShape(tokens=128, segments=16, load=0, save=128)
+    assert graphs.shape_for(second) == StaticShape(tokens=128, segments=16, load=128, save=0)
+    with pytest.raises(ValueError, match="loaded"):
+        graphs.decode(second, None)
+    large = DecoderGraphs(decoder, max_tokens=16, large_tokens=1024, cuda_graphs=False)
+    assert large.shape_for(_one_batch(groups)) == StaticShape(tokens=1024, segments=64)
+    assert large.shape_for(_one_batch(groups), large=False) is None
+    assert DecoderGraphs(decoder, max_tokens=16, cuda_graphs=False).shape_for(_one_batch(groups)) is None
+    with pytest.raises(ValueError):
+        DecoderGraphs(decoder, max_tokens=16, large_tokens=-1)
 
 
 def test_a_failed_capture_switches_graphs_off(qwen3: Any, caplog: pytest.LogCaptureFixture) -> None:

@@ -21,6 +21,7 @@ from genscore_core.streaming import (
     BatchPlanner,
     JobPart,
     Prefetcher,
+    RowKey,
     StreamBatch,
     StreamState,
     TokenRows,
@@ -150,6 +151,54 @@ def test_plan_covers_each_distinct_prompt_once_within_budget_and_computes_each_p
         first = next(b.groups[j] for b in batches if j in b.groups)
         assert len(first.prefix_ids) == list_prefix_length(prompts[:5])
     assert any(g >= len(jobs) for batch in batches for g in batch.groups)
+
+
+@pytest.mark.parametrize("growth", [1.0, 1.5, 2.0])
+def test_batches_fill_their_targets_to_within_one_prompt(growth: float) -> None:
+    """Each batch holds at most its target (the first's, then growing by ``growth`` up to the budget)
+    and closes only when the next prompt would take it over: its size, padded to a CUDA graph's
+    shape, then repeats from call to call."""
+    rng = random.Random(6)
+    sizes = [rng.randint(1, 40) for _ in range(300)]
+    planner = BatchPlanner(500, 96, growth)
+    batches: list[tuple[StreamBatch, int]] = []  # (batch, the cost of the prompt that closed it)
+    for i, size in enumerate(sizes):
+        closed = planner.add(0, np.empty(0, np.int32), np.ones(size, np.int32), RowKey(0, i))
+        if closed is not None:
+            batches.append((closed, size))
+    last = planner.finish()
+    assert last is not None
+    target = 96.0
+    for batch, next_cost in batches:
+        assert batch.tokens <= int(target) < batch.tokens + next_cost
+        target = min(int(growth * target), 500)
+    assert last.tokens <= int(target)
+    assert sum(b.tokens for b, _ in batches) + last.tokens == sum(sizes)
+    with pytest.raises(ValueError, match="growth"):
+        BatchPlanner(500, 96, 0.5)
+
+
+def test_a_nearly_full_batch_leaves_with_its_part() -> None:
+    """A batch that a prompt as large as any seen would overflow goes out at the end of its part,
+    before the next part is taken (tokenized)."""
+    taken: list[int] = []
+
+    def parts() -> Iterator[JobPart]:
+        for number in range(3):
+            taken.append(number)
+            yield JobPart(0, [[5, 6] + [10 + 3 * number + k] * 30 for k in range(3)])
+
+    planner = BatchPlanner(1000, 100)
+    batches = plan_stream([9], parts(), planner, StreamState())
+    first = next(batches)
+    assert taken == [0], "the first batch left before the second part was taken"
+    assert first.tokens == 2 + 3 * 30  # the shared prefix [5, 6] once, then three suffixes
+    rest = list(batches)
+    assert [b.num_prompts for b in rest] == [6]
+    empty = BatchPlanner(1000, 100)
+    assert empty.ripe() is None
+    empty.add(0, np.empty(0, np.int32), np.ones(10, np.int32), RowKey(0, 0))
+    assert empty.ripe() is None, "room left for a prompt as large as any seen"
 
 
 def test_the_producer_runs_ahead_and_results_come_in_order() -> None:

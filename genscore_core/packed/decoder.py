@@ -130,13 +130,17 @@ def _linear(module: Any) -> Linear:
 class StaticShape:
     """The fixed sizes a batch is padded to, so that one CUDA graph serves every batch that fits them.
 
-    ``tokens`` stream positions and ``segments`` segment rows (at least one more than the batch has,
-    so that spare attention blocks have an empty segment to point at); the attention work lists get
-    room for the most blocks such a batch can need.
+    ``tokens`` stream positions and ``segments`` segment rows (at least two more than the batch has:
+    one for the spare tokens, one empty for spare attention blocks to point at); the attention work
+    lists get room for the most blocks such a batch can need.
     """
 
     tokens: int
     segments: int
+    load: int = 0
+    """Key/value rows of prefixes loaded from earlier batches (after the stream's rows)."""
+    save: int = 0
+    """Stream rows whose keys/values are kept for later batches."""
 
     @property
     def blocks(self) -> int:
@@ -145,12 +149,18 @@ class StaticShape:
         return -(-self.tokens // DEFAULT_TILING.block_m) + self.segments
 
     def fits(self, batch: PackedBatch) -> bool:
+        # Spare tokens take a segment of their own, and one segment stays empty.
         return (
             batch.num_tokens <= self.tokens
-            and len(batch.segments) < self.segments
-            and not batch.load
-            and not batch.save
+            and len(batch.segments) + 2 <= self.segments
+            and batch.kv_len - batch.num_tokens <= self.load
+            and save_rows(batch) <= self.save
         )
+
+
+def save_rows(batch: PackedBatch) -> int:
+    """Stream rows whose keys/values ``batch`` keeps for later batches."""
+    return sum(int(rows.numel()) for _, rows in batch.save)
 
 
 def host_layout(
@@ -159,12 +169,28 @@ def host_layout(
     """The int64 arrays a :class:`DeviceBatch` is made of, in order, and its two segment tables.
 
     With ``shape``, every array is padded to that shape's size: spare tokens (id 0, position 0)
-    belong to no segment, spare segments are empty (no query, no key), spare attention blocks point
-    at the last (empty) segment, and spare prompt rows read segment 0; the decoder's rows past the
-    batch's own prompts are then to be ignored. Nothing spare is read by a real row, so the real
-    rows come out as they do unpadded.
+    form one segment of their own after the batch's, spare segments are empty (no query, no key),
+    spare attention blocks point at the last (empty) segment, spare prompt rows read segment 0, and
+    loaded prefixes move down past the spare tokens; the decoder's rows past the batch's own prompts
+    are then to be ignored. No real row reads a spare one with weight, so the real rows come out as
+    they do unpadded.
     """
     table = check_table(batch.segments)
+    segment_last = batch.segment_last.numpy()
+    spare_tokens = 0 if shape is None else shape.tokens - batch.num_tokens
+    if shape is not None and batch.load:
+        # Loaded prefixes follow the stream's rows, which padding moves down to shape.tokens.
+        table = table.copy()
+        loaded = (table[:, 5] > 0) & (table[:, 4] >= batch.num_tokens)
+        table[loaded, 4] += spare_tokens
+    if spare_tokens > 0:
+        # Spare tokens attend among themselves. In no segment, their attention rows would be left
+        # unwritten (any bits, NaN too), their keys and values in later layers likewise, and the
+        # last real segment's final key tile, which reaches into them with zero weight, would turn
+        # 0 * NaN into NaN.
+        n = batch.num_tokens
+        table = np.concatenate([table, [[n, spare_tokens, n, spare_tokens, 0, 0]]])
+        segment_last = np.append(segment_last, shape.tokens - 1)  # type: ignore[union-attr]
     last = table.copy()
     last[:, 0] = np.arange(len(last))
     last[:, 1] = 1
@@ -172,7 +198,6 @@ def host_layout(
     last_blocks = plan_blocks(last, LAST_TOKEN_TILING)
     ids = batch.input_ids.numpy()
     positions = batch.positions.numpy()
-    segment_last = batch.segment_last.numpy()
     prompt_segments = batch.prompt_segments.numpy()
     if shape is not None:
         if not shape.fits(batch):
@@ -191,8 +216,13 @@ def host_layout(
             [last_blocks, np.tile([[spare, 0]], (shape.segments - len(last_blocks), 1))]
         )
     parts = [ids, positions, segment_last, prompt_segments, table, blocks, last, last_blocks]
-    if batch.save:
-        parts.append(torch.cat([rows for _, rows in batch.save]).numpy())
+    saved = torch.cat([rows for _, rows in batch.save]).numpy() if batch.save else None
+    if shape is not None and shape.save:
+        # Spare rows save stream row 0 again; nothing reads them.
+        rows = saved if saved is not None else np.empty(0, np.int64)
+        parts.append(np.pad(rows, (0, shape.save - save_rows(batch))))
+    elif shape is None and saved is not None:
+        parts.append(saved)
     return [np.ascontiguousarray(p, dtype=np.int64).reshape(-1) for p in parts], table, last
 
 
@@ -241,9 +271,10 @@ class DeviceBatch:
         :meth:`fill` puts another batch of that shape in its place."""
         parts, table, last = host_layout(like, shape)
         flat = torch.from_numpy(np.concatenate(parts)).to(device)
-        # Every position of a batch of this shape is below its token count.
+        # Every position of a batch of this shape is below its stream and loaded rows together.
         sizes = [len(p) for p in parts]
-        return cls.of_buffer(flat, sizes, table, last, like, shape.tokens, shape.tokens, shape.tokens)
+        rows = shape.tokens + shape.load
+        return cls.of_buffer(flat, sizes, table, last, like, shape.tokens, rows, rows)
 
     def fill(self, batch: PackedBatch, shape: StaticShape) -> None:
         """Overwrite this static buffer with ``batch`` padded to ``shape`` (the shape it was made with)."""
@@ -310,6 +341,13 @@ class PackedOptions(BaseModel):
     graph_tokens: int = Field(default=16384, ge=0)
     """On CUDA, batches of up to this many tokens (after padding) replay CUDA graphs of the decoder
     (:mod:`genscore_core.packed.graphs`) when the attention is the Triton kernel; 0 never does."""
+    large_graph_tokens: int = Field(default=65536, ge=0)
+    """Batches over ``graph_tokens`` and up to this many tokens replay CUDA graphs too, padded to
+    coarser steps (a streamed call's batches fill fixed token targets, so their shapes repeat); 0:
+    they run eagerly."""
+    graph_prefixes: bool = True
+    """Batches that carry a group's prefix keys/values to a later batch (load or save them) replay
+    CUDA graphs too."""
 
     @classmethod
     def all_kernels(cls, impl: KernelImpl, **other: Any) -> PackedOptions:

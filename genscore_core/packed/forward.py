@@ -58,7 +58,12 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         (the Triton kernel), since the torch attention's loop over segments would be frozen in."""
         graph_tokens = decoder.options.graph_tokens
         if graph_tokens and decoder.device.type == "cuda" and decoder.attention_impl == "triton":
-            self.graphs = DecoderGraphs(decoder, max_tokens=graph_tokens)
+            self.graphs = DecoderGraphs(
+                decoder,
+                max_tokens=graph_tokens,
+                large_tokens=decoder.options.large_graph_tokens,
+                prefixes=decoder.options.graph_prefixes,
+            )
 
     # -- the streamed entry point (genscore_core.streaming) -------------------------------------------
 
@@ -79,8 +84,8 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         """Run batches in the order a producer hands them over (:meth:`prepare_stream_batch`).
 
         Returns the float32 final-norm hidden states of every row and each row's key. Nothing here
-        waits for the GPU, so the producer lays out batch k+1 while batch k runs. A small batch may
-        replay a CUDA graph (:meth:`decode`); the producer's copy then goes unused. An out-of-memory
+        waits for the GPU, so the producer lays out batch k+1 while batch k runs. A batch may replay
+        a CUDA graph (:meth:`decode`, large ones too); the producer's copy then goes unused. An out-of-memory
         error propagates: the engine then scores the call again through :meth:`last_hidden_states`,
         whose policy splits batches.
         """
@@ -94,7 +99,7 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
             if packed.load:
                 keys = [cache[g] for g, _ in packed.load]
                 loaded = (torch.cat([k for k, _ in keys], dim=1), torch.cat([v for _, v in keys], dim=1))
-            hidden, saved = self.decode(packed, dev, loaded)
+            hidden, saved = self.decode(packed, dev, loaded, large=True)
             if saved is not None:
                 offset = 0
                 for g, slots in packed.save:
@@ -178,16 +183,23 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         packed: PackedBatch,
         dev: DeviceBatch | None,
         loaded: tuple[torch.Tensor, torch.Tensor] | None,
+        *,
+        large: bool = False,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """One batch through the decoder: a CUDA graph's replay where one serves it, else eagerly
         (``dev``, when the caller already copied the batch to the device, or a new copy).
 
+        ``large``: a batch over the small-graph size may replay a graph too. Streamed batches fill
+        fixed token targets, so their shapes repeat from call to call; the balanced batches of a
+        whole call (:meth:`last_hidden_states`, a server's mixed requests) differ in size from call
+        to call, and would pay a capture for shapes seldom seen again.
+
         Returns the decoder's rows of the batch's prompts and the prefix keys/values it saves.
         """
-        if self.graphs is not None and loaded is None:
-            hidden = self.graphs.run(packed)
-            if hidden is not None:
-                return hidden, None
+        if self.graphs is not None:
+            done = self.graphs.decode(packed, loaded, large=large)
+            if done is not None:
+                return done
         if dev is None:
             dev = DeviceBatch.from_batch(packed, self.decoder.device)
         hidden, saved = self.decoder.run(dev, loaded)

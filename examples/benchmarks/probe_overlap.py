@@ -1,0 +1,408 @@
+"""Where a large text-in call loses the GPU: W1 text in and the engine alone under variants of the
+interpreter's switch interval and of the packed decoder's CUDA graphs, and W5 (32 clients) likewise.
+
+    OUT=out PYTHONPATH=<tree> python examples/benchmarks/probe_overlap.py --label new
+    python examples/benchmarks/probe_overlap.py --compare out/main.json out/new.json
+
+Each variant is a scorer of its own over the same model (random-init Qwen3-Reranker-0.6B shape, bf16)
+and W1's text of ``bench_text.py`` (1 query x 256 documents of 128-512 words). Text-in and engine-alone
+calls are timed in turn, medians of ``--repeats``; the switch interval is set around the timed calls
+only (``sys.setswitchinterval``, process-wide) and restored. Scores of every variant are written out,
+so that ``--compare`` can give the largest difference between variants and between trees. W5 starts
+``python -m genscore_core.server`` of the tree on the PYTHONPATH (with the switch interval set before
+the server starts) and runs 32 clients sending 1 x 20 ``/v1/rerank`` requests for ``--server-seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_text import build_model, client_load, free_port, load_tokenizer, make_text, save_model, word_list
+from bench_workloads import sync
+
+from genscore_core import GenerativeScorer
+from genscore_core.engine import ScoringEngine
+from genscore_core.packed import PackedForward
+from genscore_core.packed.decoder import PackedOptions
+from genscore_core.scoring import LabelHead
+
+QWEN3_06B = dict(
+    vocab_size=151669, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, max_position_embeddings=40960,
+)  # fmt: skip
+TINY = dict(
+    vocab_size=151669, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, max_position_embeddings=40960,
+)  # fmt: skip
+
+
+def options(**wanted: Any) -> PackedOptions | None:
+    """PackedOptions with the fields this tree has (None when it lacks one: skip the variant)."""
+    if any(name not in PackedOptions.model_fields for name in wanted):
+        return None
+    return PackedOptions(**wanted)
+
+
+EAGER = {"large_graph_tokens": 0, "graph_prefixes": False}
+VARIANTS: dict[str, tuple[dict[str, Any], float, dict[str, Any] | None]] = {
+    # name: (PackedOptions fields, switch interval in seconds, stream settings or None: rerank)
+    "defaults": ({}, 0.005, None),
+    "graphs of large/prefix batches off": (EAGER, 0.005, None),
+    "eager; first 4k tokens": (EAGER, 0.005, {"first_batch_tokens": 4096}),
+    "eager; growth 1.5": (EAGER, 0.005, {"batch_growth": 1.5}),
+    "eager; first 4k, growth 1.5, parts 16k/32k chars": (
+        EAGER,
+        0.005,
+        {"first_batch_tokens": 4096, "batch_growth": 1.5, "first_part_chars": 16000, "part_chars": 32000},
+    ),
+    "eager; parts 24k/16k chars": (EAGER, 0.005, {"part_chars": 16000}),
+    "graphs; growth 1.5, parts 16k/32k chars": (
+        {},
+        0.005,
+        {"batch_growth": 1.5, "first_part_chars": 16000, "part_chars": 32000},
+    ),
+}
+
+
+def stream_text(
+    scorer: Any, engine: Any, query: str, docs: list[str], settings: dict[str, Any]
+) -> list[float]:
+    """The scorer's streamed text path (``_score_texts``) with other batch and part sizes."""
+    chars = {k: v for k, v in settings.items() if k.endswith("_chars")}
+    planning = {k: v for k, v in settings.items() if not k.endswith("_chars")}
+    stream = scorer.front_end.stream_pairs([(query, d) for d in docs], **chars)
+    scores = engine.score_stream(stream.jobs, stream.parts(), **planning)
+    return [score for score, _ in stream.assemble(scores)]
+
+
+def graph_check(engine: Any, call: Any) -> list[str]:
+    """Each batch of ``call`` run eagerly and then through :meth:`decode` (graphs): NaNs and the
+    largest difference of the rows and saved prefixes, with the batch's graph shape."""
+    forward = engine.forward
+    graphs = forward.graphs
+    decode = forward.decode
+    lines: list[str] = []
+
+    def checked(packed: Any, dev: Any, loaded: Any, **kw: Any) -> Any:
+        forward.graphs = None
+        eager = decode(packed, dev, loaded, **kw)
+        forward.graphs = graphs
+        out = decode(packed, dev, loaded, **kw)
+        diff = (eager[0] - out[0]).abs().max().item()
+        saved = (
+            ""
+            if eager[1] is None or out[1] is None
+            else f"{(eager[1][0] - out[1][0]).abs().max().item():.1e}"
+        )
+        lines.append(
+            f"tokens {packed.num_tokens} segments {len(packed.segments)} load {packed.kv_len - packed.num_tokens} "
+            f"shape {graphs.shape_for(packed) if graphs else None}: nan eager {int(eager[0].isnan().sum())} "
+            f"graph {int(out[0].isnan().sum())}; max diff {diff:.1e}; saved diff {saved}; "
+            f"captures {graphs.captures if graphs else 0}"
+        )
+        return out
+
+    forward.decode = checked
+    try:
+        for _ in range(3):
+            try:
+                call()
+            except Exception as error:  # reported, the check goes on
+                lines.append(f"call failed: {error!r}")
+    finally:
+        del forward.decode
+    return lines
+
+
+def gpu_busy(call: Any) -> tuple[float, float, float]:
+    """(wall ms, kernel ms, ms to the first kernel) of one call under the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        call()
+        sync()
+        wall = time.perf_counter() - start
+    kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    busy = sum(e.device_time for e in kernels) / 1e3
+    first = min((e.time_range.start for e in kernels), default=0)
+    begin = min((e.time_range.start for e in prof.events()), default=0)
+    return round(wall * 1e3, 1), round(busy, 1), round((first - begin) / 1e3, 1)
+
+
+def timeline(engine: Any, call: Any) -> list[dict[str, float]]:
+    """Per batch of one call (ms from its start): when the producer had it laid out, when the
+    launching thread began and finished launching it, and when the GPU began and finished it."""
+    forward = engine.forward
+    rows: list[dict[str, float]] = []
+    marks: list[tuple[Any, Any]] = []
+    start_event = torch.cuda.Event(enable_timing=True)
+    prepare, decode = forward.prepare_stream_batch, forward.decode
+    t0 = 0.0
+
+    def prepared(batch: Any) -> Any:
+        done = prepare(batch)
+        rows.append({"ready": (time.perf_counter() - t0) * 1e3, "tokens": float(batch.tokens)})
+        return done
+
+    def decoded(packed: Any, dev: Any, loaded: Any, **kw: Any) -> Any:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        launch = time.perf_counter()
+        begin.record()
+        out = decode(packed, dev, loaded, **kw)
+        end.record()
+        marks.append((begin, end))
+        rows[len(marks) - 1].update(
+            launch=(launch - t0) * 1e3,
+            launched=(time.perf_counter() - t0) * 1e3,
+            padded=float(packed.num_tokens),
+        )
+        return out
+
+    forward.prepare_stream_batch, forward.decode = prepared, decoded
+    try:
+        sync()
+        t0 = time.perf_counter()
+        start_event.record()
+        call()
+        sync()
+        total = (time.perf_counter() - t0) * 1e3
+    finally:
+        del forward.prepare_stream_batch, forward.decode
+    for row, (begin, end) in zip(rows, marks):
+        row["gpu_begin"] = start_event.elapsed_time(begin)
+        row["gpu_end"] = start_event.elapsed_time(end)
+    rows.append({"total": total})
+    return rows
+
+
+def measure_w1(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    dry = args.dry_run
+    device = torch.device("cpu" if dry else "cuda")
+    tokenizer = load_tokenizer()
+    words = word_list(tokenizer)
+    w1 = make_text(random.Random(0), words, 1, 32 if dry else 256, (128, 512))
+    model = build_model(TINY if dry else QWEN3_06B, device, torch.float32 if dry else torch.bfloat16)
+    base = GenerativeScorer.from_model(model, tokenizer, **({"forward": "packed"} if dry else {}))
+    query, docs = w1.queries[0], w1.documents[0]
+    jobs = base.prepare_pairs(w1.pairs).jobs
+    default_interval = sys.getswitchinterval()
+    import inspect
+
+    streamed = set(inspect.signature(ScoringEngine.score_stream).parameters)
+    for name, (fields, interval, settings) in VARIANTS.items():
+        if args.variants and name not in args.variants:
+            continue
+        opts = options(**fields)
+        if opts is None or (settings and not set(settings) <= streamed | {"first_part_chars", "part_chars"}):
+            print(f"{name}: this tree has no such options, skipped", flush=True)
+            continue
+        engine = ScoringEngine(model, PackedForward(model, options=opts), LabelHead(model))
+        scorer = GenerativeScorer(front_end=base.front_end, backend=engine)
+        if not dry:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() if not dry else 0
+
+        def calls(scorer: Any, engine: Any, settings: Any = settings) -> tuple[Any, Any]:
+            def call_text() -> list[float]:
+                if settings is None:
+                    got = [0.0] * len(docs)
+                    for r in scorer.rerank(query, docs):
+                        got[r.index] = r.score
+                    return got
+                return stream_text(scorer, engine, query, docs, settings)
+
+            return call_text, lambda: engine.score_jobs(jobs)
+
+        prefix_graphs = "graph_prefixes" in PackedOptions.model_fields and fields.get("graph_prefixes", True)
+        if not dry and engine.forward.graphs is not None and prefix_graphs:
+            for check in (calls(scorer, engine)[0], calls(scorer, engine)[1]):
+                for line in graph_check(engine, check):
+                    print("   graph check:", line, flush=True)
+            engine = ScoringEngine(model, PackedForward(model, options=opts), LabelHead(model))
+            scorer = GenerativeScorer(front_end=base.front_end, backend=engine)
+        text, alone = calls(scorer, engine)
+        t_text: list[float] = []
+        t_engine: list[float] = []
+        sys.setswitchinterval(interval)
+        try:
+            for _ in range(3):  # a shape is captured the second time it is seen
+                text()
+                alone()
+            for _ in range(args.repeats):
+                for fn, times in ((text, t_text), (alone, t_engine)):
+                    sync()
+                    start = time.perf_counter()
+                    fn()
+                    sync()
+                    times.append(time.perf_counter() - start)
+            busy = None if dry else gpu_busy(text)
+            line = None if dry else timeline(engine, text)
+            got = text()
+            engine_scores = alone()[0]
+        except Exception as error:  # one variant failing leaves the others
+            print(f"{args.label} | {name} | FAILED: {error!r}", flush=True)
+            continue
+        finally:
+            sys.setswitchinterval(default_interval)
+        graphs = engine.forward.graphs
+        row = {
+            "text_s": t_text,
+            "engine_s": t_engine,
+            "text_pairs_per_s": len(docs) / statistics.median(t_text),
+            "engine_pairs_per_s": len(docs) / statistics.median(t_engine),
+            "scores": got,
+            "engine_scores": engine_scores,
+            "gpu_busy": busy,
+            "timeline": line,
+            "graphs": None if graphs is None else [graphs.captures, graphs.replays, len(graphs.graphs)],
+            "peak_allocated_gib": (torch.cuda.max_memory_allocated() - before) / 2**30 if not dry else 0.0,
+            "reserved_gib": torch.cuda.memory_reserved() / 2**30 if not dry else 0.0,
+        }
+        out["w1"][name] = row
+        print(
+            f"{args.label} | {name} | text {row['text_pairs_per_s']:,.0f} | engine {row['engine_pairs_per_s']:,.0f} "
+            f"| {row['text_pairs_per_s'] / row['engine_pairs_per_s']:.1%} | busy {busy} | graphs {row['graphs']} "
+            f"| peak {row['peak_allocated_gib']:.2f} GiB, reserved {row['reserved_gib']:.2f} GiB",
+            flush=True,
+        )
+        for step in line or []:
+            print("   ", {k: round(v, 1) for k, v in step.items()}, flush=True)
+        del scorer, engine
+    if args.server_seconds > 0:
+        folder = Path(tempfile.mkdtemp(prefix="genscore-probe-"))
+        try:
+            save_model(model, tokenizer, folder)
+            del base, model
+            if not dry:
+                torch.cuda.empty_cache()
+            for interval in args.server_intervals:
+                try:
+                    out["w5"][str(interval)] = serve(folder, words, interval, args)
+                except Exception as error:  # reported; the W1 figures stay
+                    print(f"{args.label} | W5 switch {interval} FAILED: {error!r}", flush=True)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def serve(folder: Path, words: list[str], interval: float, args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    port = free_port()
+    code = (
+        f"import sys, runpy; sys.setswitchinterval({interval}); "
+        "sys.argv = ['genscore_core.server'] + sys.argv[1:]; "
+        "runpy.run_module('genscore_core.server', run_name='__main__')"
+    )
+    cmd = [sys.executable, "-c", code, "--model", str(folder), "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            try:
+                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        work = make_text(random.Random(5), words, 64, 20, (128, 512))
+        bodies = [{"query": q, "documents": d} for q, d in zip(work.queries, work.documents)]
+        asyncio.run(client_load(url, bodies, 32, 0.0, args.server_warmup))
+        before = httpx.get(f"{url}/stats").json()
+        latencies = sorted(asyncio.run(client_load(url, bodies, 32, 1.0, args.server_seconds)))
+        after = httpx.get(f"{url}/stats").json()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    p50 = latencies[len(latencies) // 2]
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    calls = after["batches"] - before["batches"]
+    result = {
+        "pairs_per_s": 20 * len(latencies) / args.server_seconds,
+        "p50_ms": p50 * 1e3,
+        "p99_ms": p99 * 1e3,
+        "requests_a_call": (after["requests"] - before["requests"]) / max(calls, 1),
+        "waited": {
+            k: v - before.get("waited_batches", {}).get(k, 0)
+            for k, v in after.get("waited_batches", {}).items()
+        },
+    }
+    print(f"{args.label} | W5 32 clients, switch {interval * 1e3:g} ms | {result}", flush=True)
+    return result
+
+
+def compare(paths: list[Path]) -> None:
+    runs = {p.stem: json.loads(p.read_text()) for p in paths}
+    first = next(iter(runs.values()))
+    ref = next(iter(first["w1"].values()))
+    print(
+        "| tree | variant | W1 text in pairs/s | engine alone pairs/s | text / engine | max diff text vs first | max diff engine vs first | peak alloc GiB | reserved GiB | graphs (captures, replays, kept) | text in profiled: wall, kernels, first kernel (ms) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    for tree, run in runs.items():
+        for name, row in run["w1"].items():
+            d_text = max(abs(a - b) for a, b in zip(row["scores"], ref["scores"]))
+            d_engine = max(abs(a - b) for a, b in zip(row["engine_scores"], ref["engine_scores"]))
+            print(
+                f"| {tree} | {name} | {row['text_pairs_per_s']:,.0f} ({min(row['text_s']) * 1e3:.0f}-{max(row['text_s']) * 1e3:.0f} ms) "
+                f"| {row['engine_pairs_per_s']:,.0f} | {row['text_pairs_per_s'] / row['engine_pairs_per_s']:.1%} "
+                f"| {d_text:.1e} | {d_engine:.1e} | {row['peak_allocated_gib']:.2f} | {row['reserved_gib']:.2f} | {row['graphs']} | {row.get('gpu_busy')} |"
+            )
+    print()
+    print(
+        "| tree | switch interval (s) | W5 32 clients pairs/s | p50 ms | p99 ms | p99/p50 | requests a call | waited |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for tree, run in runs.items():
+        for interval, r in run["w5"].items():
+            print(
+                f"| {tree} | {interval} | {r['pairs_per_s']:,.0f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} "
+                f"| {r['p99_ms'] / r['p50_ms']:.1f} | {r['requests_a_call']:.1f} | {r['waited']} |"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--label", default="tree")
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--server-seconds", type=float, default=5.0, help="0: no W5")
+    parser.add_argument("--server-warmup", type=float, default=4.0)
+    parser.add_argument("--server-intervals", type=float, nargs="*", default=[0.005, 1e-4])
+    parser.add_argument("--compare", type=Path, nargs="*")
+    parser.add_argument("--variants", nargs="*", help="names of the variants to run (default: all)")
+    args = parser.parse_args()
+    if args.compare:
+        compare(args.compare)
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False
+    out: dict[str, Any] = {"label": args.label, "w1": {}, "w5": {}}
+    measure_w1(args, out)
+    folder = Path(os.environ.get("OUT", "."))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{args.label}.json").write_text(json.dumps(out, default=float))
+
+
+if __name__ == "__main__":
+    main()
