@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,10 @@ class StreamedJob:
     size: int
     label_ids: list[int]
     mode: ScoreMode = "label-softmax"
+
+
+OVERLAP_SHARE = 0.35
+"""The default :attr:`ScoringEngine.overlap_share` on CUDA (docs/benchmarks.md, "Small calls")."""
 
 
 def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
@@ -109,7 +113,12 @@ class ScoringEngine(ScoringBackend):
     on a worker thread.
     """
 
-    def __init__(self, model: Any, forward: ForwardStrategy, head: LabelHead) -> None:
+    def __init__(
+        self, model: Any, forward: ForwardStrategy, head: LabelHead, *, overlap_share: float | None = None
+    ) -> None:
+        if overlap_share is not None and not 0.0 <= overlap_share < 1.0:
+            raise ValueError(f"overlap_share must be in [0, 1), got {overlap_share}")
+        self._overlap_share = overlap_share
         self.model = model
         """The causal LM whose forward and head these are."""
         self.forward = forward
@@ -117,6 +126,17 @@ class ScoringEngine(ScoringBackend):
         # One forward at a time: concurrent forwards on one device only compete for it, and
         # serialising keeps memory use bounded.
         self._lock = threading.Lock()
+
+    @property
+    def overlap_share(self) -> float:
+        """Share of a small single-query text call's document characters built and queued on the
+        device first; the rest is tokenized while the device runs that part (:meth:`score_in_parts`).
+        0 scores the call whole. Unless set, :data:`OVERLAP_SHARE` where the forward runs ahead of the
+        device (:attr:`~genscore_core.forward.ForwardStrategy.runs_ahead`), else 0: on the CPU the
+        forward is the host's own work, so there is nothing to overlap."""
+        if self._overlap_share is not None:
+            return self._overlap_share
+        return OVERLAP_SHARE if self.forward.runs_ahead else 0.0
 
     @property
     def streams(self) -> bool:
@@ -213,25 +233,54 @@ class ScoringEngine(ScoringBackend):
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
     ) -> list[list[float]]:
         """Every prompt at once through ``forward.last_hidden_states`` (forwards that do not stream)."""
+        with self._lock:
+            return self._collect(self._launch(jobs, on_progress), on_progress)
+
+    def score_in_parts(
+        self, parts: Iterable[Sequence[ScoringJob]], on_progress: ProgressCallback | None = None
+    ) -> list[list[list[float]]]:
+        """:meth:`score_jobs` of each item of ``parts``, taking the next item only once the current
+        one's work is queued on the device.
+
+        Nothing between the two waits for the device, so when ``parts`` is a generator that builds
+        (tokenizes) its items, building part k+1 overlaps the device's work on part k: the point of
+        splitting a small text call (:attr:`overlap_share`). Scores equal :meth:`score_jobs` on each
+        part. An exception raised by ``parts`` reaches the caller; the work already queued is dropped.
+        """
+        with self._lock:
+            launched = [self._launch(jobs, on_progress) for jobs in parts]
+            return [self._collect(part, on_progress) for part in launched]
+
+    def _launch(self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None) -> _Launched:
+        """Queue the forward and head of ``jobs`` on the device (caller holds the lock); nothing here
+        waits for the device."""
         active = [job for job in jobs if job.prompts]
         distinct = [distinct_prompts(job.prompts) for job in active]
         groups = [group_prompts(prompts) for prompts, _ in distinct]
+        launched = _Launched(jobs)
+        if not groups:
+            return launched
+        # Inference mode is the forward's (ForwardStrategy); the head reads detached weights.
+        hidden = self.forward.last_hidden_states(groups, on_progress)  # [N distinct, H]
+        offset = 0
+        for job, (prompts, where) in zip(active, distinct):
+            rows = hidden[offset : offset + len(prompts)]
+            offset += len(prompts)
+            launched.scores.append(
+                (job, self.head.scores(rows, job.label_ids, job.mode), where, len(prompts))
+            )
+        return launched
+
+    def _collect(self, launched: _Launched, on_progress: ProgressCallback | None) -> list[list[float]]:
+        """The scores of launched jobs (waits for the device)."""
         scores: dict[int, list[float]] = {}
-        if groups:
-            # Inference mode is the forward's (ForwardStrategy); the head reads detached weights.
-            with self._lock:
-                hidden = self.forward.last_hidden_states(groups, on_progress)  # [N distinct, H]
-                offset = 0
-                for job, (prompts, where) in zip(active, distinct):
-                    rows = hidden[offset : offset + len(prompts)]
-                    offset += len(prompts)
-                    job_scores = self.head.scores(rows, job.label_ids, job.mode)
-                    check_scores(job_scores, job.mode)
-                    values = job_scores.double().cpu().tolist()
-                    scores[id(job)] = [values[i] for i in where]
-                    if on_progress is not None and len(prompts) < len(job.prompts):
-                        on_progress(len(job.prompts) - len(prompts))
-        return [scores.get(id(job), []) for job in jobs]
+        for job, job_scores, where, distinct in launched.scores:
+            check_scores(job_scores, job.mode)
+            values = job_scores.double().cpu().tolist()
+            scores[id(job)] = [values[i] for i in where]
+            if on_progress is not None and distinct < len(job.prompts):
+                on_progress(len(job.prompts) - distinct)
+        return [scores.get(id(job), []) for job in launched.jobs]
 
     @classmethod
     def for_model(cls, model: Any, config: ScorerConfig, *, pad_token_id: int) -> ScoringEngine:
@@ -243,6 +292,14 @@ class ScoringEngine(ScoringBackend):
             f"ScoringEngine(forward={type(self.forward).__name__}, device={self.model.device}, "
             f"dtype={self.model.dtype})"
         )
+
+
+@dataclass
+class _Launched:
+    """Jobs whose scores are queued on the device: (job, scores tensor, where, distinct prompts)."""
+
+    jobs: Sequence[ScoringJob]
+    scores: list[tuple[ScoringJob, torch.Tensor, list[int], int]] = field(default_factory=list)
 
 
 def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], list[int]]:

@@ -70,6 +70,12 @@ class ForwardStrategy(ABC, Generic[CallT, BatchT]):
 
     max_batch_tokens: int
 
+    @property
+    def runs_ahead(self) -> bool:
+        """Whether :meth:`last_hidden_states` returns before the device has done its work, leaving
+        the host free meanwhile (its batches are launched without waiting: CUDA graph replays)."""
+        return False
+
     @torch.inference_mode()
     def last_hidden_states(
         self, groups: Sequence[PrefixGroup], on_progress: ProgressCallback | None = None

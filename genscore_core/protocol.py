@@ -113,6 +113,8 @@ def check_text(value: object, param: str, index: int | None = None) -> None:
         raise InvalidRequestError(
             f"{where} must be a string, got {type(value).__name__}", param=param, index=index
         )
+    if value.isascii():  # a flag CPython keeps on the string: no scan (W4's 20 documents: ~1 ms less)
+        return
     bad = _SURROGATE.search(value)
     if bad is not None:
         raise InvalidRequestError(

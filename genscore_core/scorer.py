@@ -12,7 +12,7 @@ from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn 
 from genscore_core.backend import ScoringBackend, ScoringJob
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine
-from genscore_core.frontend import ScoringFrontEnd
+from genscore_core.frontend import ScoringFrontEnd, overlap_first_chars
 from genscore_core.loading import (
     check_causal_lm_config,
     check_loaded_causal_lm,
@@ -277,11 +277,31 @@ class GenerativeScorer:
         assert isinstance(engine, ScoringEngine)
         stream = self.front_end.stream_pairs(pairs)
         if not stream.streams:
+            first_chars = overlap_first_chars(pairs, engine.overlap_share)
+            if first_chars is not None:
+                return self._score_overlapped(engine, pairs, first_chars)
             prepared = self.front_end.prepare_pairs(pairs)
             return prepared.assemble(self._run(prepared.jobs))
         with self._progress(len(pairs)) as bar:
             scores = engine.score_stream(stream.jobs, stream.parts(), on_progress=bar.update)
         return stream.assemble(scores)
+
+    def _score_overlapped(
+        self, engine: ScoringEngine, pairs: Sequence[tuple[str, str]], first_chars: int
+    ) -> list[tuple[float, EncodedPrompt]]:
+        """A small single-query call in two parts: the second is tokenized while the device runs
+        the first (docs/benchmarks.md, "Small calls")."""
+        rest = sum(len(document) for _, document in pairs)
+        stream = self.front_end.stream_pairs(pairs, first_part_chars=first_chars, part_chars=rest)
+        [job] = stream.jobs
+        parts = (
+            [ScoringJob([list(p) for p in part.prompts], job.label_ids, job.mode != "vocab-softmax",
+                        score_mode=job.mode)]
+            for part in stream.parts()
+        )  # fmt: skip
+        with self._progress(len(pairs)) as bar:
+            scores = engine.score_in_parts(parts, on_progress=bar.update)
+        return stream.assemble([[score for [part] in scores for score in part]])
 
     def _progress(self, total: int) -> tqdm[Any]:
         return tqdm(

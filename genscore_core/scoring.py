@@ -60,13 +60,21 @@ class LabelHead:
         self.logit_scale = float(getattr(config, "logit_scale", None) or 1.0)
         self.vocab_size = int(self.weight.shape[0])
 
+    def _ids(self, label_ids: list[int]) -> torch.Tensor:
+        """Label ids on the head's device without waiting for the device: a copy from pageable
+        memory waits for the work queued before it (the whole forward); a pinned one is queued."""
+        ids = torch.tensor(label_ids, dtype=torch.int64)
+        if self.weight.device.type != "cuda":
+            return ids.to(self.weight.device)
+        return ids.pin_memory().to(self.weight.device, non_blocking=True)
+
     def _prepare(self, hidden: torch.Tensor) -> torch.Tensor:
         h = hidden.to(device=self.weight.device, dtype=torch.float32)
         return h * self.logit_scale if self.logit_scale != 1.0 else h
 
     def label_logits(self, hidden: torch.Tensor, label_ids: list[int]) -> torch.Tensor:
         """Logits of the label tokens only, in float32: [N, K]."""
-        ids = torch.as_tensor(label_ids, device=self.weight.device)
+        ids = self._ids(label_ids)
         rows = self.weight.index_select(0, ids).float()  # [K, H]
         logits = self._prepare(hidden) @ rows.T
         if self.bias is not None:
@@ -106,7 +114,7 @@ class LabelHead:
             return self._capped_vocab_probability(hidden, label_id)
         # The kernel accumulates in fp32 but reads h in the head's dtype.
         h = self._prepare(hidden).to(self.weight.dtype)
-        ids = torch.as_tensor([label_id], device=self.weight.device).expand(h.shape[0], 1)
+        ids = self._ids([label_id]).expand(h.shape[0], 1)
         result = label_logprobs(h, self.weight, ids, bias=self.bias)
         return result.logprobs[:, 0].exp()
 

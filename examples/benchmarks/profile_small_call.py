@@ -17,7 +17,13 @@ no set runs twice in a row):
   (``PROFILE_GEMMS=1``);
 * with the packed forward's graphs (genscore_core.packed.graphs): scores with and without them, the
   first three calls of a new shape, and the replay time by padding step (``PROFILE_STEPS=1,128,256``);
-* one HTTP client against a real ``genscore serve`` (``PROFILE_SERVER=<seconds>``).
+* one HTTP client against a real ``genscore serve`` (``PROFILE_SERVER=<seconds>``, right after a
+  warm-up of 4 clients: most request shapes are still new); in steady state with
+  ``PROFILE_SERVER_STEADY=<seconds>`` (each of the 64 bodies sent twice first, so every shape's graph
+  is captured before the window; ``PROFILE_SERVER_FLAGS`` adds ``genscore serve`` flags);
+* with an engine that splits small calls (``ScoringEngine.overlap_share``): W4 text in whole against
+  split at each share of ``PROFILE_SHARES`` (default ``0,0.25,0.35,0.5``), the scores' largest
+  difference, and a torch.profiler summary of one call each way (GPU busy and idle time).
 
 ``PROFILE_LIGHT=1`` stops after the W4 figures, the graph checks and the server (no deep profiles).
 Prints the figures last and writes ``$OUT/<tree>/result.json`` as it goes.
@@ -328,11 +334,35 @@ def child(tree: str, out: str) -> None:
             except Exception as error:  # reported: the other numbers still come back
                 report["replay_ms_by_token_step"] = repr(error)
 
+    if hasattr(engine, "overlap_share"):
+        overlap_variants(report, scorer, engine, sets, sync, smoke)
+
     Path(out, "result.json").write_text(json.dumps(report, indent=1, default=str))
 
     def serve() -> None:
         """One client against a real ``genscore serve`` on this model (PROFILE_SERVER seconds)."""
         nonlocal scorer, engine, forward
+        if os.environ.get("PROFILE_SERVER_STEADY") and not smoke:
+            import shutil
+            import tempfile
+
+            from bench_text import save_model
+
+            folder = Path(tempfile.mkdtemp(prefix="genscore-small-"))
+            try:
+                save_model(model, tokenizer, folder)
+                scorer = engine = forward = None  # type: ignore[assignment]
+                model.cpu()
+                torch.cuda.empty_cache()
+                report["server_steady"] = steady_server(
+                    folder, words, float(os.environ["PROFILE_SERVER_STEADY"]),
+                    os.environ.get("PROFILE_SERVER_FLAGS", "").split(),
+                )  # fmt: skip
+            except Exception as error:  # reported: the rest of the numbers still come back
+                report["server_steady"] = repr(error)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            Path(out, "result.json").write_text(json.dumps(report, indent=1, default=str))
         if os.environ.get("PROFILE_SERVER") and not smoke:
             import shutil
             import tempfile
@@ -510,6 +540,115 @@ def child(tree: str, out: str) -> None:
     serve()
 
 
+def overlap_variants(
+    report: dict[str, Any], scorer: Any, engine: Any, sets: list[Any], sync: Any, smoke: bool
+) -> None:
+    """W4 text in with the call whole against split in two at several shares (the engine's
+    ``overlap_share``; same forward, same graphs), interleaved; scores against the whole call; the
+    GPU's work and idle time of one call each way (torch.profiler)."""
+    import torch
+
+    from genscore_core import GenerativeScorer
+    from genscore_core.engine import ScoringEngine
+
+    shares = [float(x) for x in os.environ.get("PROFILE_SHARES", "0,0.25,0.35,0.5").split(",")]
+    scorers = {
+        share: GenerativeScorer(
+            front_end=scorer.front_end,
+            backend=ScoringEngine(engine.model, engine.forward, engine.head, overlap_share=share),
+        )
+        for share in shares
+    }
+
+    def call(share: float, i: int) -> Any:
+        w = sets[i % 4]
+        return scorers[share].rerank(w.queries[0], w.documents[0])
+
+    diffs = []
+    for i in range(4):  # twice per set: every shape of every variant captured before timing
+        for _ in range(2):
+            for share in shares:
+                call(share, i)
+        whole = {r.index: r.score for r in call(0.0, i)}
+        for share in shares:
+            split = {r.index: r.score for r in call(share, i)}
+            diffs.append(max(abs(split[k] - whole[k]) for k in whole))
+    report["overlap_vs_whole_max_abs_score_diff"] = max(diffs)
+    times: dict[float, list[float]] = {share: [] for share in shares}
+    for i in range(40):
+        for share in shares:
+            sync()
+            t0 = time.perf_counter()
+            call(share, i)
+            sync()
+            times[share].append((time.perf_counter() - t0) * 1e3)
+    report["w4_text_ms_by_overlap_share"] = {str(k): statistics.median(v) for k, v in times.items()}
+    if smoke:
+        return
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    for share in (0.0, engine.overlap_share):
+        call(share, 1)
+        sync()
+        path = Path(os.environ.get("CHILD_OUT", "/tmp")) / "trace_overlap.json"
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with record_function("call"):
+                call(share, 1)
+                torch.cuda.synchronize()
+        prof.export_chrome_trace(str(path))
+        summary = trace_summary(json.loads(path.read_text()))
+        path.unlink()
+        report[f"profile_text_share_{share}"] = {
+            k: summary[k]
+            for k in ("call_us", "kernel_us", "gpu_span_us", "gpu_busy_us", "gpu_idle_in_span_us",
+                      "first_kernel_after_us", "after_last_kernel_us", "kernels")
+        }  # fmt: skip
+
+
+def steady_server(folder: Path, words: list[str], seconds: float, flags: list[str]) -> dict[str, Any]:
+    """One client against ``genscore serve`` once every request shape has been seen twice (each
+    body sent twice, one at a time, before the window: the first runs eagerly, the second captures
+    its graph): the server in steady state, not its warm-up."""
+    import asyncio
+
+    import httpx
+    from bench_text import client_load, make_text, start_server
+
+    work = make_text(random.Random(5), words, 64, 20, (128, 512))
+    bodies = [{"query": q, "documents": docs} for q, docs in zip(work.queries, work.documents)]
+    proc, url = start_server(folder, flags)
+    try:
+        warm: list[list[float]] = []
+        with httpx.Client(base_url=url, timeout=120.0) as client:
+            for _ in range(2):
+                warm.append([])
+                for body in bodies:
+                    t0 = time.perf_counter()
+                    client.post("/v1/rerank", json=body).raise_for_status()
+                    warm[-1].append((time.perf_counter() - t0) * 1e3)
+        before = httpx.get(f"{url}/stats").json()
+        latencies = sorted(x * 1e3 for x in asyncio.run(client_load(url, bodies, 1, 0.0, seconds)))
+        after = httpx.get(f"{url}/stats").json()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    n = len(latencies)
+    return {
+        "flags": flags,
+        "requests": n,
+        "p50_ms": latencies[n // 2] if n else None,
+        "p90_ms": latencies[int(n * 0.9)] if n else None,
+        "p99_ms": latencies[min(n - 1, int(n * 0.99))] if n else None,
+        "max_ms": latencies[-1] if n else None,
+        "warm_pass_medians_ms": [statistics.median(w) for w in warm],
+        "requests_a_call": (after["requests"] - before["requests"])
+        / max(1, after["batches"] - before["batches"]),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tree", action="append", default=None)
@@ -539,13 +678,14 @@ def main() -> None:
         print(f"\n== {label} ({r['forward']}), W4 tokens per call {r['tokens']}")
         for key in (
             "w4_text_ms", "w4_engine_ms", "front_end_ms", "engine_loop_ms", "engine_after_tokenize_ms",
-            "eager_text_ms", "graph_vs_eager_max_abs_score_diff",
+            "eager_text_ms", "graph_vs_eager_max_abs_score_diff", "overlap_vs_whole_max_abs_score_diff",
         ):  # fmt: skip
             if key in r:
                 print(f"{key:28s} {r[key]:8.4g}")
         for key in (
             "new_shape_calls_ms (eager, capture, replay)", "graph_stats", "replay_ms_by_token_step",
-            "server_1_client",
+            "server_1_client", "w4_text_ms_by_overlap_share", "profile_text_share_0.0",
+            "profile_text_share_0.35", "server_steady",
         ):  # fmt: skip
             if key in r:
                 print(f"{key}: {r[key]}")

@@ -190,6 +190,7 @@ def create_app(
         max_queued=limits.max_queued_requests,
         max_request_tokens=limits.max_prompt_tokens_per_request,
         max_waited_batches=limits.batch_max_waited,
+        preparing=(lambda: scorer.front_end.tokenizing) if limits.batch_wait == "tokenizing" else None,
     )
     # The scorer's own front end over the batcher: every endpoint answers through the library's
     # ascore/arerank, and only the scoring is shared between concurrent requests.

@@ -16,8 +16,8 @@ Fairness: a queued job is never overtaken (arrival order), and a job that has al
 no request waits behind more than that many calls, however the load comes. A short queue waits
 ``max_wait_ms`` at most for company; with ``preparing=`` (a hook saying whether requests are being
 tokenized) it waits only while that says so, and a lone request starts at once. ``genscore serve``
-does not pass the hook: its ``--batch-max-wait-ms`` keeps meaning "wait up to this long for a fuller
-call", which deployments that want full calls rely on.
+passes the hook unless ``--batch-wait always`` asks for calls that wait up to ``--batch-max-wait-ms``
+whatever comes (deployments that want full calls).
 
 A job's scores do not depend on what it is batched with, beyond float32 rounding (observed
 differences are below 1e-6).

@@ -29,11 +29,17 @@ _LIMIT_FLAGS = {
     "batch_max_tokens": "batch_max_tokens",
     "batch_max_wait_ms": "batch_max_wait_ms",
     "batch_max_waited": "batch_max_waited",
+    "batch_wait": "batch_wait",
     "max_queued_requests": "max_queued_requests",
     "max_connections": "max_connections",
     "header_timeout": "header_timeout_s",
     "keep_alive_timeout": "keep_alive_timeout_s",
 }
+
+
+def server_limits(args: argparse.Namespace) -> ServerLimits:
+    """The :class:`ServerLimits` that ``genscore serve``'s parsed arguments ask for."""
+    return ServerLimits(**{field: getattr(args, flag) for flag, field in _LIMIT_FLAGS.items()})
 
 
 _port = argument_type(int, "a port number (1-65535)", lambda value: 1 <= value <= 65535)
@@ -89,6 +95,13 @@ def add_serve_command(
         type=non_negative_float,
         default=defaults.batch_max_wait_ms,
         help="how long a request waits for others to batch with (default %(default)s)",
+    )
+    limits.add_argument(
+        "--batch-wait",
+        choices=("tokenizing", "always"),
+        default=defaults.batch_wait,
+        help="when a short queue waits --batch-max-wait-ms for more requests: only while others are "
+        "being tokenized, so a lone request starts at once (tokenizing), or always (default %(default)s)",
     )
     limits.add_argument(
         "--batch-max-waited",
@@ -156,7 +169,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     from genscore_core.scorer import GenerativeScorer
 
-    limits = ServerLimits(**{field: getattr(args, flag) for flag, field in _LIMIT_FLAGS.items()})
+    limits = server_limits(args)
     scorer = GenerativeScorer(**config_settings(args))
     app = create_app(scorer, limits, served_model_name=args.served_model_name)
     if not _is_loopback(args.host):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -24,6 +26,10 @@ class ServerLimits(BaseModel):
     batch_max_wait_ms: float = Field(default=2.0, ge=0)
     """How long the first request of a call waits for others while the call is under
     ``batch_max_tokens``; 0 takes only what is already queued. A long wait asks for full calls."""
+    batch_wait: Literal["tokenizing", "always"] = "tokenizing"
+    """When a short queue waits (up to ``batch_max_wait_ms``) for more requests: only while others are
+    being tokenized, so that a lone request starts at once (``"tokenizing"``), or always
+    (``"always"``: with a long ``batch_max_wait_ms``, calls that wait until ``batch_max_tokens`` is full)."""
     batch_max_waited: int = Field(default=2, ge=1)
     """Engine calls a request may see run while it is queued; the next call takes it whatever
     ``batch_max_tokens`` says, so no request waits behind more calls than this."""

@@ -230,7 +230,7 @@ def test_ray_serve_batches_concurrent_callers(
     tokens = sum(len(prompt.token_ids) for prompt in scorer.prepare_score(SEED_TEXT_REQUEST).prompts)
     # The batch is sent once it holds `callers` requests' tokens; the long wait only bounds a failure,
     # so the test does not depend on how fast the requests arrive.
-    limits = ServerLimits(batch_max_tokens=callers * tokens, batch_max_wait_ms=600_000)
+    limits = ServerLimits(batch_max_tokens=callers * tokens, batch_max_wait_ms=600_000, batch_wait="always")
     app = serve_app(
         str(tiny_model_dir), num_gpus=0, num_replicas=1, limits=limits, name="batching", **SETTINGS
     )
