@@ -335,7 +335,10 @@ def child(tree: str, out: str) -> None:
                 report["replay_ms_by_token_step"] = repr(error)
 
     if hasattr(engine, "overlap_share"):
-        overlap_variants(report, scorer, engine, sets, sync, smoke)
+        try:
+            overlap_variants(report, scorer, engine, sets, sync, smoke)
+        except Exception as error:  # reported: the server figures still come back
+            report["overlap_error"] = repr(error)
 
     Path(out, "result.json").write_text(json.dumps(report, indent=1, default=str))
 
