@@ -350,6 +350,9 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # A constant only: the module imports neither torch nor the testing extra's package.
+    from genscore_core.testing.demo_model import TRAIN_STEPS as DEMO_TRAIN_STEPS
+
     parser = argparse.ArgumentParser(
         prog="genscore", description="Rerank documents by a causal LM's next-token label probabilities."
     )
@@ -405,16 +408,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "make-demo-model",
         help="write a small Qwen3 reranker that ranks by word overlap (real Qwen3 tokenizer), for offline demos",
-        description="Wires and trains (seconds to a few minutes on a CPU) a 3-layer Qwen3 that scores a "
-        "document by the share of its content words found in the query, through the Qwen3-Reranker "
-        "template. Deterministic for a given seed.",
+        description="Trains (one to two minutes on a CPU) a 2-layer Qwen3 on synthetic queries to score a "
+        "document by how many of the query's words it contains, through the Qwen3-Reranker template. "
+        "Deterministic for a given seed.",
     )
     demo.add_argument("output_dir", metavar="DIR", help="folder to write the model and tokenizer to")
     demo.add_argument(
-        "--seed", type=int, default=0, help="seed of the token codes and training data (default 0)"
+        "--seed", type=int, default=0, help="seed of the starting weights and training data (default 0)"
     )
     demo.add_argument(
-        "--train-steps", type=int, default=100, help="AdamW steps fitting the free parameters (default 100)"
+        "--train-steps",
+        type=int,
+        default=DEMO_TRAIN_STEPS,
+        help=f"AdamW steps over all parameters (default {DEMO_TRAIN_STEPS})",
     )
     demo.add_argument("--force", action="store_true", help="write into a non-empty folder")
     demo.set_defaults(handler=_make_demo_model)

@@ -1,39 +1,58 @@
-"""An offline demo reranker: a small Qwen3 that judges lexical relevance, with the real Qwen3 tokenizer.
+"""An offline demo reranker: a small Qwen3 trained to judge lexical relevance, with the real Qwen3 tokenizer.
 
 Random weights (``make_tiny_model``) exercise the whole pipeline but rank nothing, so a reader of the
-README never sees the reranker work. This module writes a model that does rank, with no download and
-in seconds: a 3-layer ``Qwen3ForCausalLM`` over the full Qwen3 vocabulary, read through the
-Qwen3-Reranker template with the "yes"/"no" labels, like the real model. Its score grows with the
-share of the document's content words that also occur in the query, so "Paris is the capital of
-France." beats "Berlin is the capital of Germany." for "What is the capital of France?". It knows no
-meaning: synonyms, paraphrases and world knowledge are beyond it.
+README never sees the reranker work. This module trains, on two CPU cores in about a minute, a model
+that does rank: a 2-layer ``Qwen3ForCausalLM`` (hidden size 64, two heads of 64, MLP 128) over the full
+Qwen3 vocabulary, read through the Qwen3-Reranker template with the "yes"/"no" labels, like the real
+model. It learns to score a document by how many of the query's content words it contains, so "Paris
+is the capital of France." beats "Berlin is the capital of Germany." for "What is the capital of
+France?". It knows no meaning: synonyms, paraphrases and world knowledge are beyond it.
 
-How it is made. Learning word matching from scratch takes a small transformer thousands of steps,
-far more than a few minutes on two CPU cores allow. So the matching circuit is *wired* (each weight
-set by construction, see ``_wire``) and only its free parameters are *trained*:
+How it starts. Every parameter first gets transformers' own initialisation (normal, std 0.02; norms
+at 1) from ``torch.manual_seed(seed)``; then, from a generator seeded with ``seed``:
 
-* Every token id gets a fixed pseudo-random code of norm 8 in 64 residual dimensions (nearly
-  orthogonal codes, so equal tokens match and different ones do not); a few more dimensions carry
-  flags: a constant, the attention sink (``<|im_start|>``), the ``Query`` and ``<Document`` markers of
-  the template, and "stop" tokens (function words, punctuation, chat markup) that should not count.
-* Layer 0 tells each position whether it comes after the ``Query`` marker and after the
-  ``<Document`` marker (one head attends to each marker, falling back on the sink).
-* Layer 1 marks each document token whose code also occurs in the query (a head whose queries and
-  keys are the codes, with keys outside the query pushed down, and the sink as "no match").
-* Layer 2, at the last position, averages those marks over the document's content tokens.
-* The LM head rows of "yes" and "no" read that average with opposite signs; the rows share one
-  code, so nothing else separates them.
+* Embeddings (tied with the LM head): every token id gets a random Gaussian code of norm 8 in the 64
+  dimensions, whose first coordinate is then set to 4 for every token (a shared "bias" coordinate).
+* Layer 0, both heads, queries and keys: a duplicate-token detector. The 32 slowly rotating rotary
+  dimensions of each head get ``W_Q = W_K`` = one random projection of the codes (equal tokens attend
+  to each other wherever they are); the 12 fastest rotating ones get the bias coordinate, along one
+  random direction in ``W_Q`` and its opposite in ``W_K``, so that rotary position embedding makes a
+  token shun itself (at distance 0 the two cancel fully, further away they average out). The other
+  rotary dimensions start at 0; ``q_norm``/``k_norm`` weights start at 1.4.
+* Layer 0, head 0, values and output: ``W_V`` copies the code coordinates of the attended token and
+  ``W_O`` writes them back negated, so a token that finds a copy of itself earlier in the prompt
+  (a document word that is in the query) cancels its own code.
+* Layer 1: ``q_norm`` weights start at 0.1 (attention close to uniform); ``W_V`` and ``W_O`` are
+  drawn with std ``1/sqrt(fan_in)`` instead of 0.02, so that what layer 0 finds reaches the last
+  position from the first step (with 0.02, one seed in three stayed at chance).
+* The final norm's weight starts at 0.1 (first scores close to 0.5).
 
-Rotary embeddings would make a token's key depend on its position; ``rope_theta`` is set so high that
-the dimensions the circuit uses turn by less than 1e-3 radian over the template's length, which makes
-matching position-free. The MLPs are zero.
+Everything else keeps the default initialisation: both MLPs, layer 0's second value/output head,
+layer 1's query and key projections, the other norms. At this start the model ranks no better than chance (held-out
+nDCG@10 about 0.65, random order gives 0.67).
 
-Training (``train_steps`` AdamW steps on synthetic queries and documents whose relevance is the share
-of shared content words) then fits the attention sharpness of the three heads and the read-out scale
-and offset, with the binary cross-entropy of the yes/no score against that share. The data, the
-codes and the initial weights come from fixed seeds, training runs single-threaded with
-``torch.use_deterministic_algorithms``, so the same seed writes the same weights on a given machine
-and PyTorch version.
+How it is trained. All parameters (embeddings, attention, MLPs, norms, and through the tied
+embeddings the LM head) are trained together by AdamW (learning rate 1e-2 with 30 warm-up steps and a
+cosine decay to 1e-3, gradients clipped at norm 1) for ``train_steps`` steps of 4 synthetic queries
+with 8 documents each (see :func:`training_query`). The loss is a listwise cross-entropy (the
+documents' margins ``logit(yes) - logit(no)`` against a softmax of twice their number of shared query
+words) plus half the binary cross-entropy of the yes/no score against the share of the query's words
+the document contains. Training documents of one query all hold the same number of content words, so
+document length says nothing about relevance and only matching words pays; half of them carry a number
+whose digits and commas repeat (Qwen3 writes one token per digit), so that such repeats do not count. What training has to find:
+which positions to read (the document's content words, not the template, the query or function words
+such as "the" that also occur in the query), how to turn the matches into a score, and its scale.
+
+Only the embedding rows of tokens that occur in the training prompts receive gradients. Rows that
+never do stay exactly at their start values (AdamW without weight decay leaves a parameter with zero
+gradient unchanged), so training runs on a table of those rows and writes them back into the full
+vocabulary afterwards; the result is what training the full table would give, in a fraction of the
+time. Words of the held-out list (:func:`held_out_words`) never occur in training: their codes are the
+random start, which is how the test measures that matching generalises to unseen words.
+
+The data, the codes and the start come from fixed seeds, and training runs with a fixed number of
+threads and ``torch.use_deterministic_algorithms``, so the same seed writes the same weights on a given
+machine and PyTorch version.
 """
 
 from __future__ import annotations
@@ -49,21 +68,33 @@ from typing import Any
 from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir, write_model_folder
 
 DEMO_MODEL_NOTICE = (
-    "DEMO MODEL: written by `genscore make-demo-model`. It ranks documents by the share of their words "
-    "that also occur in the query (lexical overlap), through the real Qwen3-Reranker template and "
-    "tokenizer. It has no notion of meaning; use a real reranker (Qwen/Qwen3-Reranker-0.6B) for real work."
+    "DEMO MODEL: written by `genscore make-demo-model`. It ranks documents by how many of the query's "
+    "words they contain (lexical overlap), trained on synthetic queries, through the real "
+    "Qwen3-Reranker template and tokenizer. It has no notion of meaning; use a real reranker "
+    "(Qwen/Qwen3-Reranker-0.6B) for real work."
 )
 
-# Residual stream layout.
-_CODE_DIMS = 64
-_BIAS, _SINK, _QMARK, _DMARK, _STOP, _IN_QD, _IN_D, _MATCH, _SCORE = range(64, 73)
-_HIDDEN = 80
-_HEAD_DIM = 128
-_NUM_HEADS = 2
-# With this rotary base, the pairs (i, i + 64) for i >= 24 turn by at most 1e12 ** (-24 / 64) = 3e-5
-# radian per position: the circuit lives in those "slow" dimensions only.
-_ROPE_THETA = 1e12
-_SLOW = [*range(24, 64), *range(88, 128)]
+_HIDDEN = 64
+_HEADS = 2
+_HEAD_DIM = 64
+_LAYERS = 2
+_MLP = 128
+# Qwen3's own base: rotary pair i turns by 1e6 ** (-i / 32) radian per position, so pairs 16-31 turn
+# by at most 1e-3 (a copy 30 tokens away still matches) while pairs 0-5 turn by 0.1 to 1 (they tell a
+# token from itself).
+_ROPE_THETA = 1e6
+_FAST_PAIRS = 6
+_BIAS = 4.0
+_QK_NORM = 1.4
+
+_QUERIES_PER_STEP = 4
+_DOCUMENTS_PER_QUERY = 8
+_LEARNING_RATE = 1e-2
+_WARMUP_STEPS = 30
+TRAIN_STEPS = 400
+_SEED = 0
+RECIPE = 3
+"""Bumped when the recipe changes, so that a folder written by an older one is not taken as current."""
 
 # Function words do not make a document relevant; in any case and with or without a leading space.
 _STOP_WORDS = frozenset(
@@ -74,26 +105,6 @@ _STOP_WORDS = frozenset(
     should may might must so than then too very just also only all any each some such both either
     neither other more most much many few""".split()
 )
-
-_SEED = 0
-
-
-def _stop_token_ids(tokenizer: Any) -> set[int]:
-    """Token ids that never count as content: function words, punctuation, whitespace, chat markup."""
-    stop: set[int] = set(tokenizer.all_special_ids)
-    pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-    for token_id, piece in enumerate(pieces):
-        word = piece.strip().lower()
-        if not any(ch.isalnum() for ch in word) or word in _STOP_WORDS:
-            stop.add(token_id)
-    for markup in ("system", "user", "assistant", "<think>", "</think>", "Query", "<Document", "Document"):
-        stop.update(tokenizer.encode(markup, add_special_tokens=False))
-    # The template's own words ("<Instruct>", ">:") must not count either.
-    from genscore_core.templates import QWEN3_RERANKER
-
-    stop.update(tokenizer.encode(QWEN3_RERANKER.suffix, add_special_tokens=False))
-    stop.update(tokenizer.encode("<Instruct>: x\n<Query>: x\n<Document>: x", add_special_tokens=False)[:-1])
-    return stop
 
 
 @contextlib.contextmanager
@@ -117,10 +128,10 @@ def _config(tokenizer: Any) -> Any:
     return Qwen3Config(
         vocab_size=QWEN3_VOCAB_SIZE,
         hidden_size=_HIDDEN,
-        intermediate_size=8,
-        num_hidden_layers=3,
-        num_attention_heads=_NUM_HEADS,
-        num_key_value_heads=_NUM_HEADS,
+        intermediate_size=_MLP,
+        num_hidden_layers=_LAYERS,
+        num_attention_heads=_HEADS,
+        num_key_value_heads=_HEADS,
         head_dim=_HEAD_DIM,
         max_position_embeddings=8192,
         rope_parameters={"rope_type": "default", "rope_theta": _ROPE_THETA},
@@ -132,93 +143,52 @@ def _config(tokenizer: Any) -> Any:
     )
 
 
-def _wire(model: Any, tokenizer: Any, seed: int) -> None:
-    """Set every weight of the matching circuit (module docstring); free parameters get start values."""
+def _initialise(model: Any, seed: int) -> None:
+    """The start described in the module docstring, over transformers' default initialisation."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    (yes_id,) = tokenizer.encode("yes", add_special_tokens=False)
-    (no_id,) = tokenizer.encode("no", add_special_tokens=False)
-    sink_id = tokenizer.convert_tokens_to_ids("<|im_start|>")
-    query_marks = tokenizer.encode("Query", add_special_tokens=False)
-    document_marks = [
-        *tokenizer.encode("Document", add_special_tokens=False),
-        tokenizer.convert_tokens_to_ids("<Document"),
-    ]
-    stop = sorted(i for i in _stop_token_ids(tokenizer) if i < vocab)
-
+    half = _HEAD_DIM // 2
+    # Rotary pairs are (i, i + half); pair i turns by theta ** (-i / half) per position.
+    slow = [*range(half // 2, half), *range(half + half // 2, _HEAD_DIM)]
+    fast = [*range(_FAST_PAIRS), *range(half, half + _FAST_PAIRS)]
     with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.zero_()
         embedding = model.model.embed_tokens.weight
-        codes = torch.randn(vocab, _CODE_DIMS, generator=generator)
-        codes = codes / codes.norm(dim=1, keepdim=True) * math.sqrt(_CODE_DIMS)
-        codes[no_id] = codes[yes_id]  # only the read-out dimension tells the two label rows apart
-        embedding[:, :_CODE_DIMS] = codes
-        embedding[:, _BIAS] = 1.0
-        embedding[sink_id, :_CODE_DIMS] = 0.0
-        embedding[sink_id, _BIAS] = 0.0
-        embedding[sink_id, _SINK] = 1.0
-        embedding[query_marks, _QMARK] = 1.0
-        embedding[document_marks, _DMARK] = 1.0
-        embedding[stop, _STOP] = 1.0
-        embedding[sink_id, _STOP] = 1.0
-        for norm in [model.model.norm, *(layer.input_layernorm for layer in model.model.layers)]:
-            norm.weight.fill_(1.0)
-        for layer in model.model.layers:
-            layer.post_attention_layernorm.weight.fill_(1.0)
-            layer.self_attn.k_norm.weight.fill_(1.0)
+        codes = torch.randn(embedding.shape, generator=generator)
+        codes = codes / codes.norm(dim=1, keepdim=True) * math.sqrt(_HIDDEN)
+        codes[:, 0] = _BIAS
+        embedding.copy_(codes)
 
-        rms = _token_rms(embedding)
-        layers = model.model.layers
-        # Layer 0: head 0 finds the Query marker, head 1 the Document marker; the sink is the fallback.
-        for head, (mark, flag) in enumerate(((_QMARK, _IN_QD), (_DMARK, _IN_D))):
-            attention = layers[0].self_attn
-            base = head * _HEAD_DIM
-            attention.q_proj.weight[base + 60, _BIAS] = 1.0
-            attention.k_proj.weight[base + 60, mark] = 1.0
-            attention.k_proj.weight[base + 60, _SINK] = 0.5
-            attention.k_proj.weight[base + 61, _SINK] = math.sqrt(0.75)
-            attention.q_norm.weight[base : base + _HEAD_DIM] = 2.0
-            attention.v_proj.weight[base, mark] = 1.0
-            mark_ids = query_marks if mark == _QMARK else document_marks
-            attention.o_proj.weight[flag, base] = float(rms[mark_ids].mean())
-        # Layer 1, head 0: a document token matches the same code inside the query.
-        attention = layers[1].self_attn
-        code_slots = _SLOW[:_CODE_DIMS]
-        penalty, sink_slot = _SLOW[_CODE_DIMS], _SLOW[_CODE_DIMS + 1]
-        for dim, slot in enumerate(code_slots):
-            attention.q_proj.weight[slot, dim] = 1.0
-            attention.k_proj.weight[slot, dim] = 1.0
-        attention.q_proj.weight[penalty, _BIAS] = 8.0
-        attention.q_proj.weight[sink_slot, _BIAS] = 4.0
-        attention.k_proj.weight[penalty, _IN_QD] = 24.0
-        attention.k_proj.weight[penalty, _IN_D] = -24.0
-        attention.k_proj.weight[penalty, _BIAS] = -24.0
-        attention.k_proj.weight[sink_slot, _SINK] = 1.0
-        attention.q_norm.weight[:_HEAD_DIM] = 2.5
-        attention.v_proj.weight[0, _BIAS] = 1.0
-        attention.o_proj.weight[_MATCH, 0] = float(rms.median())
-        # Layer 2, head 0: average the matches over the document's content tokens.
-        attention = layers[2].self_attn
-        attention.q_proj.weight[60, _BIAS] = 1.0
-        attention.k_proj.weight[60, _IN_D] = 2.0
-        attention.k_proj.weight[60, _IN_QD] = -1.0
-        attention.k_proj.weight[60, _STOP] = -2.0
-        attention.k_proj.weight[61, _BIAS] = 1.0
-        attention.q_norm.weight[:_HEAD_DIM] = 1.0
-        attention.v_proj.weight[0, _MATCH] = 1.0
-        attention.o_proj.weight[_SCORE, 0] = float(rms.median())
-        # Read-out: logit(yes) - logit(no) = 2 * scale * score - offset, on the normalised last state.
-        embedding[yes_id, _SCORE] = 4.0
-        embedding[no_id, _SCORE] = -4.0
-        embedding[yes_id, _BIAS] = 1.0 - 0.6
-        embedding[no_id, _BIAS] = 1.0 + 0.6
+        attention = model.model.layers[0].self_attn
+        w_q = torch.zeros(attention.q_proj.weight.shape)
+        w_k = torch.zeros(attention.k_proj.weight.shape)
+        for head in range(_HEADS):
+            projection = torch.randn(len(slow), _HIDDEN - 1, generator=generator) / math.sqrt(_HIDDEN)
+            direction = torch.randn(len(fast), generator=generator)
+            direction = direction / direction.norm() * 1.4
+            slow_rows = [head * _HEAD_DIM + i for i in slow]
+            fast_rows = [head * _HEAD_DIM + i for i in fast]
+            w_q[slow_rows, 1:] = projection
+            w_k[slow_rows, 1:] = projection
+            w_q[fast_rows, 0] = direction
+            w_k[fast_rows, 0] = -direction
+        attention.q_proj.weight.copy_(w_q)
+        attention.k_proj.weight.copy_(w_k)
+        attention.q_norm.weight.fill_(_QK_NORM)
+        attention.k_norm.weight.fill_(_QK_NORM)
+        code_dims = torch.arange(_HIDDEN - 1)
+        attention.v_proj.weight[:_HEAD_DIM].zero_()
+        attention.o_proj.weight[:, :_HEAD_DIM].zero_()
+        attention.v_proj.weight[code_dims, 1 + code_dims] = 1.0
+        attention.o_proj.weight[1 + code_dims, code_dims] = -1.0
 
-
-def _token_rms(embedding: Any) -> Any:
-    return embedding.pow(2).mean(dim=1).sqrt()
+        attention = model.model.layers[1].self_attn
+        attention.q_norm.weight.fill_(0.1)
+        for projection in (attention.v_proj.weight, attention.o_proj.weight):
+            projection.copy_(
+                torch.randn(projection.shape, generator=generator) / math.sqrt(projection.shape[1])
+            )
+        model.model.norm.weight.fill_(0.1)
 
 
 # -- synthetic data ---------------------------------------------------------------------------------
@@ -284,73 +254,123 @@ def ndcg_at(scores: Sequence[float], gains: Sequence[float], k: int = 10) -> flo
 # -- training ---------------------------------------------------------------------------------------
 
 
-def _free_parameters(model: Any) -> list[Any]:
-    """What training adjusts: the sharpness of each head and the final norm (the read-out scale)."""
-    return [
-        *(layer.self_attn.q_norm.weight for layer in model.model.layers),
-        model.model.norm.weight,
-    ]
+def training_query(
+    rng: random.Random, words: Sequence[str], num_documents: int
+) -> tuple[str, list[str], list[int], int]:
+    """Like :func:`synthetic_query`, but every document of the query holds the same number of content
+    words (the query's size plus 0 to 3), shared or not, so that length says nothing about relevance;
+    and half the documents carry a number ("in 1924", "1900, 1924 and 2024"), whose digits and commas
+    repeat within the document and occur in the template, so that the model learns they do not count."""
+    size = rng.randint(1, 4)
+    query_words = rng.sample(list(words), size)
+    query = _sentence(rng, rng.choice(_QUESTION_WORDS), query_words, "?")
+    length = rng.randint(size, size + 3)
+    documents, shared = [], []
+    for _ in range(num_documents):
+        count = rng.randint(0, size)
+        picked = rng.sample(query_words, count) + rng.sample(list(words), length - count)
+        rng.shuffle(picked)
+        if rng.random() < 0.5:
+            picked.insert(rng.randint(0, len(picked)), _number(rng))
+        documents.append(_sentence(rng, "The", picked, "."))
+        shared.append(count)
+    return query, documents, shared, size
 
 
-def _train(model: Any, tokenizer: Any, words: Sequence[str], steps: int, seed: int) -> list[float]:
-    import torch
+def _sentence(rng: random.Random, first: str, words: Sequence[str], end: str) -> str:
+    text = [first]
+    for word in words:
+        text += [*rng.sample(_FILLERS, rng.randint(0, 2)), word]
+    return " ".join(text) + end
 
+
+def _number(rng: random.Random) -> str:
+    years = [str(rng.randint(1000, 2100)) for _ in range(rng.randint(1, 3))]
+    listed = years[0] if len(years) == 1 else ", ".join(years[:-1]) + " and " + years[-1]
+    return rng.choice((listed, str(rng.randint(0, 999)), f"{rng.randint(1, 99)},{rng.randint(100, 999)}"))
+
+
+def _training_batches(
+    tokenizer: Any, words: Sequence[str], steps: int, seed: int
+) -> list[tuple[list[list[int]], list[list[int]], list[float]]]:
+    """Per step: the prompts' token ids, each query's shared-word counts, and each prompt's target."""
     from genscore_core.prompts import TemplatePromptBuilder
     from genscore_core.templates import QWEN3_RERANKER
 
     builder = TemplatePromptBuilder(tokenizer, QWEN3_RERANKER, max_length=512)
+    rng = random.Random(seed + 1)
+    batches = []
+    for _ in range(steps):
+        prompts: list[list[int]] = []
+        gains: list[list[int]] = []
+        targets: list[float] = []
+        for _ in range(_QUERIES_PER_STEP):
+            query, documents, shared, size = training_query(rng, words, _DOCUMENTS_PER_QUERY)
+            prompts += [prompt.token_ids for prompt in builder.build(query, documents)]
+            gains.append(shared)
+            targets += [count / size for count in shared]
+        batches.append((prompts, gains, targets))
+    return batches
+
+
+def _train(model: Any, tokenizer: Any, words: Sequence[str], steps: int, seed: int) -> list[float]:
+    """Train every parameter (module docstring); returns the loss of each step."""
+    import numpy as np
+    import torch
+
     (yes_id,) = tokenizer.encode("yes", add_special_tokens=False)
     (no_id,) = tokenizer.encode("no", add_special_tokens=False)
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    free = _free_parameters(model)
-    for parameter in free:
-        parameter.requires_grad_(True)
-    optimizer = torch.optim.AdamW(free, lr=0.02, weight_decay=0.0)
-    rng = random.Random(seed)
+    batches = _training_batches(tokenizer, words, steps, seed)
+    pad_id = tokenizer.pad_token_id
+    occurring = sorted({t for prompts, _, _ in batches for p in prompts for t in p} | {yes_id, no_id, pad_id})
+    row_of = np.zeros(QWEN3_VOCAB_SIZE, dtype=np.int64)
+    row_of[occurring] = np.arange(len(occurring))
+    full_table = model.model.embed_tokens.weight
+    table = torch.nn.Parameter(full_table.detach()[occurring].clone())
+    yes_row, no_row, pad_row = (int(row_of[i]) for i in (yes_id, no_id, pad_id))
+    others = [p for name, p in model.named_parameters() if name != "model.embed_tokens.weight"]
+    optimizer = torch.optim.AdamW([table, *others], lr=_LEARNING_RATE, betas=(0.9, 0.98), weight_decay=0.0)
+    model.train()
     losses = []
-    for _ in range(steps):
-        prompts, targets = [], []
-        for _ in range(4):
-            query, documents, shared, size = synthetic_query(rng, words, 8)
-            prompts += [p.token_ids for p in builder.build(query, documents)]
-            targets += [count / size for count in shared]
-        ids, mask = _pad(prompts, tokenizer.pad_token_id)
-        margin = _label_margin(model, ids, mask, yes_id, no_id)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(margin, torch.tensor(targets))
+    for step, (prompts, gains, targets) in enumerate(batches):
+        scale = min(1.0, (step + 1) / _WARMUP_STEPS) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / steps)))
+        for group in optimizer.param_groups:
+            group["lr"] = _LEARNING_RATE * scale
+        width = max(len(p) for p in prompts)
+        ids = np.full((len(prompts), width), pad_row, dtype=np.int64)
+        mask = np.zeros((len(prompts), width), dtype=np.int64)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = row_of[prompt]
+            mask[row, : len(prompt)] = 1
+        lengths = torch.from_numpy(mask.sum(axis=1) - 1)
+        # The pad row's embedding is masked out of attention, as nn.Embedding's padding_idx would leave it.
+        hidden = model.model(
+            inputs_embeds=table[torch.from_numpy(ids)], attention_mask=torch.from_numpy(mask)
+        ).last_hidden_state
+        margin = hidden[torch.arange(len(prompts)), lengths] @ (table[yes_row] - table[no_row])
+        relevance = torch.tensor(gains, dtype=torch.float32)
+        listwise = -(
+            torch.softmax(2.0 * relevance, dim=1) * torch.log_softmax(margin.view(relevance.shape), dim=1)
+        )
+        loss = listwise.sum(dim=1).mean() + 0.5 * torch.nn.functional.binary_cross_entropy_with_logits(
+            margin, torch.tensor(targets)
+        )
         optimizer.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_([table, *others], 1.0)
         optimizer.step()
         losses.append(float(loss.detach()))
+    with torch.no_grad():
+        full_table[occurring] = table.detach()
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     return losses
 
 
-def _pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
-    import torch
-
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, : len(prompt)] = torch.tensor(prompt)
-        mask[row, : len(prompt)] = 1
-    return ids, mask
-
-
-def _label_margin(model: Any, ids: Any, mask: Any, yes_id: int, no_id: int) -> Any:
-    """``logit(yes) - logit(no)`` at each (right-padded) prompt's last position."""
-    import torch
-
-    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-    last = hidden[torch.arange(len(ids)), mask.sum(dim=1) - 1]
-    head = model.lm_head.weight
-    return last @ (head[yes_id] - head[no_id])
-
-
-def build_demo_model(*, train_steps: int = 100, seed: int = _SEED, threads: int = 1) -> tuple[Any, Any]:
-    """The wired and trained model and its tokenizer, in memory (see :func:`make_demo_model`)."""
+def build_demo_model(
+    *, train_steps: int = TRAIN_STEPS, seed: int = _SEED, threads: int = 1
+) -> tuple[Any, Any]:
+    """The trained model and its tokenizer, in memory (see :func:`make_demo_model`)."""
     import torch
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
@@ -358,7 +378,7 @@ def build_demo_model(*, train_steps: int = 100, seed: int = _SEED, threads: int 
     with _deterministic_torch(threads):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(_config(tokenizer)).float()
-        _wire(model, tokenizer, seed)
+        _initialise(model, seed)
         words = content_words(tokenizer)
         random.Random(seed).shuffle(words)
         # The first words are held out: tests measure ranking on words training never saw.
@@ -376,18 +396,23 @@ def held_out_words(tokenizer: Any, seed: int = _SEED) -> list[str]:
     return words[:HELD_OUT_WORDS]
 
 
+def _settings(train_steps: int, seed: int, threads: int) -> dict[str, int]:
+    return {"recipe": RECIPE, "train_steps": train_steps, "seed": seed, "threads": threads}
+
+
 def make_demo_model(
-    output_dir: str | Path, *, train_steps: int = 100, seed: int = _SEED, threads: int = 1
+    output_dir: str | Path, *, train_steps: int = TRAIN_STEPS, seed: int = _SEED, threads: int = 1
 ) -> Path:
-    """Write the demo reranker (a ``Qwen3ForCausalLM``) and the real Qwen3 tokenizer to ``output_dir``.
+    """Train the demo reranker (a ``Qwen3ForCausalLM``) and write it with the real Qwen3 tokenizer.
 
     It loads with ``GenerativeScorer(output_dir)`` (template ``qwen3-reranker``, labels "yes"/"no")
-    and ranks documents by lexical overlap with the query; see the module docstring for how.
+    and ranks documents by lexical overlap with the query; see the module docstring for how it is
+    made.
 
     Args:
         output_dir: Folder to write; created if missing.
-        train_steps: AdamW steps fitting the free parameters (0 keeps the wired start values).
-        seed: Seed of the token codes and of the synthetic training data.
+        train_steps: AdamW steps over all parameters (0 writes the untrained start).
+        seed: Seed of the start (codes and projections) and of the synthetic training data.
         threads: Torch threads while training; results are bitwise reproducible for a given count.
 
     Returns:
@@ -395,7 +420,7 @@ def make_demo_model(
     """
     model, tokenizer = build_demo_model(train_steps=train_steps, seed=seed, threads=threads)
     out = Path(output_dir)
-    settings = {"train_steps": train_steps, "seed": seed, "threads": threads}
+    settings = _settings(train_steps, seed, threads)
     write_model_folder(
         out,
         model,
@@ -414,9 +439,9 @@ DEMO_SETTINGS_FILE = "genscore_demo_model.json"
 
 
 def holds_demo_model(
-    folder: str | Path, *, train_steps: int = 100, seed: int = _SEED, threads: int = 1
+    folder: str | Path, *, train_steps: int = TRAIN_STEPS, seed: int = _SEED, threads: int = 1
 ) -> bool:
-    """Whether ``folder`` already holds a complete demo model written with these settings.
+    """Whether ``folder`` already holds a complete demo model written with these settings (and recipe).
 
     Lets ``genscore make-demo-model DIR`` be run again (a README command re-run) without rebuilding.
     """
@@ -425,6 +450,5 @@ def holds_demo_model(
         written = json.loads((out / DEMO_SETTINGS_FILE).read_text())
     except (OSError, ValueError):
         return False
-    expected = {"train_steps": train_steps, "seed": seed, "threads": threads}
     complete = all((out / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
-    return complete and written == expected
+    return complete and written == _settings(train_steps, seed, threads)
