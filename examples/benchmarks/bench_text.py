@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 # The measuring helpers are bench_workloads.py's (this folder is on sys.path when a script runs).
-from bench_workloads import errors, peak_beyond, sync, timed
+from bench_workloads import errors, peak_beyond, stop_server, sync, timed
 
 from genscore_core import GenerativeScorer
 
@@ -453,11 +453,7 @@ def server_benchmark(
                           f"most batches waited behind: {worst if worst is not None else 'n/a'}"))
             )  # fmt: skip
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
 
 
 # -- the GPU workloads --------------------------------------------------------------------------------

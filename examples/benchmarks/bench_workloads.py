@@ -189,6 +189,15 @@ def errors(got: Sequence[float], ref: Sequence[float]) -> tuple[float, float]:
     return max(diff), sum(diff) / len(diff)
 
 
+def stop_server(proc: subprocess.Popen[Any]) -> None:
+    """Stop a benchmark's server process: SIGTERM for a graceful drain, SIGKILL if that hangs."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def matmul_tflops(device: torch.device) -> float:
     a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)

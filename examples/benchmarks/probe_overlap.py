@@ -30,23 +30,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_text import build_model, client_load, free_port, load_tokenizer, make_text, save_model, word_list
-from bench_workloads import sync
+from bench_text import (
+    QWEN3_06B,
+    TINY,
+    build_model,
+    client_load,
+    free_port,
+    load_tokenizer,
+    make_text,
+    save_model,
+    word_list,
+)
+from bench_workloads import stop_server, sync
 
 from genscore_core import GenerativeScorer
 from genscore_core.engine import ScoringEngine
 from genscore_core.packed import PackedForward
 from genscore_core.packed.decoder import PackedOptions
 from genscore_core.scoring import LabelHead
-
-QWEN3_06B = dict(
-    vocab_size=151669, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-    num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, max_position_embeddings=40960,
-)  # fmt: skip
-TINY = dict(
-    vocab_size=151669, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, max_position_embeddings=40960,
-)  # fmt: skip
 
 
 def options(**wanted: Any) -> PackedOptions | None:
@@ -330,11 +331,7 @@ def serve(folder: Path, words: list[str], interval: float, args: argparse.Namesp
         latencies = sorted(asyncio.run(client_load(url, bodies, 32, 1.0, args.server_seconds)))
         after = httpx.get(f"{url}/stats").json()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     p50 = latencies[len(latencies) // 2]
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     calls = after["batches"] - before["batches"]

@@ -619,6 +619,7 @@ def steady_server(folder: Path, words: list[str], seconds: float, flags: list[st
 
     import httpx
     from bench_text import client_load, make_text, start_server
+    from bench_workloads import stop_server
 
     work = make_text(random.Random(5), words, 64, 20, (128, 512))
     bodies = [{"query": q, "documents": docs} for q, docs in zip(work.queries, work.documents)]
@@ -636,11 +637,7 @@ def steady_server(folder: Path, words: list[str], seconds: float, flags: list[st
         latencies = sorted(x * 1e3 for x in asyncio.run(client_load(url, bodies, 1, 0.0, seconds)))
         after = httpx.get(f"{url}/stats").json()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     n = len(latencies)
     return {
         "flags": flags,
