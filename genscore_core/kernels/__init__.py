@@ -8,6 +8,7 @@ segment attention      ``segment_attention``        ``attention_triton.py``     
 add + RMSNorm          ``add_rmsnorm``              ``fused_ops_triton.py``       ``fused_ops.add_rmsnorm``
 q/k norm + rotary      ``rope``                     ``fused_ops_triton.py``       ``fused_ops.rope``
 silu * mul             ``silu_mul``                 ``fused_ops_triton.py``       ``fused_ops.silu_mul``
+gate/up + silu*mul     ``gated_mlp``                ``gated_mlp_triton.py``       ``gated_mlp.gated_mlp``
 =====================  ===========================  ============================  =====================
 
 Every entry point takes ``impl: KernelImpl`` ("auto", "triton", "torch"), resolved by the one function
@@ -25,6 +26,7 @@ from genscore_core.kernels.attention import (
 )
 from genscore_core.kernels.dispatch import KernelImpl, use_triton
 from genscore_core.kernels.fused_ops import add_rmsnorm, rope, silu_mul
+from genscore_core.kernels.gated_mlp import gated_mlp
 from genscore_core.kernels.label_logprobs import LabelLogprobs, label_logprobs, label_logprobs_reference
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "LabelLogprobs",
     "Segments",
     "add_rmsnorm",
+    "gated_mlp",
     "label_logprobs",
     "label_logprobs_reference",
     "rope",

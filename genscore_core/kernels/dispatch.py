@@ -89,6 +89,7 @@ def use_triton(
 TRITON_MODULES = (
     "genscore_core.kernels.attention_triton",
     "genscore_core.kernels.fused_ops_triton",
+    "genscore_core.kernels.gated_mlp_triton",
     "genscore_core.kernels.label_logprobs_triton",
 )
 """genscore's Triton kernels, one module per kernel family (each imports triton at the top)."""

@@ -35,6 +35,8 @@ from genscore_core.kernels.attention import (
     unsupported_reason as attention_unsupported,
 )
 from genscore_core.kernels.dispatch import KernelImpl, use_triton
+from genscore_core.kernels.gated_mlp import gated_mlp
+from genscore_core.kernels.gated_mlp import unsupported_reason as gated_mlp_unsupported
 from genscore_core.packed.plan import PackedBatch
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
@@ -334,6 +336,16 @@ class PackedOptions(BaseModel):
     """Implementation of the segment attention (:mod:`genscore_core.kernels.dispatch`)."""
     fused_ops: KernelImpl = "auto"
     """Implementation of add+RMSNorm, q/k norm+rotary and silu*mul."""
+    gated_mlp: KernelImpl = "auto"
+    """Implementation of the MLP's gate and up products with silu*mul: "triton" is one GEMM kernel that
+    applies silu*mul to its accumulators (:mod:`genscore_core.kernels.gated_mlp`) on every batch;
+    "torch" runs the two products (cuBLAS on CUDA), then silu*mul as ``fused_ops`` says; "auto" runs
+    the kernel on CUDA for batches under ``gated_mlp_max_tokens`` and the products above."""
+    gated_mlp_max_tokens: int = Field(default=16384, ge=0)
+    """With ``gated_mlp="auto"``, batches of at least this many (padded) tokens run the cuBLAS products
+    and silu*mul: on an H200 the kernel saved 0.4-0.7 ms a call on W4 (~9k tokens) but nothing
+    on W1's 40-64k-token batches, where cuBLAS's products ran faster than in isolation
+    (docs/benchmarks.md, "Gate/up GEMM with silu*mul in its epilogue")."""
     residual_dtype: Literal["float32", "bfloat16"] = "float32"
     """The residual stream's dtype (benchmarks measure bf16 against the float32 default)."""
     trim_last_layer: bool = True
@@ -351,8 +363,8 @@ class PackedOptions(BaseModel):
 
     @classmethod
     def all_kernels(cls, impl: KernelImpl, **other: Any) -> PackedOptions:
-        """The same implementation for attention and the fused operations."""
-        return cls(attention=impl, fused_ops=impl, **other)
+        """The same implementation for attention, the fused operations and the gated MLP."""
+        return cls(attention=impl, fused_ops=impl, gated_mlp=impl, **other)
 
 
 class PackedDecoder:
@@ -398,6 +410,15 @@ class PackedDecoder:
         self.attention_impl: KernelImpl = "triton" if triton_attention else "torch"
         self.ops_impl: KernelImpl = "triton" if triton_ops else "torch"
         self.rope_impl: KernelImpl = "triton" if triton_rope else "torch"
+        first = self.layers[0]
+        probe_x = torch.empty(0, first.gate[0].shape[1], dtype=self.dtype, device="meta")
+        triton_mlp = use_triton(
+            options.gated_mlp, self.device, kernel="gated_mlp",
+            unsupported=gated_mlp_unsupported(probe_x, first.gate, first.up),
+        )  # fmt: skip
+        self.mlp_impl: KernelImpl = "triton" if triton_mlp else "torch"
+        # Rows from which "auto" runs the cuBLAS products instead (the kernel runs at any size).
+        self.mlp_max_rows = options.gated_mlp_max_tokens if options.gated_mlp == "auto" else None
 
     @staticmethod
     def _layer(layer: Any) -> _Layer:
@@ -493,7 +514,11 @@ class PackedDecoder:
             del attn
             h = fused_ops.add_rmsnorm(residual, attn_out, layer.ln2, self.eps, self.dtype, impl=impl)
             del attn_out
-            act = fused_ops.silu_mul(F.linear(h, *layer.gate), F.linear(h, *layer.up), impl=impl)
+            if self.mlp_impl == "triton" and (self.mlp_max_rows is None or h.shape[0] < self.mlp_max_rows):
+                # One GEMM kernel: the gate and up products never leave the chip.
+                act = gated_mlp(h, layer.gate, layer.up, impl="triton")
+            else:
+                act = fused_ops.silu_mul(F.linear(h, *layer.gate), F.linear(h, *layer.up), impl=impl)
             mlp_out = F.linear(act, *layer.down)
             del act
             if index == n_layers - 1:

@@ -1,4 +1,5 @@
-"""The packed forward with every Triton kernel (attention, add+RMSNorm, norm+rotary, silu*mul),
+"""The packed forward with every Triton kernel (attention, add+RMSNorm, norm+rotary, the gate/up GEMM
+with silu*mul),
 run on the CPU through Triton's interpreter, against each prompt alone through the Hugging Face forward.
 
 The same comparison with the torch references is in tests/test_packed_forward.py; this one shows the
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from genscore_core.forward import PrefixGroup
 from genscore_core.packed import PackedForward, PackedOptions
@@ -37,7 +38,8 @@ def _groups(vocab: int) -> list[PrefixGroup]:
 
 def _triton_forward(model: Any, budget: int) -> PackedForward:
     forward = PackedForward(model, max_batch_tokens=budget, options=PackedOptions.all_kernels("triton"))
-    assert (forward.decoder.attention_impl, forward.decoder.ops_impl) == ("triton", "triton")
+    decoder = forward.decoder
+    assert (decoder.attention_impl, decoder.ops_impl, decoder.mlp_impl) == ("triton", "triton", "triton")
     return forward
 
 
@@ -61,3 +63,27 @@ def test_qwen2_through_the_kernels() -> None:
     groups = _groups(config.vocab_size)
     got = _triton_forward(model, 20).last_hidden_states(groups)
     torch.testing.assert_close(got, _reference(model, groups), atol=ATOL, rtol=ATOL)
+
+
+def test_fused_mlp_alone_with_mlp_biases() -> None:
+    """Only the gate/up GEMM kernel on Triton, on a Llama with MLP biases (Qwen3 has none)."""
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, mlp_bias=True, initializer_range=0.2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # biases of order one, so that leaving one out would show
+        for layer in model.model.layers:
+            layer.mlp.gate_proj.bias.normal_()
+            layer.mlp.up_proj.bias.normal_()
+    forward = PackedForward(
+        model,
+        max_batch_tokens=20,
+        options=PackedOptions(gated_mlp="triton", fused_ops="torch", attention="torch"),
+    )
+    assert forward.decoder.mlp_impl == "triton"
+    groups = _groups(config.vocab_size)
+    torch.testing.assert_close(
+        forward.last_hidden_states(groups), _reference(model, groups), atol=ATOL, rtol=ATOL
+    )
