@@ -340,7 +340,8 @@ class PackedOptions(BaseModel):
     """Implementation of the MLP's gate and up products with silu*mul: "triton" is one GEMM kernel that
     applies silu*mul to its accumulators (:mod:`genscore_core.kernels.gated_mlp`) on every batch;
     "torch" runs the two products (cuBLAS on CUDA), then silu*mul as ``fused_ops`` says; "auto" runs
-    the kernel on CUDA for batches under ``gated_mlp_max_tokens`` and the products above."""
+    the kernel on CUDA for bf16/fp16 batches under ``gated_mlp_max_tokens`` and the products
+    otherwise."""
     gated_mlp_max_tokens: int = Field(default=16384, ge=0)
     """With ``gated_mlp="auto"``, batches of at least this many (padded) tokens run the cuBLAS products
     and silu*mul: on an H200 the kernel saved 0.4-0.7 ms a call on W4 (~9k tokens) but nothing
@@ -416,6 +417,8 @@ class PackedDecoder:
             options.gated_mlp, self.device, kernel="gated_mlp",
             unsupported=gated_mlp_unsupported(probe_x, first.gate, first.up),
         )  # fmt: skip
+        if options.gated_mlp == "auto" and self.dtype not in (torch.bfloat16, torch.float16):
+            triton_mlp = False  # measured in bf16 only; float32 products stay with cuBLAS
         self.mlp_impl: KernelImpl = "triton" if triton_mlp else "torch"
         # Rows from which "auto" runs the cuBLAS products instead (the kernel runs at any size).
         self.mlp_max_rows = options.gated_mlp_max_tokens if options.gated_mlp == "auto" else None
