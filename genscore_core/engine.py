@@ -156,6 +156,32 @@ class ScoringEngine(ScoringBackend):
         """
         return self._score_whole(jobs, on_progress)
 
+    def score_jobs_in_batches(
+        self,
+        jobs: Sequence[ScoringJob],
+        batch_tokens: int,
+        on_progress: ProgressCallback | None = None,
+    ) -> list[list[float]]:
+        """:meth:`score_jobs` with the call's batches filled to ``batch_tokens`` each (the last holds
+        the rest) rather than balanced, so that batch shapes repeat from call to call.
+
+        Meant for a server's calls, which mix whatever requests came: the balanced batches of
+        :meth:`score_jobs` differ in size every call, so they run eagerly; batches of one fixed size
+        replay the CUDA graphs of the streamed path (:meth:`score_stream`, which lays out batch k+1
+        on a producer thread while the device runs batch k). Scores equal :meth:`score_jobs`. A
+        forward that does not stream scores the jobs with :meth:`score_jobs`. Not faster so far:
+        docs/benchmarks.md, "genscore serve under 32 clients".
+        """
+        if batch_tokens <= 0:
+            raise ValueError(f"batch_tokens must be positive, got {batch_tokens}")
+        if not self.streams:
+            return self._score_whole(jobs, on_progress)
+        streamed = [StreamedJob(len(job.prompts), job.label_ids, job.mode) for job in jobs]
+        parts = [JobPart(index, job.prompts) for index, job in enumerate(jobs) if job.prompts]
+        return self.score_stream(
+            streamed, parts, on_progress, first_batch_tokens=batch_tokens, batch_growth=1.0
+        )
+
     def score_stream(
         self,
         jobs: Sequence[StreamedJob],

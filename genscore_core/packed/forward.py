@@ -53,6 +53,8 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
             raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
         self.decoder = decoder = PackedDecoder(model, options)
         self.max_batch_tokens = max_batch_tokens
+        self.eager_batches = 0
+        """Batches run eagerly, not through a CUDA graph (a server reports it in ``/stats``)."""
         self.graphs: DecoderGraphs | None = None
         """CUDA graphs of small batches; only where the attention reads its segments on the device
         (the Triton kernel), since the torch attention's loop over segments would be frozen in."""
@@ -206,6 +208,7 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
             done = self.graphs.decode(packed, loaded, large=large)
             if done is not None:
                 return done
+        self.eager_batches += 1
         if dev is None:
             dev = DeviceBatch.from_batch(packed, self.decoder.device)
         hidden, saved = self.decoder.run(dev, loaded)

@@ -191,6 +191,7 @@ def create_app(
         max_request_tokens=limits.max_prompt_tokens_per_request,
         max_waited_batches=limits.batch_max_waited,
         preparing=(lambda: scorer.front_end.tokenizing) if limits.batch_wait == "tokenizing" else None,
+        batch_tokens=limits.forward_batch_tokens,
     )
     # The scorer's own front end over the batcher: every endpoint answers through the library's
     # ascore/arerank, and only the scoring is shared between concurrent requests.
@@ -303,6 +304,8 @@ def create_app(
             "failures": counters.failures,
             "batch_sizes": {str(size): n for size, n in sorted(counters.batch_sizes.items())},
             "waited_batches": {str(k): n for k, n in sorted(counters.waited_batches.items())},
+            "engine_seconds": round(counters.engine_seconds, 6),
+            "forward": forward_counters(scorer.backend),
             "in_flight": abandon_stats.in_flight,
             "waiting_to_tokenize": scorer.front_end.tokenizer_waiting,
             "tokenized_requests": abandon_stats.tokenized,
@@ -311,6 +314,21 @@ def create_app(
         }
 
     return app
+
+
+def forward_counters(backend: object) -> dict[str, int] | None:
+    """How a local engine's forward batches ran: eagerly, or as CUDA graph replays (captures
+    included, each of which also replays); None for a backend without a packed forward."""
+    forward = getattr(backend, "forward", None)
+    eager = getattr(forward, "eager_batches", None)
+    if eager is None:
+        return None
+    graphs = getattr(forward, "graphs", None)
+    return {
+        "eager_batches": int(eager),
+        "graph_replays": int(getattr(graphs, "replays", 0)),
+        "graph_captures": int(getattr(graphs, "captures", 0)),
+    }
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
+from genscore_core.engine import ScoringEngine
 from genscore_core.errors import InvalidRequestError, ServerBusyError
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,9 @@ class BatchStats:
     waited_batches: dict[int, int] = field(default_factory=dict)
     """Number of jobs per number of engine calls that ran while the job was queued (the one running
     when it arrived included)."""
+    engine_seconds: float = 0.0
+    """Wall time spent inside engine calls. The rest of the time the worker waited for requests or
+    passed results and the next call between the event loop and its thread."""
 
 
 class RequestBatcher(ScoringBackend):
@@ -79,6 +84,11 @@ class RequestBatcher(ScoringBackend):
             whatever ``max_batch_tokens`` says.
         preparing: Whether requests are being prepared (tokenized) now; when given, the worker waits
             for company only while it says so. None: a short queue always waits ``max_wait_ms``.
+        batch_tokens: When the backend is a local :class:`~genscore_core.engine.ScoringEngine`, run
+            each call of several jobs as forward batches filled to this many tokens (the last holds
+            the rest), so that their shapes repeat and replay CUDA graphs
+            (:meth:`~genscore_core.engine.ScoringEngine.score_jobs_in_batches`); 0: the engine's own
+            balanced batches. A lone job always takes the engine's own way.
         max_queued: Jobs allowed to wait; :meth:`score` raises :class:`ServerBusyError` beyond it.
         max_request_tokens: Prompt tokens one :meth:`ascore_jobs` call (one request) may hold; more
             is an :class:`~genscore_core.InvalidRequestError`. ``None``: no limit.
@@ -94,9 +104,13 @@ class RequestBatcher(ScoringBackend):
         max_request_tokens: int | None = None,
         max_waited_batches: int = 2,
         preparing: Callable[[], bool] | None = None,
+        batch_tokens: int = 0,
     ) -> None:
         if max_waited_batches < 1:
             raise ValueError(f"max_waited_batches must be at least 1, got {max_waited_batches}")
+        if batch_tokens < 0:
+            raise ValueError(f"batch_tokens must not be negative, got {batch_tokens}")
+        self.batch_tokens = batch_tokens
         self.backend = backend
         self.max_request_tokens = max_request_tokens
         self.max_batch_tokens = max_batch_tokens
@@ -261,19 +275,28 @@ class RequestBatcher(ScoringBackend):
 
     def _score_isolated(self, jobs: list[ScoringJob]) -> list[list[float] | Exception]:
         """Score the jobs together; if that fails, again one by one, so one bad job fails alone."""
+        started = time.perf_counter()
         try:
-            return list(self.backend.score_jobs(jobs))
+            return list(self._score(jobs))
         except Exception as error:
             if len(jobs) == 1:
                 return [error]
             logger.warning("a batch of %d jobs failed (%s); scoring them one by one", len(jobs), error)
+        finally:
+            self.stats.engine_seconds += time.perf_counter() - started
         outcomes: list[list[float] | Exception] = []
         for job in jobs:
             try:
-                outcomes.append(self.backend.score_jobs([job])[0])
+                outcomes.append(self._score([job])[0])
             except Exception as error:
                 outcomes.append(error)
         return outcomes
+
+    def _score(self, jobs: list[ScoringJob]) -> list[list[float]]:
+        backend = self.backend
+        if self.batch_tokens and len(jobs) > 1 and isinstance(backend, ScoringEngine):
+            return backend.score_jobs_in_batches(jobs, self.batch_tokens)
+        return backend.score_jobs(jobs)
 
     def _record(self, batch: list[_Entry], outcomes: list[list[float] | Exception]) -> None:
         stats = self.stats

@@ -17,6 +17,7 @@ from genscore_core.cli_args import (
     argument_type,
     config_settings,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
 )
@@ -30,6 +31,7 @@ _LIMIT_FLAGS = {
     "batch_max_wait_ms": "batch_max_wait_ms",
     "batch_max_waited": "batch_max_waited",
     "batch_wait": "batch_wait",
+    "forward_batch_tokens": "forward_batch_tokens",
     "max_queued_requests": "max_queued_requests",
     "max_connections": "max_connections",
     "header_timeout": "header_timeout_s",
@@ -108,6 +110,14 @@ def add_serve_command(
         type=positive_int,
         default=defaults.batch_max_waited,
         help="engine calls a queued request may see run before it is taken, whatever the token budget "
+        "(default %(default)s)",
+    )
+    limits.add_argument(
+        "--forward-batch-tokens",
+        type=non_negative_int,
+        default=defaults.forward_batch_tokens,
+        help="run each engine call of several requests as forward batches filled to this many tokens, "
+        "so their shapes repeat and replay CUDA graphs; 0: the engine's balanced batches "
         "(default %(default)s)",
     )
     limits.add_argument(

@@ -33,6 +33,11 @@ class ServerLimits(BaseModel):
     batch_max_waited: int = Field(default=2, ge=1)
     """Engine calls a request may see run while it is queued; the next call takes it whatever
     ``batch_max_tokens`` says, so no request waits behind more calls than this."""
+    forward_batch_tokens: int = Field(default=0, ge=0)
+    """With a local engine, each call of several requests runs as forward batches filled to this
+    many tokens (the last holds the rest), so that their shapes repeat from call to call and replay
+    CUDA graphs; 0: the engine's own batches, balanced in size, which differ every call and run
+    eagerly. Off by default: not measured faster yet (docs/benchmarks.md)."""
     max_queued_requests: int = Field(default=4096, gt=0)
     """Requests waiting to be scored; beyond this new ones get a 503 (with ``Retry-After``)."""
     max_connections: int = Field(default=512, gt=0)

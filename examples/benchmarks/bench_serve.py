@@ -1,0 +1,299 @@
+"""W5 alone: ``genscore serve`` under concurrent clients, several server variants in one run.
+
+    PYTHONPATH=. python examples/benchmarks/bench_serve.py \\
+        --variant "before|/path/to/main" --variant "after|.|--forward-batch-tokens 32768"
+    PYTHONPATH=. python examples/benchmarks/bench_serve.py --dry-run    # the same code on the CPU
+
+Builds bench_text.py's model (random-init Qwen3-Reranker-0.6B shape, bf16, the real Qwen3 tokenizer)
+once, saves it, and for each ``--variant "NAME|TREE|FLAGS|ENV"`` starts a real ``genscore serve``
+(``python -m genscore_core.server``) with ``TREE`` first on its ``PYTHONPATH`` (empty: this one),
+the ``genscore serve`` flags ``FLAGS`` and the environment ``ENV`` (``K=V,K=V``). Variants run one
+after the other, so a before/after is measured in the same call. For each variant and each client
+count of ``--clients`` (default 32, then 1): a warm-up at that count, then a window in which each
+client sends 1 x 20 ``/v1/rerank`` requests back to back (bench_text.py's W5 requests: documents of
+128-512 words). ``--steady-one`` sends every request body twice at one client before the one-client
+window, so that each shape's CUDA graph is captured (steady state).
+
+Reported per window: pairs/s, p50/p99 latency, requests per engine call, the most engine calls a
+request waited behind (``/stats``), the share of the window the server spent inside engine calls
+(``engine_seconds``), how the forward's batches ran (CUDA graph replays, captures, eager batches)
+and the GPU's busy share (``nvidia-smi`` utilization, sampled every 100 ms). The scores of four
+requests are compared across variants (largest difference). Writes ``$OUT/bench_serve.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_text import (
+    QWEN3_06B,
+    TINY,
+    build_model,
+    client_load,
+    free_port,
+    load_tokenizer,
+    make_text,
+    save_model,
+    word_list,
+)
+from bench_workloads import stop_server
+
+
+@dataclass
+class Variant:
+    name: str
+    tree: str = ""
+    flags: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, spec: str) -> Variant:
+        name, tree, flags, env = [*spec.split("|"), "", "", ""][:4]
+        pairs = [item.split("=", 1) for item in env.split(",") if item]
+        return cls(name, tree, flags.split(), {k: v for k, v in pairs})
+
+
+def start_server(folder: Path, variant: Variant) -> tuple[subprocess.Popen[bytes], str]:
+    import httpx
+
+    env = dict(os.environ, **variant.env)
+    if variant.tree:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(variant.tree).resolve()), env.get("PYTHONPATH", "")])
+    port = free_port()
+    cmd = [sys.executable, "-m", "genscore_core.server", "--model", str(folder), "--port", str(port),
+           "--log-level", "warning", *variant.flags]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server of {variant.name} exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError(f"the server of {variant.name} did not become healthy")
+
+
+class GpuBusy:
+    """The GPU's utilization (share of time a kernel ran) from ``nvidia-smi``, sampled every 100 ms."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> GpuBusy:
+        if shutil.which("nvidia-smi") and torch.cuda.is_available():
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.samples: list[float] = []
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=10)
+        for line in out.split():
+            try:
+                self.samples.append(float(line))
+            except ValueError:
+                pass
+
+    @property
+    def mean(self) -> float | None:
+        # The first samples may cover the time before the window.
+        samples = self.samples[2:] or self.samples
+        return statistics.fmean(samples) / 100 if samples else None
+
+
+def diff(after: dict[str, Any], before: dict[str, Any], key: str) -> Any:
+    a, b = after.get(key), before.get(key)
+    if isinstance(a, dict):
+        return {k: v - (b or {}).get(k, 0) for k, v in a.items() if isinstance(v, (int, float))}
+    return None if a is None or b is None else a - b
+
+
+def window(
+    url: str, bodies: list[dict[str, Any]], clients: int, warmup_s: float, measure_s: float
+) -> dict[str, Any]:
+    import httpx
+
+    before = httpx.get(f"{url}/stats").json()
+    gpu = GpuBusy()
+    with gpu:
+        latencies = asyncio.run(client_load(url, bodies, clients, warmup_s, measure_s))
+    after = httpx.get(f"{url}/stats").json()
+    latencies.sort()
+    if not latencies:
+        return {"clients": clients, "error": "no request finished inside the window"}
+    p50 = latencies[len(latencies) // 2]
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    waited = diff(after, before, "waited_batches") or {}
+    batches = after["batches"] - before["batches"]
+    requests = after["requests"] - before["requests"]
+    engine_s = diff(after, before, "engine_seconds")
+    return {
+        "clients": clients,
+        "pairs_per_s": 20 * len(latencies) / measure_s,
+        "p50_ms": p50 * 1e3,
+        "p99_ms": p99 * 1e3,
+        "requests_per_call": requests / max(batches, 1),
+        "waited_max": max((int(k) for k, v in waited.items() if v > 0), default=None),
+        # engine_seconds counts the warm-up too: the share is of the whole time the clients ran.
+        "engine_share": None if engine_s is None else engine_s / (warmup_s + measure_s),
+        "forward": diff(after, before, "forward"),
+        "gpu_busy": gpu.mean,
+        "latencies_ms": [x * 1e3 for x in latencies],
+    }
+
+
+def scores_of(url: str, bodies: list[dict[str, Any]]) -> list[list[float]]:
+    import httpx
+
+    out = []
+    for body in bodies:
+        results = httpx.post(f"{url}/v1/rerank", json=body, timeout=120).json()["results"]
+        out.append([r["relevance_score"] for r in sorted(results, key=lambda r: r["index"])])
+    return out
+
+
+def run_variant(
+    folder: Path, variant: Variant, bodies: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Any]:
+    proc, url = start_server(folder, variant)
+    result: dict[str, Any] = {"name": variant.name, "tree": variant.tree, "flags": variant.flags,
+                              "env": variant.env, "windows": []}  # fmt: skip
+    try:
+        asyncio.run(client_load(url, bodies, 4, 0.0, args.warmup))  # compilation, allocator
+        result["scores"] = scores_of(url, bodies[:4])
+        for clients in args.clients:
+            if clients == 1 and args.steady_one:
+                # Every body twice at one client: each shape a lone request makes is captured.
+                scores_of(url, bodies + bodies)
+            w = window(url, bodies, clients, args.window_warmup, args.seconds)
+            result["windows"].append(w)
+            print(f"  {variant.name} {clients} clients: {summary(w)}", flush=True)
+    finally:
+        stop_server(proc)
+    return result
+
+
+def summary(w: dict[str, Any]) -> str:
+    if "error" in w:
+        return str(w["error"])
+    parts = [f"{w['pairs_per_s']:,.0f} pairs/s", f"p50 {w['p50_ms']:.1f} ms", f"p99 {w['p99_ms']:.1f} ms",
+             f"{w['requests_per_call']:.1f} req/call", f"waited <= {w['waited_max']}"]  # fmt: skip
+    if w.get("engine_share") is not None:
+        parts.append(f"in engine {w['engine_share']:.0%}")
+    if w.get("gpu_busy") is not None:
+        parts.append(f"GPU busy {w['gpu_busy']:.0%}")
+    if w.get("forward"):
+        f = w["forward"]
+        parts.append(
+            f"batches: {f.get('graph_replays', 0)} replayed ({f.get('graph_captures', 0)} captured), "
+            f"{f.get('eager_batches', 0)} eager"
+        )
+    return "; ".join(parts)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| variant | clients | pairs/s | p50 ms | p99 ms | req/call | waited | in engine | GPU busy | batches (replayed / captured / eager) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for r in results:
+        for w in r["windows"]:
+            if "error" in w:
+                lines.append(f"| {r['name']} | {w['clients']} | {w['error']} |")
+                continue
+            f = w.get("forward") or {}
+            share = "" if w.get("engine_share") is None else f"{w['engine_share']:.0%}"
+            busy = "" if w.get("gpu_busy") is None else f"{w['gpu_busy']:.0%}"
+            lines.append(
+                f"| {r['name']} | {w['clients']} | {w['pairs_per_s']:,.0f} | {w['p50_ms']:.1f} | "
+                f"{w['p99_ms']:.1f} | {w['requests_per_call']:.1f} | {w['waited_max']} | {share} | {busy} | "
+                f"{f.get('graph_replays', '')} / {f.get('graph_captures', '')} / {f.get('eager_batches', '')} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="on the CPU, a tiny model, short windows")
+    parser.add_argument("--variant", action="append", default=[], help='"NAME|TREE|FLAGS|ENV" (repeatable)')
+    parser.add_argument("--clients", default="32,1", help="client counts, in order (default 32,1)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="measuring window per client count")
+    parser.add_argument("--window-warmup", type=float, default=1.0, help="load before each window (s)")
+    parser.add_argument("--warmup", type=float, default=3.0, help="4-client warm-up after start (s)")
+    parser.add_argument(
+        "--steady-one", action="store_true", help="every body twice before the 1-client window"
+    )
+    args = parser.parse_args()
+    args.clients = [int(c) for c in args.clients.split(",")]
+    variants = [Variant.parse(v) for v in args.variant] or [Variant("this tree")]
+    if args.dry_run:
+        args.seconds, args.window_warmup, args.warmup = min(args.seconds, 2.0), 0.5, 1.0
+
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    tokenizer = load_tokenizer()
+    words = word_list(tokenizer)
+    rng = random.Random(5)
+    work = make_text(rng, words, 64, 20, (128, 512))
+    bodies = [{"query": q, "documents": docs} for q, docs in zip(work.queries, work.documents)]
+    model = build_model(
+        TINY if args.dry_run else QWEN3_06B, device, torch.float32 if args.dry_run else torch.bfloat16
+    )
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    header = f"bench_serve {stamp}; GPU {gpu}; torch {torch.__version__}; {os.cpu_count()} CPUs"
+    print(header, flush=True)
+    folder = Path(tempfile.mkdtemp(prefix="genscore-serve-"))
+    results = []
+    try:
+        save_model(model, tokenizer, folder)
+        del model
+        if not args.dry_run:
+            torch.cuda.empty_cache()
+        for variant in variants:
+            try:
+                results.append(run_variant(folder, variant, bodies, args))
+            except Exception as error:  # reported; the other variants still run
+                print(f"variant {variant.name} failed: {error!r}", flush=True)
+                results.append({"name": variant.name, "windows": [], "error": repr(error)})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    notes = []
+    scored = [r for r in results if r.get("scores")]
+    for r in scored[1:]:
+        worst = max(abs(a - b) for x, y in zip(r["scores"], scored[0]["scores"]) for a, b in zip(x, y))
+        notes.append(f"scores of {r['name']} against {scored[0]['name']}: largest difference {worst:.2e}")
+    text = header + "\n\n" + table(results) + "\n\n" + "\n".join(notes) + "\n"
+    out = os.environ.get("OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, "bench_serve.md").write_text(text)
+        Path(out, "bench_serve.json").write_text(json.dumps({"header": header, "results": results}, indent=1))
+    print("\n" + text, flush=True)
+
+
+if __name__ == "__main__":
+    main()
