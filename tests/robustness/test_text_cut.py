@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+import time
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +119,35 @@ def test_long_raw_items_score_as_with_full_tokenization(model_and_scorer: tuple[
         full = tokenizer(item, add_special_tokens=False)["input_ids"]
         prompt = query_ids + full[: MAX_LENGTH - len(query_ids)]
         assert entry.score == pytest.approx(label_softmax_prob(model, prompt, labels), abs=1e-5)
+
+
+class _CountingBackend:
+    """A tokenizer's backend that counts (and slows) reads of its vocabulary."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def get_vocab(self, with_added_tokens: bool = True) -> dict[str, int]:
+        self.reads += 1
+        time.sleep(0.05)  # long enough for every thread to ask before the first answer
+        vocab: dict[str, int] = self._backend.get_vocab(with_added_tokens=with_added_tokens)
+        return vocab
+
+
+class _CountingTokenizer:
+    def __init__(self, tokenizer: Any) -> None:
+        self.backend_tokenizer = _CountingBackend(tokenizer.backend_tokenizer)
+        self.added_tokens_decoder = tokenizer.added_tokens_decoder
+
+
+def test_concurrent_first_requests_read_the_vocabulary_once(qwen_tokenizer: Any) -> None:
+    """A fresh server's first requests all need the bound at once; it is computed once, not by each."""
+    tokenizer = _CountingTokenizer(qwen_tokenizer)
+    with ThreadPoolExecutor(8) as pool:
+        bounds = list(pool.map(lambda _: max_chars_per_token(tokenizer), range(8)))
+    assert bounds == [192] * 8
+    assert tokenizer.backend_tokenizer.reads == 1
