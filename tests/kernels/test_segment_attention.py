@@ -158,3 +158,72 @@ def test_blocks_cover_every_query_once_longest_first(by_segment: bool) -> None:
 def test_rejects_more_queries_than_keys() -> None:
     with pytest.raises(ValueError, match="segment 1 has 5 queries but only 4 own keys"):
         Segments.build(np.asarray([[0, 1, 0, 1, 0, 0], [1, 5, 1, 4, 0, 0]]), torch.device("cpu"))
+
+
+def awkward_layout() -> tuple[np.ndarray, int]:
+    """Segments at and around the tile sizes (16 here): query counts 1, 15-17, 32-33 and 50, own
+    keys equal to the queries or more (``k_len > q_len``: the queries are the last of the keys),
+    prefixes of 0, 1, 17 and 32 keys. Returns the table and the number of rows."""
+    rows: list[list[int]] = []
+    stream = 0
+    prefixes = []
+    for p_len in (1, 17, 32):
+        rows.append([stream, p_len, stream, p_len, 0, 0])
+        prefixes.append((stream, p_len))
+        stream += p_len
+    prefixes.append((0, 0))
+    for i, (q_len, extra) in enumerate(
+        [(1, 0), (15, 0), (16, 0), (17, 0), (32, 0), (33, 0), (50, 0), (1, 16), (15, 5), (17, 16), (33, 1)]
+    ):
+        p_start, p_len = prefixes[i % len(prefixes)]
+        k_len = q_len + extra
+        # The queries are the last q_len of the segment's k_len stream rows.
+        rows.append([stream + extra, q_len, stream, k_len, p_start, p_len])
+        stream += k_len
+    return np.asarray(rows, dtype=np.int64), stream
+
+
+@pytest.mark.parametrize(
+    "fold, key_loops, lazy, tma",
+    [
+        (False, 3, False, False),
+        (True, 3, False, True),
+        (True, 2, False, False),
+        (True, 2, False, True),
+        (False, 2, True, True),
+        (True, 1, False, False),
+        (True, 1, True, True),
+        (True, 2, True, False),
+    ],
+)
+@pytest.mark.parametrize("block_m, block_n", [(16, 16), (32, 16)])
+def test_kernel_variants_on_awkward_shapes(
+    fold: bool, key_loops: int, lazy: bool, tma: bool, block_m: int, block_n: int
+) -> None:
+    """Every way of walking the key tiles, with and without the folded scale and the lazy rescale,
+    against the reference. Some keys are made large so that row maxima jump in mid-segment, past
+    the lazy rescale's threshold, while most tiles stay under it."""
+    table, rows = awkward_layout()
+    torch.manual_seed(key_loops + 10 * fold + 100 * lazy)
+    q, k, v = torch.randn(rows, 4, 16), torch.randn(rows, 2, 16), torch.randn(rows, 2, 16)
+    k[torch.randperm(rows)[: rows // 10]] *= 12.0
+    config = AttentionTiling(
+        block_m=block_m, block_n=block_n, heads=2, tma=tma, fold_scale=fold, key_loops=key_loops,
+        lazy_rescale=lazy,
+    )  # fmt: skip
+    segments = Segments.build(table, torch.device("cpu"), config)
+    got = segment_attention(q, k, v, segments, 0.25, impl="triton")
+    want = segment_attention_reference(q, k, v, table, 0.25)
+    queries = torch.from_numpy(np.concatenate([np.arange(s, s + n) for s, n in table[:, :2]]))
+    torch.testing.assert_close(got[queries], want[queries], atol=1e-5, rtol=1e-5)
+
+
+def test_reference_on_awkward_shapes() -> None:
+    """The reference from the definition on the layout above (queries after extra own keys)."""
+    table, rows = awkward_layout()
+    torch.manual_seed(0)
+    q, k, v = torch.randn(rows, 4, 16), torch.randn(rows, 2, 16), torch.randn(rows, 2, 16)
+    want = segment_attention_reference(q, k, v, table, 0.25)
+    exact = dense_reference(q, k, v, table, 0.25)
+    queries = torch.from_numpy(np.concatenate([np.arange(s, s + n) for s, n in table[:, :2]]))
+    torch.testing.assert_close(want[queries].double(), exact[queries], atol=1e-5, rtol=1e-5)
