@@ -50,36 +50,24 @@ W4_PREFIX, W4_DOCS = 83, 20
 DRY_RUN = "--dry-run" in sys.argv
 BASE = DEFAULT_TILING
 """The tiling the sweep is measured against (each variant is a change of it)."""
-ALL_ON = dict(fold_scale=True, key_loops=2)
 
 
 def sweep() -> list[AttentionTiling]:
-    """The code variants on the base tiling, then tile shapes with the variants that should help."""
-    variants = [
-        replace(BASE, fold_scale=True),
-        replace(BASE, fold_scale=True, key_loops=2),
-        replace(BASE, fold_scale=True, key_loops=1),
-        replace(BASE, fold_scale=True, key_loops=2, lazy_rescale=True),
-        replace(BASE, fold_scale=True, key_loops=1, lazy_rescale=True),
-    ]
+    """Tile shapes around the base: pipeline depth, and smaller query blocks on one warpgroup."""
     tiles = [
-        dict(num_stages=2),
         dict(num_stages=4),
-        dict(block_n=64, num_stages=2),
-        dict(block_n=64, num_stages=3),
-        dict(num_warps=4),
-        dict(block_m=128, num_warps=16, num_stages=2),
-        dict(block_m=128, num_warps=16, block_n=64, num_stages=2),
         dict(block_m=32, num_warps=4),
+        dict(block_m=32, num_warps=4, num_stages=4),
+        dict(block_m=32, num_warps=4, block_n=64),
+        dict(block_m=32, num_warps=4, block_n=64, num_stages=2),
+        dict(block_m=16, num_warps=4),
     ]
-    shaped = [replace(BASE, **ALL_ON, **t) for t in tiles]  # type: ignore[arg-type]
-    return variants + shaped
+    return [replace(BASE, **t) for t in tiles]  # type: ignore[arg-type]
 
 
 LAST_SWEEP = [
     replace(LAST_TOKEN_TILING, num_stages=3),
-    replace(LAST_TOKEN_TILING, block_n=128, num_stages=3),
-    replace(LAST_TOKEN_TILING, fold_scale=True, key_loops=2, num_stages=3),
+    replace(LAST_TOKEN_TILING, block_n=32, num_stages=3),
 ]
 
 

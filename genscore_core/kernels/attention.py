@@ -44,17 +44,6 @@ class AttentionTiling:
     tma: bool = False
     """Load K/V tiles through TMA descriptors where the GPU has them (compute capability 9 and later;
     the CPU interpreter emulates them); elsewhere the kernel loads through pointers."""
-    fold_scale: bool = False
-    """Scale the scores inside the exponent's argument (one fused multiply-add per score, and the row
-    maximum scaled once per row) and accumulate P @ V in the product's own accumulator."""
-    key_loops: int = 3
-    """How the key tiles are walked: 3 = prefix tiles, whole own tiles, diagonal tiles, each its own
-    loop; 2 = prefix and whole own tiles in one loop (each masked by a column bias), diagonal tiles
-    in a second; 1 = every tile in one loop, each masked per query. Fewer loops mean fewer software
-    pipelines to fill and drain in a program whose loops are a few tiles long."""
-    lazy_rescale: bool = False
-    """Rescale the accumulator only when some row's maximum grew by more than 2^8 (the stale maximum
-    keeps every probability at most 256, well inside float32 and bfloat16)."""
 
     def heads_per_program(self, group: int) -> int:
         """The largest power of two that is at most ``heads`` and divides ``group``."""

@@ -6,8 +6,9 @@ bottom right. Reading the prefix keys where they lie means no per-prompt copy of
 
 One program computes one block of ``BLOCK_M`` queries of one segment for ``HEADS`` query heads that
 share a key/value head (grouped-query attention), so each K/V tile is loaded once for all of them.
-Softmax is the streaming (online) form, in float32, with ``exp2``. The host orders blocks so the
-longest run first, which keeps the last wave of the grid short.
+Softmax is the streaming (online) form, in float32, with ``exp2``, over one loop of key tiles
+(prefix, then own keys) masked per query. The host orders blocks so the longest run first, which
+keeps the last wave of the grid short.
 
 This module imports triton at the top; ``attention.py`` imports it only when it is needed.
 """
@@ -24,67 +25,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from genscore_core.kernels.attention import Segments
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _attend(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
-    q,
-    k,
-    v,
-    mask,
-    m_i,
-    l_i,
-    acc,
-    scale_log2e,
-    MASK: tl.constexpr,
-    FOLD: tl.constexpr,
-    LAZY: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """One key tile of the streaming softmax: returns the updated (max, sum, accumulator).
-
-    ``MASK``: 0, every key visible; 1, ``mask`` is a [BLOCK_N] additive bias (0 or -inf) shared by
-    every query; 2, ``mask`` is a boolean of visible keys broadcastable to [ROWS, BLOCK_N].
-    """
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    if MASK == 0:
-        if FOLD:
-            m_tile = tl.max(s, 1) * scale_log2e  # the scale is positive: max then scale, once a row
-        else:
-            s = s * scale_log2e
-            m_tile = tl.max(s, 1)
-    else:
-        if MASK == 1:
-            s = s * scale_log2e + mask[None, :]
-        else:
-            s = tl.where(mask, s * scale_log2e, float("-inf"))
-        m_tile = tl.max(s, 1)
-    m_new = tl.maximum(m_i, m_tile)
-    if LAZY:
-        # Every row's first tile has a visible key, so m_new is finite and the first tile rescales.
-        if tl.max(m_new - m_i, 0) > 8.0:
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
-    else:
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha
-        acc = acc * alpha[:, None]
-        m_i = m_new
-    if MASK == 0:
-        if FOLD:
-            p = tl.math.exp2(s * scale_log2e - m_i[:, None])
-        else:
-            p = tl.math.exp2(s - m_i[:, None])
-    else:
-        p = tl.math.exp2(s - m_i[:, None])
-    l_i = l_i + tl.sum(p, 1)
-    if FOLD:
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-    else:
-        acc = acc + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return m_i, l_i, acc
 
 
 @triton.jit
@@ -137,9 +77,6 @@ def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads a
     BLOCK_N: tl.constexpr,
     D: tl.constexpr,
     TMA: tl.constexpr,
-    FOLD: tl.constexpr,
-    KEY_LOOPS: tl.constexpr,
-    LAZY: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     pack = tl.program_id(0)
@@ -169,65 +106,32 @@ def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads a
     acc = tl.zeros([ROWS, D], tl.float32)
     cols = tl.arange(0, BLOCK_N)
 
-    # Own keys: query qi sees keys 0 .. shift + qi. Keys below shift + m_start are visible to every
-    # query of the block, so whole tiles below that need no per-query mask.
+    # One loop over the block's key tiles: the prefix's first (tile t < n_prefix), then its own
+    # keys up to the last one its last query sees. Query qi sees the prefix keys below p_len and own
+    # keys up to shift + qi (bottom-right causal), so every tile is masked per query; one pipeline
+    # for all tiles beats separate unmasked and diagonal loops (each a few tiles long, each with its
+    # own pipeline to fill and drain), see docs/benchmarks.md.
     shift = k_len - q_len
-    n_whole = (shift + m_start) // BLOCK_N
-    end = tl.minimum(shift + m_start + BLOCK_M, k_len)  # own keys the block's last query sees
     n_prefix = tl.cdiv(p_len, BLOCK_N)
-    if KEY_LOOPS == 3:
-        # The shared prefix, visible to every query; then whole own tiles; then the diagonal.
-        for start in range(0, p_len, BLOCK_N):
-            k = _load_tile(
-                k_src, p_start + start, kv_head, stride_kt, stride_kh, p_len - start, BLOCK_N, D, TMA
-            )
-            v = _load_tile(
-                v_src, p_start + start, kv_head, stride_vt, stride_vh, p_len - start, BLOCK_N, D, TMA
-            )
-            inside = (start + cols < p_len)[None, :]
-            m_i, l_i, acc = _attend(q, k, v, inside, m_i, l_i, acc, scale_log2e, 2, FOLD, LAZY, PRECISION)
-        for start in range(0, n_whole * BLOCK_N, BLOCK_N):
-            k = _load_tile(k_src, k_start + start, kv_head, stride_kt, stride_kh, BLOCK_N, BLOCK_N, D, TMA)
-            v = _load_tile(v_src, k_start + start, kv_head, stride_vt, stride_vh, BLOCK_N, BLOCK_N, D, TMA)
-            m_i, l_i, acc = _attend(q, k, v, None, m_i, l_i, acc, scale_log2e, 0, FOLD, LAZY, PRECISION)
-    if KEY_LOOPS == 2:
-        # Prefix tiles then whole own tiles, one pipeline: tile t reads the prefix while t < n_prefix.
-        # Keys past the range's end (the prefix's last tile only) get a -inf bias.
-        for t in range(0, n_prefix + n_whole):
-            in_prefix = t < n_prefix
-            start = tl.where(in_prefix, t, t - n_prefix) * BLOCK_N
-            row = tl.where(in_prefix, p_start, k_start) + start
-            limit = tl.where(in_prefix, p_len, k_len) - start
-            k = _load_tile(k_src, row, kv_head, stride_kt, stride_kh, limit, BLOCK_N, D, TMA)
-            v = _load_tile(v_src, row, kv_head, stride_vt, stride_vh, limit, BLOCK_N, D, TMA)
-            bias = tl.where(cols < limit, 0.0, float("-inf"))
-            m_i, l_i, acc = _attend(q, k, v, bias, m_i, l_i, acc, scale_log2e, 1, FOLD, LAZY, PRECISION)
-    if KEY_LOOPS == 1:
-        # Every tile in one pipeline, each masked per query: query qi sees the prefix tile's keys
-        # below p_len and own keys up to min(shift + qi, k_len - 1).
-        own_limit = tl.minimum(shift + qi + 1, k_len)
-        for t in range(0, n_prefix + tl.cdiv(end, BLOCK_N)):
-            in_prefix = t < n_prefix
-            start = tl.where(in_prefix, t, t - n_prefix) * BLOCK_N
-            row = tl.where(in_prefix, p_start, k_start) + start
-            limit = tl.where(in_prefix, p_len, k_len) - start
-            k = _load_tile(k_src, row, kv_head, stride_kt, stride_kh, limit, BLOCK_N, D, TMA)
-            v = _load_tile(v_src, row, kv_head, stride_vt, stride_vh, limit, BLOCK_N, D, TMA)
-            row_limit = tl.where(in_prefix, p_len, own_limit) - start
-            visible = cols[None, :] < row_limit[:, None]
-            m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, scale_log2e, 2, FOLD, LAZY, PRECISION)
-    else:
-        # The diagonal: own tiles that some query of the block sees only in part.
-        for start in range(n_whole * BLOCK_N, end, BLOCK_N):
-            k = _load_tile(
-                k_src, k_start + start, kv_head, stride_kt, stride_kh, k_len - start, BLOCK_N, D, TMA
-            )
-            v = _load_tile(
-                v_src, k_start + start, kv_head, stride_vt, stride_vh, k_len - start, BLOCK_N, D, TMA
-            )
-            kn = start + cols
-            visible = (kn[None, :] <= (shift + qi)[:, None]) & (kn < k_len)[None, :]
-            m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, scale_log2e, 2, FOLD, LAZY, PRECISION)
+    n_own = tl.cdiv(tl.minimum(shift + m_start + BLOCK_M, k_len), BLOCK_N)
+    own_limit = tl.minimum(shift + qi + 1, k_len)  # own keys query qi sees
+    for t in range(0, n_prefix + n_own):
+        in_prefix = t < n_prefix
+        start = tl.where(in_prefix, t, t - n_prefix) * BLOCK_N
+        row = tl.where(in_prefix, p_start, k_start) + start
+        limit = tl.where(in_prefix, p_len, k_len) - start
+        k = _load_tile(k_src, row, kv_head, stride_kt, stride_kh, limit, BLOCK_N, D, TMA)
+        v = _load_tile(v_src, row, kv_head, stride_vt, stride_vh, limit, BLOCK_N, D, TMA)
+        visible = cols[None, :] < (tl.where(in_prefix, p_len, own_limit) - start)[:, None]
+        # Streaming softmax in base 2 (the scale carries log2(e)), float32.
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = tl.where(visible, s * scale_log2e, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every query sees the first tile's first key
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
 
     out = acc / l_i[:, None]
     tl.store(
@@ -281,9 +185,6 @@ def segment_attention(
         BLOCK_N=config.block_n,
         D=dim,
         TMA=tma,
-        FOLD=config.fold_scale,
-        KEY_LOOPS=config.key_loops,
-        LAZY=config.lazy_rescale,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps,
         num_stages=config.num_stages,

@@ -184,33 +184,22 @@ def awkward_layout() -> tuple[np.ndarray, int]:
 
 
 @pytest.mark.parametrize(
-    "fold, key_loops, lazy, tma",
+    "config",
     [
-        (False, 3, False, False),
-        (True, 3, False, True),
-        (True, 2, False, False),
-        (True, 2, False, True),
-        (False, 2, True, True),
-        (True, 1, False, False),
-        (True, 1, True, True),
-        (True, 2, True, False),
+        AttentionTiling(block_m=16, block_n=16, heads=2),
+        AttentionTiling(block_m=16, block_n=16, heads=2, tma=True),
+        AttentionTiling(block_m=32, block_n=16, heads=2, tma=True),
+        AttentionTiling(block_m=16, block_n=32, heads=1),
     ],
 )
-@pytest.mark.parametrize("block_m, block_n", [(16, 16), (32, 16)])
-def test_kernel_variants_on_awkward_shapes(
-    fold: bool, key_loops: int, lazy: bool, tma: bool, block_m: int, block_n: int
-) -> None:
-    """Every way of walking the key tiles, with and without the folded scale and the lazy rescale,
-    against the reference. Some keys are made large so that row maxima jump in mid-segment, past
-    the lazy rescale's threshold, while most tiles stay under it."""
+def test_kernel_on_awkward_shapes(config: AttentionTiling) -> None:
+    """Prefix and own tiles in one loop, masked per query, at segment and prefix lengths on both
+    sides of the tile sizes, against the reference. Some keys are made large, so that row maxima
+    jump in mid-segment and the running rescale matters."""
     table, rows = awkward_layout()
-    torch.manual_seed(key_loops + 10 * fold + 100 * lazy)
+    torch.manual_seed(config.block_m + config.block_n)
     q, k, v = torch.randn(rows, 4, 16), torch.randn(rows, 2, 16), torch.randn(rows, 2, 16)
     k[torch.randperm(rows)[: rows // 10]] *= 12.0
-    config = AttentionTiling(
-        block_m=block_m, block_n=block_n, heads=2, tma=tma, fold_scale=fold, key_loops=key_loops,
-        lazy_rescale=lazy,
-    )  # fmt: skip
     segments = Segments.build(table, torch.device("cpu"), config)
     got = segment_attention(q, k, v, segments, 0.25, impl="triton")
     want = segment_attention_reference(q, k, v, table, 0.25)
