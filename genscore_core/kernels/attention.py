@@ -53,8 +53,8 @@ class AttentionTiling:
         return n
 
 
-DEFAULT_TILING = AttentionTiling(block_m=64, block_n=32, heads=2, num_warps=8, num_stages=3, tma=True)
-LAST_TOKEN_TILING = AttentionTiling(block_m=16, block_n=64, heads=2, num_warps=4, num_stages=2, tma=True)
+DEFAULT_TILING = AttentionTiling(block_m=32, block_n=32, heads=2, num_warps=4, num_stages=3, tma=True)
+LAST_TOKEN_TILING = AttentionTiling(block_m=16, block_n=32, heads=2, num_warps=4, num_stages=3, tma=True)
 """For the last layer, where each segment has a single query."""
 
 

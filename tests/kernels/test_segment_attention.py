@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from genscore_core.kernels.attention import (
+    DEFAULT_TILING,
+    LAST_TOKEN_TILING,
     AttentionTiling,
     Segments,
     segment_attention,
@@ -190,6 +192,8 @@ def awkward_layout() -> tuple[np.ndarray, int]:
         AttentionTiling(block_m=16, block_n=16, heads=2, tma=True),
         AttentionTiling(block_m=32, block_n=16, heads=2, tma=True),
         AttentionTiling(block_m=16, block_n=32, heads=1),
+        DEFAULT_TILING,
+        LAST_TOKEN_TILING,
     ],
 )
 def test_kernel_on_awkward_shapes(config: AttentionTiling) -> None:
