@@ -31,7 +31,6 @@ import random
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -44,12 +43,12 @@ from bench_text import (
     TINY,
     build_model,
     client_load,
-    free_port,
     load_tokenizer,
     make_text,
     save_model,
     word_list,
 )
+from bench_text import start_server as start_text_server
 from bench_workloads import stop_server
 
 
@@ -68,28 +67,11 @@ class Variant:
 
 
 def start_server(folder: Path, variant: Variant) -> tuple[subprocess.Popen[bytes], str]:
-    import httpx
-
+    """A real server of ``variant``'s tree, flags and environment, once it answers /health."""
     env = dict(os.environ, **variant.env)
     if variant.tree:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(variant.tree).resolve()), env.get("PYTHONPATH", "")])
-    port = free_port()
-    cmd = [sys.executable, "-m", "genscore_core.server", "--model", str(folder), "--port", str(port),
-           "--log-level", "warning", *variant.flags]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server of {variant.name} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError(f"the server of {variant.name} did not become healthy")
+    return start_text_server(folder, variant.flags, env=env, name=f"the server of {variant.name}")
 
 
 class GpuBusy:

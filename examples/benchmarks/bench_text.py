@@ -363,18 +363,20 @@ def save_model(model: Any, tokenizer: Any, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def start_server(folder: Path, extra: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    folder: Path, extra: Sequence[str] = (), env: dict[str, str] | None = None, name: str = "the server"
+) -> tuple[subprocess.Popen[bytes], str]:
     import httpx
 
     port = free_port()
     cmd = [sys.executable, "-m", "genscore_core.server", "--model", str(folder), "--port", str(port),
            "--log-level", "warning", *extra]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=dict(os.environ))
+    proc = subprocess.Popen(cmd, env=dict(os.environ) if env is None else env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
         try:
             if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
                 return proc, url
@@ -382,7 +384,7 @@ def start_server(folder: Path, extra: Sequence[str] = ()) -> tuple[subprocess.Po
             pass
         time.sleep(0.2)
     proc.kill()
-    raise TimeoutError("the server did not become healthy")
+    raise TimeoutError(f"{name} did not become healthy")
 
 
 async def client_load(
