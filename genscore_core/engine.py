@@ -209,9 +209,9 @@ class ScoringEngine(ScoringBackend):
             return self._score_whole(whole, on_progress)
         state = StreamState()
         with self._lock:
+            planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens, batch_growth)
+            planned = plan_stream([job.size for job in jobs], items, planner, state)
             try:
-                planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens, batch_growth)
-                planned = plan_stream([job.size for job in jobs], items, planner, state)
                 with Prefetcher(planned, forward.prepare_stream_batch) as batches:
                     hidden, keys = forward.run_stream(batches, on_progress)
                 rows: list[list[int]] = [[0] * len(p.distinct) for p in state.jobs]
@@ -222,18 +222,55 @@ class ScoringEngine(ScoringBackend):
                     raise
                 del error
                 hidden, rows = self._score_again(state, items)
+            finally:
+                # Parts not taken (an error stopped the producer) are dropped now, not when the
+                # generators are collected: a part source that builds ahead on a thread of its own
+                # (PairStream) joins it as it closes, so no thread outlives the call.
+                planned.close()
+                close = getattr(items, "close", None)
+                if callable(close):
+                    close()
+            job_scores = self._stream_scores(hidden, jobs, rows)
             scores: list[list[float]] = []
-            for job, recorded, job_rows in zip(jobs, state.jobs, rows):
-                if not job_rows:
-                    scores.append([])
-                    continue
-                index = torch.tensor(job_rows, device=hidden.device)
-                job_scores = self.head.scores(hidden.index_select(0, index), job.label_ids, job.mode)
-                check_scores(job_scores, job.mode)
-                values = job_scores.double().cpu().tolist()
+            for job, recorded, values in zip(jobs, state.jobs, job_scores):
                 scores.append([values[i] for i in recorded.where])
                 if on_progress is not None and len(recorded.distinct) < job.size:
                     on_progress(job.size - len(recorded.distinct))
+        return scores
+
+    def _stream_scores(
+        self, hidden: torch.Tensor, jobs: Sequence[StreamedJob], rows: list[list[int]]
+    ) -> list[list[float]]:
+        """The scores of each job's distinct prompts, whose hidden states are rows ``rows[j]``.
+
+        The host waits for the device once: the row indices go over in one copy that is queued
+        behind the forward (a copy from pageable memory would first wait for the last batch, and the
+        head's kernels would only then be launched), every job's head is queued behind it, and all
+        the scores come back in one copy, checked on the host.
+        """
+        active = [j for j, job_rows in enumerate(rows) if job_rows]
+        if not active:
+            return [[] for _ in jobs]
+        flat = torch.tensor([row for j in active for row in rows[j]], dtype=torch.int64)
+        if hidden.device.type == "cuda":
+            flat = flat.pin_memory()
+        selected = hidden.index_select(0, flat.to(hidden.device, non_blocking=True))
+        queued = []
+        offset = 0
+        for j in active:
+            count = len(rows[j])
+            job = jobs[j]
+            queued.append(self.head.scores(selected[offset : offset + count], job.label_ids, job.mode))
+            offset += count
+        host = torch.cat(queued).cpu()
+        scores: list[list[float]] = [[] for _ in jobs]
+        offset = 0
+        for j in active:
+            count = len(rows[j])
+            job_scores = host[offset : offset + count]
+            offset += count
+            check_scores(job_scores, jobs[j].mode)
+            scores[j] = job_scores.double().tolist()
         return scores
 
     def _score_again(

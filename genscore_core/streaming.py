@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
@@ -33,9 +33,10 @@ U = TypeVar("U")
 
 FIRST_BATCH_TOKENS = 4096
 """Token target of the first batch of a text call: small, so that the GPU starts while the host
-tokenizes the rest (about 7 ms of an H200 on a Qwen3-0.6B shape), and within what the first part
-of documents (``frontend.FIRST_PART_CHARS``) gives, so that it leaves with that part. Each later
-batch's target is twice its predecessor's, up to the forward's budget (docs/benchmarks.md)."""
+tokenizes the rest (about 7 ms of an H200 on a Qwen3-0.6B shape). The first batch leaves at the end
+of the stream's first part of documents (``frontend.FIRST_PART_CHARS``) even when that part holds
+fewer tokens (:meth:`BatchPlanner.ripe`). Each later batch's target is twice its predecessor's, up
+to the forward's budget (docs/benchmarks.md)."""
 
 
 BATCH_GROWTH = 2.0
@@ -150,7 +151,8 @@ class BatchPlanner:
     predecessor's for each later one, up to ``max_batch_tokens``. A batch closes when the next
     prompt would take it over its target, so batches fill their targets to within one prompt and
     their sizes, padded to a CUDA graph's shape, repeat from call to call. A prompt larger than the
-    target gets a batch of its own.
+    target gets a batch of its own. The first batch may also close early, at the end of the first
+    part (:meth:`ripe`).
     """
 
     def __init__(
@@ -170,6 +172,8 @@ class BatchPlanner:
         self._closed: set[int] = set()
         self._kept: set[int] = set()  # groups whose prefix is saved for later batches
         self._largest = 0  # the largest prompt (suffix tokens) added so far
+        self.closed_batches = 0
+        """Batches handed out so far."""
         self._reset()
 
     def _reset(self) -> None:
@@ -199,14 +203,19 @@ class BatchPlanner:
         self._largest = max(self._largest, len(suffix))
         return full
 
-    def ripe(self) -> StreamBatch | None:
-        """The open batch, closed now if a prompt as large as the largest seen would not fit in it.
+    def ripe(self, *, first_part: bool = False) -> StreamBatch | None:
+        """The open batch, closed now if a prompt as large as the largest seen would not fit in it,
+        or, with ``first_part`` (the end of the stream's first part), if it is the first batch.
 
         Called at the end of a part: without it, a batch within one prompt of its target would wait
-        for the next part to be tokenized to learn that its next prompt does not fit (the first
-        batch of W1 was handed over after 15 ms instead of after its own part).
+        for the next part to be tokenized to learn that its next prompt does not fit. The first batch
+        never waits for a second part: W1's first part (24k characters, 10 documents) held 3.4k
+        tokens, short of 4,096 by less than its largest prompt, so the GPU started only once the
+        second part (29 documents) was tokenized too, about 15 ms into the call (docs/benchmarks.md).
         """
-        if self._rows and self._used + self._largest > self._target:
+        if not self._rows:
+            return None
+        if self._used + self._largest > self._target or (first_part and not self.closed_batches):
             return self._flush()
         return None
 
@@ -239,7 +248,10 @@ class BatchPlanner:
             tokens=self._used,
         )
         self._reset()
+        # The next target grows from this one's, not from what this batch held: a first batch cut
+        # short by its part still leaves the later targets (and their graphs' shapes) as they were.
         self._target = min(int(self.growth * self._target), self.max_batch_tokens)
+        self.closed_batches += 1
         return batch
 
 
@@ -255,7 +267,7 @@ def plan_stream(
     parts: Iterable[JobPart],
     planner: BatchPlanner,
     state: StreamState,
-) -> Iterator[StreamBatch]:
+) -> Generator[StreamBatch, None, None]:
     """Batches for the parts of jobs of ``sizes[j]`` prompts each, as the parts arrive.
 
     A job's prompts that start with the prefix its first part shares and go on past it form one
@@ -266,7 +278,7 @@ def plan_stream(
     prefixes: dict[int, np.ndarray] = {}
     seen = [0] * len(sizes)
     spilled: dict[int, list[int]] = {}  # job -> its distinct prompts outside its main group
-    for part in parts:
+    for part_number, part in enumerate(parts):
         job = part.job
         rows = TokenRows.from_lists(part.prompts)
         if job not in prefixes:
@@ -292,7 +304,7 @@ def plan_stream(
             # Closed only now: a batch closed while this part was added still keeps the prefix for
             # the part's later prompts.
             planner.close(job)
-        ripe = planner.ripe()
+        ripe = planner.ripe(first_part=part_number == 0)
         if ripe is not None:
             yield ripe
     for job in range(len(sizes)):
@@ -356,13 +368,20 @@ class Prefetcher(Generic[T, U]):
     the item it is working on and joins it: no thread outlives the call.
     """
 
-    def __init__(self, items: Iterable[T], produce: Callable[[T], U], depth: int = 2) -> None:
+    def __init__(
+        self,
+        items: Iterable[T],
+        produce: Callable[[T], U],
+        depth: int = 2,
+        *,
+        name: str = "genscore-host-batches",
+    ) -> None:
         self._items = items
         self._produce = produce
         self._queue: queue.Queue[U | _End | _Failure] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._ended = False
-        self._thread = threading.Thread(target=self._run, name="genscore-host-batches", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:
         try:

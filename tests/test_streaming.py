@@ -13,7 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from genscore_core import GenerativeScorer, PromptTooLongError
+from genscore_core import GenerativeScorer, PromptTooLongError, ScoreRangeError
+from genscore_core.backend import ScoringJob
+from genscore_core.engine import StreamedJob
 from genscore_core.engine import shared_prefix_length as list_prefix_length
 from genscore_core.forward import PrefixGroup
 from genscore_core.packed.plan import GroupSlice, build_batch
@@ -201,6 +203,51 @@ def test_a_nearly_full_batch_leaves_with_its_part() -> None:
     assert empty.ripe() is None, "room left for a prompt as large as any seen"
 
 
+def test_the_first_batch_leaves_with_the_first_part_short_of_its_target() -> None:
+    """The first part's prompts go out as the first batch even when a prompt as large as any seen
+    would still fit: the GPU starts without waiting for the second part to be tokenized. Later
+    targets grow from the first batch's target, not from what it held, and a later part's end
+    closes a batch only when it is full."""
+    taken: list[int] = []
+
+    def parts() -> Iterator[JobPart]:
+        for number in range(6):
+            taken.append(number)
+            yield JobPart(0, [[5, 6] + [100 * number + k] * 20 for k in range(4)])
+
+    planner = BatchPlanner(10_000, 200)
+    batches = plan_stream([24], parts(), planner, StreamState())
+    first = next(batches)
+    assert taken == [0], "the first batch left before the second part was taken"
+    assert first.tokens == 2 + 4 * 20 and first.num_prompts == 4
+    assert [key.prompt for key in first.ordered_rows()] == [0, 1, 2, 3]
+    rest = list(batches)
+    # Target 400 after the first batch's 200: 20 prompts of 20 tokens, the prefix computed already.
+    assert [b.num_prompts for b in rest] == [20]
+    assert rest[0].tokens == 400
+    assert [key.prompt for key in rest[0].ordered_rows()] == list(range(4, 24))
+
+
+def test_only_the_first_batch_leaves_early() -> None:
+    """A first part that fills the first batch closes it as usual; the rest of that part waits for
+    the next part's prompts (no second, small batch at the end of the first part)."""
+    taken: list[int] = []
+
+    def parts() -> Iterator[JobPart]:
+        for number in range(3):
+            taken.append(number)
+            yield JobPart(0, [[100 * number + k] * 30 for k in range(5)])
+
+    planner = BatchPlanner(10_000, 100)
+    batches = plan_stream([15], parts(), planner, StreamState())
+    first = next(batches)
+    assert taken == [0] and first.tokens == 90 and first.num_prompts == 3
+    second = next(batches)
+    assert taken == [0, 1], "the second batch waited for the next part's prompts"
+    assert second.num_prompts == 6 and second.tokens == 180
+    assert [b.num_prompts for b in batches] == [6]
+
+
 def test_the_producer_runs_ahead_and_results_come_in_order() -> None:
     made = [threading.Event() for _ in range(6)]
 
@@ -346,3 +393,179 @@ def test_an_error_of_a_later_part_reaches_the_caller_after_earlier_batches_ran(
     assert not [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
     # Nothing is left holding the engine.
     assert len(scorer.score_documents("q", documents[:3])) == 3
+
+
+def test_streamed_jobs_of_mixed_modes_score_as_whole_jobs_with_duplicates_tied(
+    small_batch_scorer: GenerativeScorer,
+) -> None:
+    """Several jobs in one stream, each with its own score mode and duplicates, some spread over
+    several batches: each job's scores, in its prompt order, equal the whole-call path's, and a
+    repeated prompt gets the very same score as its first copy."""
+    scorer = small_batch_scorer
+    rng = random.Random(21)
+    modes: list[Any] = ["label-softmax", "logit", "logit-sigmoid", "vocab-softmax"]
+    jobs = []
+    for number, mode in enumerate(modes):
+        documents = [_text(rng, rng.randint(3, 30)) for _ in range(9 + 3 * number)]
+        documents[4] = documents[1]  # a duplicate within the job
+        query = f"query {number} {_text(rng, 3)}"
+        [job] = scorer.prepare_pairs([(query, d) for d in documents]).jobs
+        jobs.append(ScoringJob(job.prompts, job.label_ids, score_mode=mode))
+    parts = [
+        JobPart(j, job.prompts[i : i + 4])
+        for j, job in enumerate(jobs)
+        for i in range(0, len(job.prompts), 4)
+    ]
+    streamed = [StreamedJob(len(job.prompts), job.label_ids, job.mode) for job in jobs]
+    batches: list[int] = []
+    got = scorer.engine.score_stream(streamed, parts, on_progress=batches.append)
+    assert len(batches) > len(jobs), "the jobs were spread over several batches"
+    expected = scorer.engine.score_jobs(jobs)
+    for job_got, job_expected in zip(got, expected, strict=True):
+        assert len(job_got) == len(job_expected)
+        assert max(abs(a - b) for a, b in zip(job_got, job_expected)) <= 1e-5
+        assert job_got[4] == job_got[1], "a repeated prompt keeps its first copy's score exactly"
+
+
+def test_a_bad_streamed_score_names_its_job_row(
+    small_batch_scorer: GenerativeScorer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scores come back in one copy and are checked on the host: a NaN in the second job names
+    that job's prompt, as the check on each job's own scores does."""
+    scorer = small_batch_scorer
+    engine = scorer.engine
+    prompts = [[[7, 8, 9 + i, 10 + i] for i in range(5)], [[3, 4, 20 + i] for i in range(6)]]
+    label_ids = scorer.front_end.label_token_ids
+    real = engine.head.scores
+    calls: list[int] = []
+
+    def scores(hidden: torch.Tensor, ids: list[int], mode: Any = "label-softmax") -> torch.Tensor:
+        out = real(hidden, ids, mode)
+        calls.append(len(out))
+        if len(calls) == 2:
+            out = out.clone()
+            out[2] = float("nan")
+        return out
+
+    monkeypatch.setattr(engine.head, "scores", scores)
+    streamed = [StreamedJob(len(p), label_ids) for p in prompts]
+    parts = [JobPart(j, p) for j, p in enumerate(prompts)]
+    with pytest.raises(ScoreRangeError, match="prompt 2 scored nan"):
+        engine.score_stream(streamed, parts)
+    assert calls == [5, 6]
+
+
+def _threads_named(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == name]
+
+
+def test_parts_built_ahead_equal_parts_built_in_turn(scorer: GenerativeScorer) -> None:
+    """Building the next part on a thread of its own changes nothing in the parts or their order,
+    and the thread is gone once the parts are taken."""
+    rng = random.Random(31)
+    pairs = [(q, _text(rng, rng.randint(2, 30))) for q in ("alpha beta", "gamma") for _ in range(15)]
+    rng.shuffle(pairs)
+    made = {}
+    for ahead in (False, True):
+        stream = scorer.front_end.stream_pairs(pairs, first_part_chars=150, part_chars=300, build_ahead=ahead)
+        made[ahead] = [(part.job, [list(p) for p in part.prompts]) for part in stream.parts()]
+        assert [prompt.token_ids for _, prompt in stream.assemble([[0.0] * 15, [0.0] * 15])] == [
+            p.token_ids for p in scorer.prepare_pairs(pairs).prompts
+        ]
+    assert len(made[True]) > 4 and made[True] == made[False]
+    assert not _threads_named("genscore-build-ahead")
+
+
+def test_a_part_built_ahead_that_fails_raises_in_order_and_its_thread_ends(
+    scorer: GenerativeScorer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error building part 3 reaches the taker after parts 0-2, naming its document; a taker that
+    stops early (closes the generator) stops the thread too."""
+    documents = [_text(random.Random(i), 20) for i in range(20)]
+    builder = scorer.front_end._builder
+    real = builder.build
+
+    def build(query: str, docs: Any, *, first_index: int = 0) -> Any:
+        if first_index >= 9:
+            raise PromptTooLongError(
+                f"document {first_index} cannot fit", param="documents", index=first_index
+            )
+        return real(query, docs, first_index=first_index)
+
+    monkeypatch.setattr(builder, "build", build)
+    stream = scorer.front_end.stream_pairs(
+        [("q", d) for d in documents], first_part_chars=250, part_chars=250
+    )
+    taken = []
+    with pytest.raises(PromptTooLongError, match="cannot fit") as raised:
+        for part in stream.parts():
+            taken.append(len(part.prompts))
+    # The failing part starts at the first document not taken, the first at or past 9.
+    assert raised.value.index == sum(taken) >= 9 and len(taken) > 1
+    assert not _threads_named("genscore-build-ahead")
+    monkeypatch.undo()
+    parts = scorer.front_end.stream_pairs(
+        [("q", d) for d in documents], first_part_chars=100, part_chars=100
+    ).parts()
+    next(parts)
+    parts.close()
+    assert not _threads_named("genscore-build-ahead")
+
+
+def test_a_rerank_whose_later_part_fails_leaves_no_thread(
+    small_batch_scorer: GenerativeScorer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the engine: the error of a part built ahead reaches the caller after earlier batches
+    ran, and neither the engine's producer nor the part builder's thread outlives the call."""
+    scorer = small_batch_scorer
+    rng = random.Random(32)
+    documents = [_text(rng, rng.randint(20, 60)) for _ in range(260)]
+    builder = scorer.front_end._builder
+    real = builder.build
+
+    def build(query: str, docs: Any, *, first_index: int = 0) -> Any:
+        if first_index > 0:  # every part after the first
+            raise PromptTooLongError(
+                f"document {first_index} cannot fit", param="documents", index=first_index
+            )
+        return real(query, docs, first_index=first_index)
+
+    monkeypatch.setattr(builder, "build", build)
+    ran: list[int] = []
+    engine = scorer.engine
+    original = engine.score_stream
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **{**kwargs, "on_progress": ran.append})
+
+    monkeypatch.setattr(engine, "score_stream", recording)
+    with pytest.raises(PromptTooLongError) as raised:
+        scorer.rerank("capital of france", documents)
+    assert raised.value.index > 0
+    assert ran, "the batches of the parts before the error ran"
+    assert not _threads_named("genscore-build-ahead") and not _threads_named("genscore-host-batches")
+
+
+def test_a_forward_that_fails_mid_stream_leaves_no_thread(
+    small_batch_scorer: GenerativeScorer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer failing while parts are built ahead: the call closes the parts it did not take,
+    so the builder's thread is joined before the error reaches the caller (whose traceback still
+    holds the call's frames)."""
+    scorer = small_batch_scorer
+    rng = random.Random(33)
+    documents = [_text(rng, rng.randint(20, 60)) for _ in range(400)]
+    forward = scorer.engine.forward
+    real = forward.run_stream
+
+    def failing(batches: Any, on_progress: Any = None) -> Any:
+        next(iter(batches))
+        raise RuntimeError("the device failed")
+
+    monkeypatch.setattr(forward, "run_stream", failing)
+    with pytest.raises(RuntimeError, match="the device failed") as raised:
+        scorer.rerank("capital of france", documents, top_n=3)
+    assert raised.traceback  # held on purpose while the threads are checked
+    assert not _threads_named("genscore-build-ahead") and not _threads_named("genscore-host-batches")
+    monkeypatch.setattr(forward, "run_stream", real)
+    assert len(scorer.rerank("capital of france", documents, top_n=3)) == 3

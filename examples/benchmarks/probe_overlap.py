@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -75,15 +76,29 @@ VARIANTS: dict[str, tuple[dict[str, Any], float, dict[str, Any] | None]] = {
         0.005,
         {"batch_growth": 1.5, "first_part_chars": 16000, "part_chars": 32000},
     ),
+    # The third round (host time around the GPU work): the stream's part and first-batch sizes.
+    "stream; defaults": ({}, 0.005, {}),
+    "stream; parts built in turn": ({}, 0.005, {"build_ahead": False}),
+    "stream; first batch 2k, first part 12k chars": (
+        {},
+        0.005,
+        {"first_batch_tokens": 2048, "first_part_chars": 12000},
+    ),
+    "stream; first part 36k chars": ({}, 0.005, {"first_part_chars": 36000}),
+    "stream; later parts 32k chars": ({}, 0.005, {"part_chars": 32000}),
 }
+
+
+FRONT_END_SETTINGS = {"first_part_chars", "part_chars", "build_ahead"}
+"""Settings of ``stream_pairs``; the others are ``score_stream``'s."""
 
 
 def stream_text(
     scorer: Any, engine: Any, query: str, docs: list[str], settings: dict[str, Any]
 ) -> list[float]:
     """The scorer's streamed text path (``_score_texts``) with other batch and part sizes."""
-    chars = {k: v for k, v in settings.items() if k.endswith("_chars")}
-    planning = {k: v for k, v in settings.items() if not k.endswith("_chars")}
+    chars = {k: v for k, v in settings.items() if k in FRONT_END_SETTINGS}
+    planning = {k: v for k, v in settings.items() if k not in FRONT_END_SETTINGS}
     stream = scorer.front_end.stream_pairs([(query, d) for d in docs], **chars)
     scores = engine.score_stream(stream.jobs, stream.parts(), **planning)
     return [score for score, _ in stream.assemble(scores)]
@@ -145,15 +160,57 @@ def gpu_busy(call: Any) -> tuple[float, float, float]:
     return round(wall * 1e3, 1), round(busy, 1), round((first - begin) / 1e3, 1)
 
 
-def timeline(engine: Any, call: Any) -> list[dict[str, float]]:
+def timeline(engine: Any, call: Any, front_end: Any = None) -> list[dict[str, float]]:
     """Per batch of one call (ms from its start): when the producer had it laid out, when the
-    launching thread began and finished launching it, and when the GPU began and finished it."""
+    launching thread began and finished launching it, and when the GPU began and finished it.
+
+    With ``front_end``, a last row of host marks too: when each part of documents began and ended
+    being built (tokenized) on the producer thread, when the forward handed back the rows, when the
+    label head was first called, when the last scores were checked (after the wait for the device)
+    and when ``rank_results`` began and ended (a rerank only)."""
+    import genscore_core.engine as engine_module
+    import genscore_core.scorer as scorer_module
+
     forward = engine.forward
     rows: list[dict[str, float]] = []
     marks: list[tuple[Any, Any]] = []
+    host: dict[str, Any] = {"parts": []}
     start_event = torch.cuda.Event(enable_timing=True)
     prepare, decode = forward.prepare_stream_batch, forward.decode
+    run_stream, head_scores = forward.run_stream, engine.head.scores
+    check, rank = engine_module.check_scores, scorer_module.rank_results
+    builder = front_end._builder if front_end is not None else None
+    build = builder.build if builder is not None else None
     t0 = 0.0
+
+    def now() -> float:
+        return round((time.perf_counter() - t0) * 1e3, 2)
+
+    def built(*args: Any, **kw: Any) -> Any:
+        begin = now()
+        done = build(*args, **kw)  # type: ignore[misc]
+        host["parts"].append((begin, now(), len(done)))
+        return done
+
+    def ran(*args: Any, **kw: Any) -> Any:
+        done = run_stream(*args, **kw)
+        host["forward_returned"] = now()
+        return done
+
+    def head(*args: Any, **kw: Any) -> Any:
+        host.setdefault("head_first", now())
+        return head_scores(*args, **kw)
+
+    def checked(*args: Any, **kw: Any) -> Any:
+        done = check(*args, **kw)
+        host["checked_last"] = now()
+        return done
+
+    def ranked(*args: Any, **kw: Any) -> Any:
+        host["rank_begin"] = now()
+        done = rank(*args, **kw)
+        host["rank_end"] = now()
+        return done
 
     def prepared(batch: Any) -> Any:
         done = prepare(batch)
@@ -175,6 +232,11 @@ def timeline(engine: Any, call: Any) -> list[dict[str, float]]:
         return out
 
     forward.prepare_stream_batch, forward.decode = prepared, decoded
+    if front_end is not None:
+        forward.run_stream, engine.head.scores = ran, head
+        engine_module.check_scores, scorer_module.rank_results = checked, ranked  # type: ignore[assignment]
+        if builder is not None:
+            builder.build = built
     try:
         sync()
         t0 = time.perf_counter()
@@ -184,10 +246,17 @@ def timeline(engine: Any, call: Any) -> list[dict[str, float]]:
         total = (time.perf_counter() - t0) * 1e3
     finally:
         del forward.prepare_stream_batch, forward.decode
+        if front_end is not None:
+            del forward.run_stream, engine.head.scores
+            engine_module.check_scores, scorer_module.rank_results = check, rank  # type: ignore[assignment]
+            if builder is not None:
+                del builder.build
     for row, (begin, end) in zip(rows, marks):
         row["gpu_begin"] = start_event.elapsed_time(begin)
         row["gpu_end"] = start_event.elapsed_time(end)
     rows.append({"total": total})
+    if front_end is not None:
+        rows.append(host)
     return rows
 
 
@@ -205,11 +274,12 @@ def measure_w1(args: argparse.Namespace, out: dict[str, Any]) -> None:
     import inspect
 
     streamed = set(inspect.signature(ScoringEngine.score_stream).parameters)
+    streamed |= set(inspect.signature(type(base.front_end).stream_pairs).parameters)
     for name, (fields, interval, settings) in VARIANTS.items():
         if args.variants and name not in args.variants:
             continue
         opts = options(**fields)
-        if opts is None or (settings and not set(settings) <= streamed | {"first_part_chars", "part_chars"}):
+        if opts is None or (settings and not set(settings) <= streamed):
             print(f"{name}: this tree has no such options, skipped", flush=True)
             continue
         engine = ScoringEngine(model, PackedForward(model, options=opts), LabelHead(model))
@@ -231,7 +301,9 @@ def measure_w1(args: argparse.Namespace, out: dict[str, Any]) -> None:
             return call_text, lambda: engine.score_jobs(jobs)
 
         prefix_graphs = "graph_prefixes" in PackedOptions.model_fields and fields.get("graph_prefixes", True)
-        if not dry and engine.forward.graphs is not None and prefix_graphs:
+        first = name == next(iter(args.variants or VARIANTS))
+        checks = not args.no_graph_check and (not args.graph_check_first or first)
+        if not dry and engine.forward.graphs is not None and prefix_graphs and checks:
             for check in (calls(scorer, engine)[0], calls(scorer, engine)[1]):
                 for line in graph_check(engine, check):
                     print("   graph check:", line, flush=True)
@@ -252,8 +324,8 @@ def measure_w1(args: argparse.Namespace, out: dict[str, Any]) -> None:
                     fn()
                     sync()
                     times.append(time.perf_counter() - start)
-            busy = None if dry else gpu_busy(text)
-            line = None if dry else timeline(engine, text)
+            busy = None if dry or args.no_gpu_busy else gpu_busy(text)
+            line = None if dry else timeline(engine, text, scorer.front_end)
             got = text()
             engine_scores = alone()[0]
         except Exception as error:  # one variant failing leaves the others
@@ -283,7 +355,7 @@ def measure_w1(args: argparse.Namespace, out: dict[str, Any]) -> None:
             flush=True,
         )
         for step in line or []:
-            print("   ", {k: round(v, 1) for k, v in step.items()}, flush=True)
+            print("   ", {k: round(v, 1) if isinstance(v, float) else v for k, v in step.items()}, flush=True)
         del scorer, engine
     if args.server_seconds > 0:
         folder = Path(tempfile.mkdtemp(prefix="genscore-probe-"))
@@ -367,6 +439,8 @@ def compare(paths: list[Path]) -> None:
                 f"| {d_text:.1e} | {d_engine:.1e} | {row['peak_allocated_gib']:.2f} | {row['reserved_gib']:.2f} | {row['graphs']} | {row.get('gpu_busy')} |"
             )
     print()
+    timeline_table(runs)
+    print()
     print(
         "| tree | switch interval (s) | W5 32 clients pairs/s | p50 ms | p99 ms | p99/p50 | requests a call | waited |"
     )
@@ -376,6 +450,35 @@ def compare(paths: list[Path]) -> None:
             print(
                 f"| {tree} | {interval} | {r['pairs_per_s']:,.0f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} "
                 f"| {r['p99_ms'] / r['p50_ms']:.1f} | {r['requests_a_call']:.1f} | {r['waited']} |"
+            )
+
+
+def timeline_table(runs: dict[str, Any]) -> None:
+    """One timed call of each variant (ms from its start): the first batch laid out and begun on the
+    GPU, the GPU's idle time between its first and last batch, its end, the call's end, and the
+    host marks (parts built, the wait for the scores, the ranking)."""
+    print(
+        "| tree | variant | batches (tokens) | first batch laid out | GPU begins | GPU idle between batches "
+        "| GPU ends | call ends | parts built (end of 1st, 2nd, last) | forward returned | scores checked | ranked |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    for tree, run in runs.items():
+        for name, row in run["w1"].items():
+            line = row.get("timeline")
+            if not line:
+                continue
+            batches = [r for r in line if "gpu_begin" in r]
+            total = next((r["total"] for r in line if "total" in r), float("nan"))
+            host = next((r for r in line if "parts" in r), {})
+            idle = sum(max(0.0, b["gpu_begin"] - a["gpu_end"]) for a, b in itertools.pairwise(batches))
+            parts = host.get("parts", [])
+            built = ", ".join(f"{p[1]:.1f}" for p in (parts[:2] + parts[-1:])) if parts else ""
+            print(
+                f"| {tree} | {name} | {' / '.join(str(int(b['tokens'])) for b in batches)} "
+                f"| {batches[0]['ready']:.1f} | {batches[0]['gpu_begin']:.1f} | {idle:.1f} "
+                f"| {batches[-1]['gpu_end']:.1f} | {total:.1f} | {built} ({len(parts)} parts) "
+                f"| {host.get('forward_returned', float('nan')):.1f} | {host.get('checked_last', float('nan')):.1f} "
+                f"| {host.get('rank_end', float('nan')):.1f} |"
             )
 
 
@@ -389,6 +492,15 @@ def main() -> None:
     parser.add_argument("--server-intervals", type=float, nargs="*", default=[0.005, 1e-4])
     parser.add_argument("--compare", type=Path, nargs="*")
     parser.add_argument("--variants", nargs="*", help="names of the variants to run (default: all)")
+    parser.add_argument(
+        "--graph-check-first",
+        action="store_true",
+        help="check graphs against eager batches in the first variant only",
+    )
+    parser.add_argument(
+        "--no-graph-check", action="store_true", help="no check of graphs against eager batches"
+    )
+    parser.add_argument("--no-gpu-busy", action="store_true", help="skip the profiled call (GPU busy time)")
     args = parser.parse_args()
     if args.compare:
         compare(args.compare)
