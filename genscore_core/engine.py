@@ -179,7 +179,12 @@ class ScoringEngine(ScoringBackend):
         streamed = [StreamedJob(len(job.prompts), job.label_ids, job.mode) for job in jobs]
         parts = [JobPart(index, job.prompts) for index, job in enumerate(jobs) if job.prompts]
         return self.score_stream(
-            streamed, parts, on_progress, first_batch_tokens=batch_tokens, batch_growth=1.0
+            streamed,
+            parts,
+            on_progress,
+            first_batch_tokens=batch_tokens,
+            batch_growth=1.0,
+            first_batch_early=False,
         )
 
     def score_stream(
@@ -190,6 +195,7 @@ class ScoringEngine(ScoringBackend):
         *,
         first_batch_tokens: int = FIRST_BATCH_TOKENS,
         batch_growth: float = BATCH_GROWTH,
+        first_batch_early: bool = True,
     ) -> list[list[float]]:
         """:meth:`score_jobs` with the prompts handed over in parts as they are made (tokenized).
 
@@ -197,7 +203,9 @@ class ScoringEngine(ScoringBackend):
         k; the parts of each job come in prompt order. An exception raised by ``parts`` reaches the
         caller, after the batches before it ran. Scores equal :meth:`score_jobs` on the whole jobs.
         The first batch holds up to ``first_batch_tokens`` tokens, each later one ``batch_growth``
-        times its predecessor's, within the forward's budget.
+        times its predecessor's target, within the forward's budget. With ``first_batch_early``, the
+        first batch leaves at the end of the first part even short of its target (the GPU starts
+        while later parts are tokenized); parts that all exist from the start gain nothing by it.
         """
         items = iter(parts)
         forward = self.forward
@@ -210,7 +218,9 @@ class ScoringEngine(ScoringBackend):
         state = StreamState()
         with self._lock:
             planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens, batch_growth)
-            planned = plan_stream([job.size for job in jobs], items, planner, state)
+            planned = plan_stream(
+                [job.size for job in jobs], items, planner, state, first_batch_early=first_batch_early
+            )
             try:
                 with Prefetcher(planned, forward.prepare_stream_batch) as batches:
                     hidden, keys = forward.run_stream(batches, on_progress)

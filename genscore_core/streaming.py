@@ -267,8 +267,11 @@ def plan_stream(
     parts: Iterable[JobPart],
     planner: BatchPlanner,
     state: StreamState,
+    *,
+    first_batch_early: bool = True,
 ) -> Generator[StreamBatch, None, None]:
-    """Batches for the parts of jobs of ``sizes[j]`` prompts each, as the parts arrive.
+    """Batches for the parts of jobs of ``sizes[j]`` prompts each, as the parts arrive; with
+    ``first_batch_early``, the first batch leaves at the end of the first part (:meth:`BatchPlanner.ripe`).
 
     A job's prompts that start with the prefix its first part shares and go on past it form one
     group (id ``j``); the others form a second group, scored after all parts, whose prefix is the
@@ -304,7 +307,7 @@ def plan_stream(
             # Closed only now: a batch closed while this part was added still keeps the prefix for
             # the part's later prompts.
             planner.close(job)
-        ripe = planner.ripe(first_part=part_number == 0)
+        ripe = planner.ripe(first_part=first_batch_early and part_number == 0)
         if ripe is not None:
             yield ripe
     for job in range(len(sizes)):

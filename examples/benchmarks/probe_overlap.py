@@ -79,6 +79,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], float, dict[str, Any] | None]] = {
     # The third round (host time around the GPU work): the stream's part and first-batch sizes.
     "stream; defaults": ({}, 0.005, {}),
     "stream; parts built in turn": ({}, 0.005, {"build_ahead": False}),
+    "stream; first batch waits to fill": ({}, 0.005, {"first_batch_early": False}),
     "stream; first batch 2k, first part 12k chars": (
         {},
         0.005,
