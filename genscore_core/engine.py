@@ -217,11 +217,11 @@ class ScoringEngine(ScoringBackend):
             return self._score_whole(whole, on_progress)
         state = StreamState()
         with self._lock:
-            planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens, batch_growth)
-            planned = plan_stream(
-                [job.size for job in jobs], items, planner, state, first_batch_early=first_batch_early
-            )
             try:
+                planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens, batch_growth)
+                planned = plan_stream(
+                    [job.size for job in jobs], items, planner, state, first_batch_early=first_batch_early
+                )
                 with Prefetcher(planned, forward.prepare_stream_batch) as batches:
                     hidden, keys = forward.run_stream(batches, on_progress)
                 rows: list[list[int]] = [[0] * len(p.distinct) for p in state.jobs]
@@ -232,14 +232,6 @@ class ScoringEngine(ScoringBackend):
                     raise
                 del error
                 hidden, rows = self._score_again(state, items)
-            finally:
-                # Parts not taken (an error stopped the producer) are dropped now, not when the
-                # generators are collected: a part source that builds ahead on a thread of its own
-                # (PairStream) joins it as it closes, so no thread outlives the call.
-                planned.close()
-                close = getattr(items, "close", None)
-                if callable(close):
-                    close()
             job_scores = self._stream_scores(hidden, jobs, rows)
             scores: list[list[float]] = []
             for job, recorded, values in zip(jobs, state.jobs, job_scores):

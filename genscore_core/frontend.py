@@ -23,7 +23,7 @@ from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, bounded_
 from genscore_core.protocol import GenerativeScoringRequest, check_request, check_text
 from genscore_core.recipes import Recipe, resolve_recipe
 from genscore_core.request_life import TokenizerLock
-from genscore_core.streaming import JobPart, Prefetcher
+from genscore_core.streaming import JobPart
 from genscore_core.templates import ScoreMode, Span, resolve_label_ids
 
 FIRST_PART_CHARS = 24_000
@@ -231,20 +231,15 @@ class ScoringFrontEnd:
         *,
         first_part_chars: int = FIRST_PART_CHARS,
         part_chars: int = PART_CHARS,
-        build_ahead: bool = True,
     ) -> PairStream:
         """The prompts of (query, document) pairs as :meth:`prepare_pairs` builds them (whole
         documents, ``long_documents="truncate"``), made part by part when the stream's
         :meth:`~PairStream.parts` are taken, so that a local engine scores early parts while later
         ones are tokenized. Every pair is checked here, before any part is made. A query's documents
-        go in parts of about ``part_chars`` characters, the first of ``first_part_chars``; with
-        ``build_ahead``, the next part is built on a thread of its own while the taker of the
-        parts works on the current one.
+        go in parts of about ``part_chars`` characters, the first of ``first_part_chars``.
         """
         check_pairs(pairs)
-        return PairStream(
-            self, pairs, first_part_chars=first_part_chars, part_chars=part_chars, build_ahead=build_ahead
-        )
+        return PairStream(self, pairs, first_part_chars=first_part_chars, part_chars=part_chars)
 
     def prepare_rerank(
         self, query: str, documents: Sequence[str], *, max_tokens_per_doc: int | None = None
@@ -287,11 +282,9 @@ class PairStream:
         *,
         first_part_chars: int = FIRST_PART_CHARS,
         part_chars: int = PART_CHARS,
-        build_ahead: bool = True,
     ) -> None:
         self._front_end = front_end
         self._part_chars = (first_part_chars, part_chars)
-        self._build_ahead = build_ahead
         by_query: dict[str, list[int]] = {}
         for position, (query, _) in enumerate(pairs):
             by_query.setdefault(query, []).append(position)
@@ -307,35 +300,16 @@ class PairStream:
     def parts(self) -> Iterator[JobPart]:
         """Each query's prompts in parts, in order; a document that cannot fit raises
         :class:`~genscore_core.errors.PromptTooLongError` with its index among the query's documents,
-        as :meth:`ScoringFrontEnd.prepare_pairs` does, once the parts before it were taken.
-
-        With ``build_ahead``, part k+1 is built (tokenized) on a thread of its own while the taker
-        works on part k: the tokenizer's batch call runs on every core outside the interpreter lock,
-        so it overlaps the taker's Python work (a local engine's planning and layout of batches).
-        Closing this generator (or taking it to its end) stops and joins that thread.
-        """
-        ranges = [
-            (job, start, stop)
-            for job, documents in enumerate(self._documents)
-            for start, stop in text_parts(documents, *self._part_chars)
-        ]
-        if not self._build_ahead:
-            yield from (self._take(item, self._build(item)) for item in ranges)
-            return
-        with Prefetcher(ranges, self._build, depth=1, name="genscore-build-ahead") as built:
-            for item, prompts in zip(ranges, built):
-                yield self._take(item, prompts)
-
-    def _build(self, item: tuple[int, int, int]) -> list[EncodedPrompt]:
-        job, start, stop = item
-        documents = self._documents[job][start:stop]
-        return self._front_end._builder.build(self._queries[job], documents, first_index=start)
-
-    def _take(self, item: tuple[int, int, int], prompts: list[EncodedPrompt]) -> JobPart:
-        job, start, stop = item
-        for position, prompt in zip(self.positions[job][start:stop], prompts):
-            self.prompts[position] = prompt
-        return JobPart(job, [prompt.token_ids for prompt in prompts])
+        as :meth:`ScoringFrontEnd.prepare_pairs` does."""
+        builder = self._front_end._builder
+        for job, (query, documents, positions) in enumerate(
+            zip(self._queries, self._documents, self.positions)
+        ):
+            for start, stop in text_parts(documents, *self._part_chars):
+                prompts = builder.build(query, documents[start:stop], first_index=start)
+                for position, prompt in zip(positions[start:stop], prompts):
+                    self.prompts[position] = prompt
+                yield JobPart(job, [prompt.token_ids for prompt in prompts])
 
     def assemble(self, scores: list[list[float]]) -> list[tuple[float, EncodedPrompt]]:
         """(score, prompt) of each pair in input order, once every part was built."""

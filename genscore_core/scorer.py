@@ -292,9 +292,7 @@ class GenerativeScorer:
         """A small single-query call in two parts: the second is tokenized while the device runs
         the first (docs/benchmarks.md, "Small calls")."""
         rest = sum(len(document) for _, document in pairs)
-        stream = self.front_end.stream_pairs(
-            pairs, first_part_chars=first_chars, part_chars=rest, build_ahead=False
-        )
+        stream = self.front_end.stream_pairs(pairs, first_part_chars=first_chars, part_chars=rest)
         [job] = stream.jobs
         parts = (
             [ScoringJob([list(p) for p in part.prompts], job.label_ids, job.mode != "vocab-softmax",

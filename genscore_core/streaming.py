@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
@@ -269,7 +269,7 @@ def plan_stream(
     state: StreamState,
     *,
     first_batch_early: bool = True,
-) -> Generator[StreamBatch, None, None]:
+) -> Iterator[StreamBatch]:
     """Batches for the parts of jobs of ``sizes[j]`` prompts each, as the parts arrive; with
     ``first_batch_early``, the first batch leaves at the end of the first part (:meth:`BatchPlanner.ripe`).
 
@@ -371,20 +371,13 @@ class Prefetcher(Generic[T, U]):
     the item it is working on and joins it: no thread outlives the call.
     """
 
-    def __init__(
-        self,
-        items: Iterable[T],
-        produce: Callable[[T], U],
-        depth: int = 2,
-        *,
-        name: str = "genscore-host-batches",
-    ) -> None:
+    def __init__(self, items: Iterable[T], produce: Callable[[T], U], depth: int = 2) -> None:
         self._items = items
         self._produce = produce
         self._queue: queue.Queue[U | _End | _Failure] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._ended = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="genscore-host-batches", daemon=True)
 
     def _run(self) -> None:
         try:
