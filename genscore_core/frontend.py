@@ -19,7 +19,13 @@ from genscore_core.errors import InvalidRequestError
 from genscore_core.loading import check_label_ids, load_tokenizer
 from genscore_core.long_documents import WindowedPairs, cap_to_tokens, token_spans, window_spans
 from genscore_core.prepared import PreparedPairs, PreparedScore
-from genscore_core.prompts import EncodedPrompt, TemplatePromptBuilder, bounded_texts, build_raw_prompts
+from genscore_core.prompts import (
+    EncodedPrompt,
+    PromptSummary,
+    TemplatePromptBuilder,
+    bounded_texts,
+    build_raw_prompts,
+)
 from genscore_core.protocol import GenerativeScoringRequest, check_request, check_text
 from genscore_core.recipes import Recipe, resolve_recipe
 from genscore_core.request_life import TokenizerLock
@@ -293,7 +299,8 @@ class PairStream:
         self.positions = list(by_query.values())
         self.streams = sum(len(document) for _, document in pairs) >= STREAM_MIN_CHARS
         """Whether the call is large enough to be scored part by part (else prepare it whole)."""
-        self.prompts: list[EncodedPrompt | None] = [None] * len(pairs)
+        self.prompts: list[PromptSummary | None] = [None] * len(pairs)
+        """What the results report of each pair's prompt; its token ids go only to the engine."""
         mode = front_end.score_mode
         self.jobs = [StreamedJob(len(p), front_end.label_token_ids, mode) for p in self.positions]
 
@@ -308,15 +315,21 @@ class PairStream:
             for start, stop in text_parts(documents, *self._part_chars):
                 prompts = builder.build(query, documents[start:stop], first_index=start)
                 for position, prompt in zip(positions[start:stop], prompts):
-                    self.prompts[position] = prompt
+                    self.prompts[position] = PromptSummary.of(prompt)
+                # The part holds the only reference to the ids left: whoever takes the parts (the
+                # engine's producer thread) frees them once it has copied them into its buffers.
                 yield JobPart(job, [prompt.token_ids for prompt in prompts])
 
-    def assemble(self, scores: list[list[float]]) -> list[tuple[float, EncodedPrompt]]:
-        """(score, prompt) of each pair in input order, once every part was built."""
+    def assemble(self, scores: list[list[float]]) -> list[tuple[float, PromptSummary]]:
+        """(score, prompt summary) of each pair in input order, once every part was built."""
         prompts = [prompt for prompt in self.prompts if prompt is not None]
         if len(prompts) != len(self.prompts):
             raise RuntimeError("the pair stream was not taken to its end")
-        return PreparedPairs(self.positions, prompts, []).assemble(scores)
+        results: list[tuple[float, PromptSummary] | None] = [None] * len(prompts)
+        for positions, job_scores in zip(self.positions, scores, strict=True):
+            for position, score in zip(positions, job_scores, strict=True):
+                results[position] = (score, prompts[position])
+        return [result for result in results if result is not None]
 
 
 def overlap_first_chars(pairs: Sequence[tuple[str, str]], share: float) -> int | None:

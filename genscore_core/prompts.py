@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from genscore_core.errors import PromptTooLongError
 from genscore_core.protocol import GenerativeScoringRequest
@@ -32,6 +32,48 @@ class EncodedPrompt:
     """How many windows the document was split into."""
     all_tokens: int | None = None
     """Tokens of every window's prompt (usage), when there were several."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the prompt."""
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class PromptSummary:
+    """What a result reports of an :class:`EncodedPrompt`, without its token ids.
+
+    A streamed call keeps these instead of the prompts (``frontend.PairStream``): the ids then live
+    only in the parts handed to the engine and are freed on its producer thread while the GPU runs.
+    Kept to the call's end, W1's 256 prompts (about 100k Python ints) took 1-1.5 ms to free after
+    the scores were in (docs/benchmarks.md).
+    """
+
+    num_tokens: int
+    truncated: bool
+    window: tuple[int, int] | None = None
+    windows: int = 1
+    all_tokens: int | None = None
+
+    @classmethod
+    def of(cls, prompt: EncodedPrompt) -> PromptSummary:
+        return cls(len(prompt.token_ids), prompt.truncated, prompt.window, prompt.windows, prompt.all_tokens)
+
+
+class PromptInfo(Protocol):
+    """What :func:`~genscore_core.results.rank_results` reads of a prompt: an :class:`EncodedPrompt`
+    or a :class:`PromptSummary`."""
+
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def truncated(self) -> bool: ...
+    @property
+    def window(self) -> tuple[int, int] | None: ...
+    @property
+    def windows(self) -> int: ...
+    @property
+    def all_tokens(self) -> int | None: ...
 
 
 Offsets = list[tuple[int, int]]

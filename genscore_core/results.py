@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from genscore_core.errors import InvalidRequestError
 
 if TYPE_CHECKING:
-    from genscore_core.prompts import EncodedPrompt
+    from genscore_core.prompts import PromptInfo
 
 
 class RankedResult(BaseModel):
@@ -66,7 +66,7 @@ class RankedResults(BaseModel):
 def rank_results(
     query: str,
     documents: Sequence[str],
-    scored: Sequence[tuple[float, EncodedPrompt]],
+    scored: Sequence[tuple[float, PromptInfo]],
     *,
     top_n: int | None = None,
     score_threshold: float | None = None,
@@ -79,7 +79,7 @@ def rank_results(
             score=score,
             document=documents[i],
             truncated=p.truncated,
-            prompt_tokens=len(p.token_ids),
+            prompt_tokens=p.num_tokens,
             window=p.window,
             windows=p.windows,
         )
@@ -91,7 +91,7 @@ def rank_results(
     if top_n is not None:
         results = results[:top_n]
     return RankedResults(
-        query=query, results=results, prompt_tokens=sum(p.all_tokens or len(p.token_ids) for _, p in scored)
+        query=query, results=results, prompt_tokens=sum(p.all_tokens or p.num_tokens for _, p in scored)
     )
 
 

@@ -23,7 +23,7 @@ from genscore_core.loading import (
     resolve_dtype,
 )
 from genscore_core.prepared import PreparedPairs, PreparedScore
-from genscore_core.prompts import EncodedPrompt
+from genscore_core.prompts import EncodedPrompt, PromptInfo
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse, check_text
 from genscore_core.recipes import Recipe
 from genscore_core.results import RankedResults, check_rank_options, rank_results
@@ -263,7 +263,7 @@ class GenerativeScorer:
 
     def _score_texts(
         self, pairs: Sequence[tuple[str, str]], max_tokens_per_doc: int | None = None
-    ) -> list[tuple[float, EncodedPrompt]]:
+    ) -> Sequence[tuple[float, PromptInfo]]:
         """(score, prompt) of each pair in input order.
 
         With a local engine that streams, the documents are tokenized part by part on the engine's
@@ -288,7 +288,7 @@ class GenerativeScorer:
 
     def _score_overlapped(
         self, engine: ScoringEngine, pairs: Sequence[tuple[str, str]], first_chars: int
-    ) -> list[tuple[float, EncodedPrompt]]:
+    ) -> Sequence[tuple[float, PromptInfo]]:
         """A small single-query call in two parts: the second is tokenized while the device runs
         the first (docs/benchmarks.md, "Small calls")."""
         rest = sum(len(document) for _, document in pairs)

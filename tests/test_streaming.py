@@ -453,3 +453,27 @@ def test_a_bad_streamed_score_names_its_job_row(
     with pytest.raises(ScoreRangeError, match="prompt 2 scored nan"):
         engine.score_stream(streamed, parts)
     assert calls == [5, 6]
+
+
+def test_a_streamed_rerank_reports_prompts_as_the_whole_path_does(
+    small_batch_scorer: GenerativeScorer,
+) -> None:
+    """The stream keeps a summary of each prompt, not its ids: each result's token count and
+    truncation, and the call's usage, equal those of the prompts built whole."""
+    scorer = small_batch_scorer
+    rng = random.Random(34)
+    documents = [_text(rng, rng.randint(20, 60)) for _ in range(250)]
+    documents += [_text(rng, 700) for _ in range(4)]  # over max_length=512: truncated
+    documents.insert(7, documents[3])  # a duplicate
+    assert sum(map(len, documents)) > 65_536, "the call is streamed"
+    stream = scorer.front_end.stream_pairs([("capital of france", d) for d in documents])
+    assert stream.streams
+    ranked = scorer.rerank("capital of france", documents)
+    whole = scorer.prepare_pairs([("capital of france", d) for d in documents]).prompts
+    by_index = {r.index: r for r in ranked}
+    assert [(by_index[i].prompt_tokens, by_index[i].truncated) for i in range(len(documents))] == [
+        (len(p.token_ids), p.truncated) for p in whole
+    ]
+    assert sum(p.truncated for p in whole) == 4
+    assert ranked.prompt_tokens == sum(len(p.token_ids) for p in whole)
+    assert by_index[7].score == by_index[3].score
