@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -342,50 +343,44 @@ def child(tree: str, out: str) -> None:
 
     Path(out, "result.json").write_text(json.dumps(report, indent=1, default=str))
 
-    def serve() -> None:
-        """One client against a real ``genscore serve`` on this model (PROFILE_SERVER seconds)."""
+    def on_saved_model(key: str, measure: Callable[[Path], Any]) -> None:
+        """Save the model to a folder, free this process's GPU copy (a server loads its own), and keep
+        what ``measure(folder)`` returns, or its error, under ``report[key]``."""
         nonlocal scorer, engine, forward
+        import shutil
+        import tempfile
+
+        from bench_text import save_model
+
+        folder = Path(tempfile.mkdtemp(prefix="genscore-small-"))
+        try:
+            save_model(model, tokenizer, folder)
+            scorer = engine = forward = None  # type: ignore[assignment]
+            model.cpu()
+            torch.cuda.empty_cache()
+            report[key] = measure(folder)
+        except Exception as error:  # reported: the rest of the numbers still come back
+            report[key] = repr(error)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        Path(out, "result.json").write_text(json.dumps(report, indent=1, default=str))
+
+    def one_client(folder: Path) -> list[Any]:
+        from bench_text import Report, server_benchmark
+
+        server = Report()
+        server_benchmark(server, folder, words, [1], float(os.environ["PROFILE_SERVER"]))
+        return [vars(r) for r in server.rows] + server.notes
+
+    def serve() -> None:
+        """One client against a real ``genscore serve`` on this model: in steady state
+        (PROFILE_SERVER_STEADY seconds) and/or in a window with captures (PROFILE_SERVER seconds)."""
         if os.environ.get("PROFILE_SERVER_STEADY") and not smoke:
-            import shutil
-            import tempfile
-
-            from bench_text import save_model
-
-            folder = Path(tempfile.mkdtemp(prefix="genscore-small-"))
-            try:
-                save_model(model, tokenizer, folder)
-                scorer = engine = forward = None  # type: ignore[assignment]
-                model.cpu()
-                torch.cuda.empty_cache()
-                report["server_steady"] = steady_server(
-                    folder, words, float(os.environ["PROFILE_SERVER_STEADY"]),
-                    os.environ.get("PROFILE_SERVER_FLAGS", "").split(),
-                )  # fmt: skip
-            except Exception as error:  # reported: the rest of the numbers still come back
-                report["server_steady"] = repr(error)
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
-            Path(out, "result.json").write_text(json.dumps(report, indent=1, default=str))
+            seconds = float(os.environ["PROFILE_SERVER_STEADY"])
+            flags = os.environ.get("PROFILE_SERVER_FLAGS", "").split()
+            on_saved_model("server_steady", lambda folder: steady_server(folder, words, seconds, flags))
         if os.environ.get("PROFILE_SERVER") and not smoke:
-            import shutil
-            import tempfile
-
-            from bench_text import Report, save_model, server_benchmark
-
-            folder = Path(tempfile.mkdtemp(prefix="genscore-small-"))
-            try:
-                save_model(model, tokenizer, folder)
-                scorer = engine = forward = None  # type: ignore[assignment]
-                model.cpu()
-                torch.cuda.empty_cache()
-                server = Report()
-                server_benchmark(server, folder, words, [1], float(os.environ["PROFILE_SERVER"]))
-                report["server_1_client"] = [vars(r) for r in server.rows] + server.notes
-            except Exception as error:  # reported: the rest of the numbers still come back
-                report["server_1_client"] = repr(error)
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
-            Path(out, "result.json").write_text(json.dumps(report, indent=1, default=str))
+            on_saved_model("server_1_client", one_client)
 
     if os.environ.get("PROFILE_LIGHT"):  # the numbers above, then the server; no deep profiles
         serve()
