@@ -18,7 +18,7 @@ from genscore_core.engine import StreamedJob
 from genscore_core.errors import InvalidRequestError
 from genscore_core.loading import check_label_ids, load_tokenizer
 from genscore_core.long_documents import WindowedPairs, cap_to_tokens, token_spans, window_spans
-from genscore_core.prepared import PreparedPairs, PreparedScore
+from genscore_core.prepared import PreparedPairs, PreparedScore, scores_in_input_order
 from genscore_core.prompts import (
     EncodedPrompt,
     PromptSummary,
@@ -325,11 +325,7 @@ class PairStream:
         prompts = [prompt for prompt in self.prompts if prompt is not None]
         if len(prompts) != len(self.prompts):
             raise RuntimeError("the pair stream was not taken to its end")
-        results: list[tuple[float, PromptSummary] | None] = [None] * len(prompts)
-        for positions, job_scores in zip(self.positions, scores, strict=True):
-            for position, score in zip(positions, job_scores, strict=True):
-                results[position] = (score, prompts[position])
-        return [result for result in results if result is not None]
+        return scores_in_input_order(self.positions, prompts, scores)
 
 
 def overlap_first_chars(pairs: Sequence[tuple[str, str]], share: float) -> int | None:

@@ -6,11 +6,31 @@ score their jobs together in one engine call.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from genscore_core.backend import ScoringJob
 from genscore_core.prompts import EncodedPrompt
 from genscore_core.protocol import GenerativeScoringResponse, ScoreData, UsageInfo
+
+P = TypeVar("P")
+
+
+def scores_in_input_order(
+    positions: Sequence[Sequence[int]], prompts: Sequence[P], scores: Sequence[Sequence[float]]
+) -> list[tuple[float, P]]:
+    """(score, prompt) of each pair in input order, where ``scores[j][k]`` is the score of the pair at
+    input position ``positions[j][k]``. Every pair gets exactly one score, or this raises: a score
+    left out or a count that does not match is a bug upstream, never a pair dropped or scored 0."""
+    results: list[tuple[float, P] | None] = [None] * len(prompts)
+    for job_positions, job_scores in zip(positions, scores, strict=True):
+        for position, score in zip(job_positions, job_scores, strict=True):
+            results[position] = (score, prompts[position])
+    missing = [index for index, result in enumerate(results) if result is None]
+    if missing:
+        raise RuntimeError(f"no score for the pair at input position {missing[0]} ({len(missing)} in all)")
+    return [result for result in results if result is not None]
 
 
 @dataclass(frozen=True)
@@ -45,11 +65,7 @@ class PreparedPairs:
 
     def assemble(self, scores: list[list[float]]) -> list[tuple[float, EncodedPrompt]]:
         """(score, prompt) of each pair in input order, from the scores of :attr:`jobs`."""
-        results = [(0.0, prompt) for prompt in self.prompts]
-        for positions, job_scores in zip(self.positions, scores):
-            for position, score in zip(positions, job_scores):
-                results[position] = (score, self.prompts[position])
-        return results
+        return scores_in_input_order(self.positions, self.prompts, scores)
 
     @property
     def prompt_tokens(self) -> int:
