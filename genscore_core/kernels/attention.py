@@ -148,8 +148,9 @@ def segment_attention(
     *,
     impl: KernelImpl = "auto",
 ) -> torch.Tensor:
-    """q [Tq, Hq, D], k/v [Tk, Hkv, D] -> [Tq, Hq, D]: each segment's causal attention over its prefix
-    and its own keys. Rows of ``q`` outside every segment come back unspecified.
+    """q [Tq, Hq, D], k/v [Tk, Hkv, D] -> [Tq, Hq, D] (contiguous): each segment's causal attention over
+    its prefix and its own keys. Rows of ``q``, ``k`` and ``v`` may have a stride (column blocks of one
+    q/k/v product). Rows of ``q`` outside every segment come back unspecified.
 
     ``impl`` picks the Triton kernel or the torch reference (:mod:`genscore_core.kernels.dispatch`).
     """
@@ -182,7 +183,7 @@ def segment_attention_reference(
     (``enable_gqa``): that is what sends the CPU to its fused kernel, which tiles the scores, rather
     than to the reference path that holds them all.
     """
-    out = torch.zeros_like(q)
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)  # contiguous, whatever q's strides
     for q_start, q_len, k_start, k_len, prefix_start, prefix_len in table.tolist():
         if q_len == 0:
             continue

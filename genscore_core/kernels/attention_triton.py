@@ -152,14 +152,15 @@ def segment_attention(
     heads, dim = q.shape[1], q.shape[2]
     group = heads // k.shape[1]
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and dim & (dim - 1) == 0
-    out = torch.empty_like(q)
+    # Contiguous whatever q's row stride (q may be a column block of the fused q/k/v product).
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     config = segments.tiling
     per_program = config.heads_per_program(group)
     if segments.num_blocks == 0:
         return out
     k_src: object = k
     v_src: object = v
-    tma = config.tma and _has_tma(q.device)
+    tma = config.tma and _has_tma(q.device) and _tma_ready(k) and _tma_ready(v)
     if tma:
         k_src = _descriptor(k, config.block_n)
         v_src = _descriptor(v, config.block_n)
@@ -193,10 +194,21 @@ def segment_attention(
 
 
 def _descriptor(x: torch.Tensor, block_rows: int) -> TensorDescriptor:
-    """A TMA descriptor over [rows, heads * D] with [block_rows, D] tiles."""
+    """A TMA descriptor over [rows, heads * D] with [block_rows, D] tiles. Rows may have a stride (K
+    and V as column blocks of the fused q/k/v product); the heads of a row must be contiguous."""
     rows, heads, dim = x.shape
-    assert x.is_contiguous()
     return TensorDescriptor.from_tensor(x.view(rows, heads * dim), [block_rows, dim])
+
+
+def _tma_ready(x: torch.Tensor) -> bool:
+    """Whether a descriptor can cover ``x`` [rows, heads, D]: heads contiguous in a row, a 16-byte
+    aligned start and row stride (other tensors go through pointer loads)."""
+    return (
+        x.stride(2) == 1
+        and x.stride(1) == x.shape[2]
+        and x.data_ptr() % 16 == 0
+        and (x.stride(0) * x.element_size()) % 16 == 0
+    )
 
 
 @functools.lru_cache(maxsize=8)

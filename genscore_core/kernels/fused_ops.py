@@ -78,7 +78,10 @@ def rope(
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: KernelImpl = "auto") -> torch.Tensor:
-    """``silu(gate) * up`` computed in float32, returned in ``gate``'s dtype."""
+    """``silu(gate) * up`` computed in float32, returned contiguous in ``gate``'s dtype.
+
+    [M, N] inputs may be views with a row stride, such as the two halves of one [M, 2N] gate/up
+    product: they are read in place."""
     if use_triton(impl, gate.device, kernel="silu_mul"):
         from genscore_core.kernels import fused_ops_triton
 

@@ -5,7 +5,7 @@ Each kernel is one pass over its tensors, computing in float32 and rounding once
 * ``add_rmsnorm``: residual += delta (float32, in place) and RMSNorm * weight, one program per row;
 * ``rope``: per-head RMSNorm (Qwen3's q/k norms) and the rotary embedding, in place or not, one
   program per token;
-* ``silu_mul``: silu(gate) * up.
+* ``silu_mul``: silu(gate) * up, reading rows with a stride (the two halves of one gate/up product).
 
 This module imports triton at the top; ``fused_ops.py`` imports it only when it is needed.
 """
@@ -152,23 +152,49 @@ def rope(
 
 @triton.jit
 def _silu_mul_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
-    gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr
+    gate_ptr,  # [M, N] (row stride stride_g)
+    up_ptr,  # [M, N] (row stride stride_u)
+    out_ptr,  # [M, N] (row stride stride_o)
+    M,
+    N,
+    stride_g,
+    stride_u,
+    stride_o,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n
-    g = tl.load(gate_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    # Rows with a stride: gate and up may be the two halves of one [M, 2N] gate/up product.
+    col_blocks = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    rows = ((pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None]
+    cols = ((pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]
+    mask = (rows < M) & (cols < N)
+    g = tl.load(gate_ptr + rows * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + rows * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
     y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + rows * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as [rows, last dim] with unit column stride: itself when it is one, else a copy."""
+    if x.dim() == 2 and x.stride(1) == 1:
+        return x
+    return x.contiguous().view(-1, x.shape[-1] if x.dim() else 1)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    gate = gate.contiguous()
-    up = up.contiguous()
-    out = torch.empty_like(gate)
-    n = gate.numel()
-    if n == 0:
+    """``silu(gate) * up``, contiguous, in gate's dtype and shape; [M, N] inputs may have row strides."""
+    assert gate.shape == up.shape
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if gate.numel() == 0:
         return out
-    block = 2048
-    _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=8)
+    g, u, o = _rows(gate), _rows(up), _rows(out)
+    m, n = g.shape
+    # 2,048 elements a program (16-byte accesses with 8 warps), at most 1,024 of them in a row.
+    block_n = min(1024, triton.next_power_of_2(n))
+    block_m = 2048 // block_n
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    _silu_mul_kernel[grid](
+        g, u, o, m, n, g.stride(0), u.stride(0), o.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8
+    )
     return out

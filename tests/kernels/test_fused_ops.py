@@ -79,3 +79,51 @@ def test_silu_mul(dtype: torch.dtype, tol: float) -> None:
     a = silu_mul(g, u, impl="torch")
     torch.testing.assert_close(a.double(), F.silu(g.double()) * u.double(), atol=tol * 4, rtol=tol)
     torch.testing.assert_close(silu_mul(g, u, impl="triton").float(), a.float(), atol=tol * 4, rtol=tol)
+
+
+@pytest.mark.parametrize("n", [100, 37, 1])
+@pytest.mark.parametrize("dtype, tol", CASES)
+def test_silu_mul_reads_the_halves_of_one_gate_up_product(dtype: torch.dtype, tol: float, n: int) -> None:
+    """The decoder's fused gate/up GEMM writes [T, 2N]; silu*mul reads both halves in place (row
+    stride 2N, up starting mid-row), also at widths that are no multiple of the column block."""
+    rows = 2049 if n == 1 else 11  # n = 1: one column, more rows than one program's block
+    gate_up = torch.randn(rows, 2 * n).to(dtype)
+    g, u = gate_up[:, :n], gate_up[:, n:]
+    assert g.stride(0) == 2 * n and not u.is_contiguous()
+    want = F.silu(g.double()) * u.double()
+    a = silu_mul(g, u, impl="torch")
+    b = silu_mul(g, u, impl="triton")
+    assert b.is_contiguous() and b.shape == (rows, n)
+    torch.testing.assert_close(a.double(), want, atol=tol * 4, rtol=tol)
+    torch.testing.assert_close(b.float(), a.float(), atol=tol * 4, rtol=tol)
+    # 3-D contiguous input: rows of the last dimension.
+    g3, u3 = torch.randn(2, 5, n).to(dtype), torch.randn(2, 5, n).to(dtype)
+    torch.testing.assert_close(
+        silu_mul(g3, u3, impl="triton").float(),
+        silu_mul(g3, u3, impl="torch").float(),
+        atol=tol * 4,
+        rtol=tol,
+    )
+
+
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_rope_in_place_on_column_blocks_of_one_qkv_product(with_norm: bool) -> None:
+    """q and k as column blocks of one [T, q | k | v] buffer (row stride q + k + v): the kernel rotates
+    each block in place and leaves the other columns as they were."""
+    q_heads, kv_heads = 3, 2
+    width = (q_heads + 2 * kv_heads) * D
+    qkv = torch.randn(T, width)
+    before = qkv.clone()
+    cos, sin = torch.randn(40, D), torch.randn(40, D)
+    pos = torch.randint(0, 40, (T,))
+    q_norm = torch.randn(D) if with_norm else None
+    k_norm = torch.randn(D) if with_norm else None
+    q = qkv[:, : q_heads * D].view(T, q_heads, D)
+    k = qkv[:, q_heads * D : (q_heads + kv_heads) * D].view(T, kv_heads, D)
+    rope(q, q_heads, q_norm, 1e-6, cos, sin, pos, q, impl="triton")
+    rope(k, kv_heads, k_norm, 1e-6, cos, sin, pos, k, impl="triton")
+    for block, heads, norm, start in ((q, q_heads, q_norm, 0), (k, kv_heads, k_norm, q_heads * D)):
+        x = before[:, start : start + heads * D].reshape(T, heads, D)
+        want = rope64(rmsnorm64(x, norm, 1e-6) if norm is not None else x, cos, sin, pos)
+        torch.testing.assert_close(block.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(qkv[:, (q_heads + kv_heads) * D :], before[:, (q_heads + kv_heads) * D :])

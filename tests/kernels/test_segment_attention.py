@@ -220,3 +220,30 @@ def test_reference_on_awkward_shapes() -> None:
     exact = dense_reference(q, k, v, table, 0.25)
     queries = torch.from_numpy(np.concatenate([np.arange(s, s + n) for s, n in table[:, :2]]))
     torch.testing.assert_close(want[queries].double(), exact[queries], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pad", [0, 1])
+@pytest.mark.parametrize(
+    "config", [AttentionTiling(block_m=16, block_n=16, heads=2, tma=True), DEFAULT_TILING]
+)
+def test_kernel_reads_column_blocks_of_one_qkv_product(config: AttentionTiling, pad: int) -> None:
+    """q, k and v as column blocks of one [rows, q | k | v (| pad)] buffer, as the decoder's fused
+    q/k/v GEMM writes them: K/V through TMA descriptors with the buffer's row stride (pad 0) or
+    through pointer loads where that stride is not a multiple of 16 bytes (pad 1)."""
+    from genscore_core.kernels import attention_triton
+
+    table, rows = awkward_layout()
+    qkv = torch.randn(rows, (4 + 2 + 2) * 16 + pad)
+    qkv[torch.randperm(rows)[: rows // 10], 64:96] *= 12.0  # large keys: row maxima jump mid-segment
+    q = qkv[:, :64].view(rows, 4, 16)
+    k = qkv[:, 64:96].view(rows, 2, 16)
+    v = qkv[:, 96:128].view(rows, 2, 16)
+    assert attention_triton._tma_ready(k) == (pad == 0)
+    segments = Segments.build(table, torch.device("cpu"), config)
+    got = segment_attention(q, k, v, segments, 0.25, impl="triton")
+    assert got.is_contiguous()
+    want = segment_attention_reference(q.contiguous(), k.contiguous(), v.contiguous(), table, 0.25)
+    queries = torch.from_numpy(np.concatenate([np.arange(s, s + n) for s, n in table[:, :2]]))
+    torch.testing.assert_close(got[queries], want[queries], atol=1e-5, rtol=1e-5)
+    strided_reference = segment_attention_reference(q, k, v, table, 0.25)
+    torch.testing.assert_close(strided_reference[queries], want[queries])
