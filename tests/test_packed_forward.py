@@ -232,6 +232,8 @@ def test_selection(qwen3: Any) -> None:
         PackedOptions(trim_last_layer=False),
         PackedOptions.all_kernels("torch"),
         PackedOptions(fused_ops="torch"),
+        PackedOptions(fused_projections=False),
+        PackedOptions(fused_projections=False, trim_last_layer=False),
     ],
 )
 def test_options_keep_the_numbers(qwen3: Any, options: PackedOptions) -> None:
@@ -480,3 +482,83 @@ def test_the_packed_forward_graphs_only_cuda_with_device_side_attention(qwen3: A
     assert PackedOptions().graph_tokens == 16384
     with pytest.raises(ValidationError):
         PackedOptions(graph_tokens=-1)
+
+
+# -- fused projections: one q/k/v and one gate/up weight per layer, the model's modules re-pointed ----
+
+
+def _linears(model: Any) -> list[Any]:
+    return [
+        m
+        for layer in model.model.layers
+        for m in (
+            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+            layer.mlp.gate_proj, layer.mlp.up_proj,
+        )
+    ]  # fmt: skip
+
+
+def test_fused_projections_hold_the_weights_once_and_keep_the_model(tmp_path: Path) -> None:
+    """The modules' weights and biases become views of each layer's fused tensors: same parameter
+    objects, same values and state_dict (a save and reload gives them back), same HF forward, no
+    second copy; a second decoder over the same model finds them fused and copies nothing."""
+    model = _small_model("llama")  # q/k/v and MLP biases
+    groups = _random_groups(random.Random(9), model.config.vocab_size, SPEC)
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    params = [(m.weight, m.bias) for m in _linears(model)]
+    reference = _reference(model, groups)
+    old_ptrs = [m.weight.data_ptr() for m in _linears(model)]
+
+    unfused = PackedForward(model, options=PackedOptions(fused_projections=False))
+    assert [m.weight.data_ptr() for m in _linears(model)] == old_ptrs  # untouched
+    assert unfused.decoder.layers[0].qkv is None and unfused.decoder.layers[0].gate_up is None
+
+    forward = PackedForward(model, max_batch_tokens=30)
+    assert [(m.weight, m.bias) for m in _linears(model)] == params  # the same parameter objects
+    for name, t in model.state_dict().items():
+        torch.testing.assert_close(t, before[name], rtol=0, atol=0, msg=name)
+    for layer, fused in zip(model.model.layers, forward.decoder.layers, strict=True):
+        attn, mlp = layer.self_attn, layer.mlp
+        assert fused.qkv is not None and fused.gate_up is not None and fused.qkv[1] is not None
+        weight, bias = fused.qkv
+        rows = 0
+        for module in (attn.q_proj, attn.k_proj, attn.v_proj):
+            n = module.weight.shape[0]
+            assert module.weight.data_ptr() == weight[rows].data_ptr()  # a view, not a copy
+            assert module.bias.data_ptr() == bias[rows].data_ptr()  # type: ignore[index]
+            rows += n
+        assert rows == weight.shape[0]
+        assert mlp.up_proj.weight.data_ptr() == fused.gate_up[0][mlp.gate_proj.weight.shape[0]].data_ptr()
+    torch.testing.assert_close(_reference(model, groups), reference, rtol=0, atol=0)
+    torch.testing.assert_close(forward.last_hidden_states(groups), reference, atol=ATOL, rtol=ATOL)
+    # The decoder built before the move reads the same parameters, now views: same numbers.
+    torch.testing.assert_close(unfused.last_hidden_states(groups), reference, atol=ATOL, rtol=ATOL)
+
+    again = PackedForward(model)
+    for a, b in zip(forward.decoder.layers, again.decoder.layers, strict=True):
+        assert a.qkv is not None and b.qkv is not None and a.gate_up is not None and b.gate_up is not None
+        assert (
+            a.qkv[0].data_ptr() == b.qkv[0].data_ptr() and a.gate_up[0].data_ptr() == b.gate_up[0].data_ptr()
+        )
+
+    model.save_pretrained(str(tmp_path))
+    reloaded = type(model).from_pretrained(str(tmp_path), dtype=torch.float32)
+    for name, t in reloaded.state_dict().items():
+        torch.testing.assert_close(t, before[name], rtol=0, atol=0, msg=name)
+
+
+def test_fuse_linears_fills_missing_biases_and_refuses_mixed_dtypes() -> None:
+    from genscore_core.packed.decoder import fuse_linears
+
+    a, b, c = torch.nn.Linear(8, 4), torch.nn.Linear(8, 6, bias=False), torch.nn.Linear(8, 2)
+    x = torch.randn(5, 8)
+    want = torch.cat([a(x), b(x), c(x)], dim=1)
+    fused = fuse_linears([a, b, c])
+    assert fused is not None and b.bias is None
+    weight, bias = fused
+    assert bias is not None and bias[4:10].abs().max() == 0
+    torch.testing.assert_close(torch.nn.functional.linear(x, weight, bias), want)
+    assert a.weight.data_ptr() == weight.data_ptr()  # weights moved, the mixed biases copied
+    d = torch.nn.Linear(8, 3).double()
+    pointer = d.weight.data_ptr()
+    assert fuse_linears([a, d]) is None and d.weight.data_ptr() == pointer

@@ -1,11 +1,16 @@
 """A lean packed forward of Qwen3 / Qwen2 / Llama decoder layers over the loaded model's own weights.
 
 Nothing is copied: every matrix is the ``nn.Linear`` weight of the Hugging Face model, read in place.
-One call runs one :class:`~genscore_core.packed.plan.PackedBatch` through all layers:
+With ``PackedOptions.fused_projections`` (the default) each layer's q/k/v weights are first moved into
+one [Nq + Nk + Nv, H] tensor and its gate/up weights into one [2I, H] tensor, and the modules' weights
+are re-pointed to views of them (same values, no second copy; see :func:`fuse_linears`), so a layer
+runs one q/k/v GEMM and one gate/up GEMM instead of five. One call runs one
+:class:`~genscore_core.packed.plan.PackedBatch` through all layers:
 
 * the residual stream is float32 [T, H]; RMSNorms, Qwen3's q/k norms and rotary embeddings compute in
   float32; only the inputs of matrix products are in the model's dtype;
-* K and V are written straight into the batch's key/value buffer, row ``t`` for stream token ``t``;
+* K and V are written straight into the batch's key/value buffer, row ``t`` for stream token ``t``
+  (with fused projections, column blocks of the one q/k/v GEMM's output, read with its row stride);
   attention reads each group's prefix keys where they were computed, once per group, never copied;
 * the last layer computes queries, attention, MLP and the final norm only at the last token of each
   segment, since nothing reads the other positions' output.
@@ -13,6 +18,7 @@ One call runs one :class:`~genscore_core.packed.plan.PackedBatch` through all la
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -122,10 +128,78 @@ class _Layer:
     ln2: torch.Tensor
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
+    qkv: Linear | None = None
+    """q, k and v as one [Nq + Nk + Nv, H] matrix (rows in that order), or None (separate products)."""
+    gate_up: Linear | None = None
+    """gate and up as one [2I, H] matrix, or None."""
 
 
 def _linear(module: Any) -> Linear:
     return module.weight, getattr(module, "bias", None)
+
+
+def fuse_linears(modules: Sequence[Any]) -> Linear | None:
+    """One (weight, bias) whose rows are the ``nn.Linear`` modules' rows, one module after the other
+    (None when their weights differ in dtype, device or width).
+
+    The modules' weights (and biases, when all of them have one) are moved into the result and
+    re-pointed (``param.data``) to views of it: the values, the parameter objects and the model's
+    ``state_dict`` stay as they were (``save_pretrained`` and a reload give the same tensors), and the
+    weights are held once. Weights that already are such adjacent views (a second decoder over the
+    same model) are used where they lie, without a copy. A bias missing from some modules is zeros in
+    the result (a small copy; those modules keep their None).
+    """
+    weights = [m.weight for m in modules]
+    first = weights[0]
+    if any(
+        w.dtype != first.dtype or w.device != first.device or w.shape[1:] != first.shape[1:] for w in weights
+    ):
+        return None  # nothing to concatenate without converting
+    weight = _adjacent(weights)
+    if weight is None:
+        weight = _moved(weights)
+    biases = [getattr(m, "bias", None) for m in modules]
+    present = [b for b in biases if b is not None]
+    if not present:
+        return weight, None
+    if len(present) == len(biases) and all(b.dtype == present[0].dtype for b in present):
+        bias = _adjacent(present)
+        return weight, bias if bias is not None else _moved(present)
+    with torch.no_grad():
+        filled = [b if b is not None else weight.new_zeros(w.shape[0]) for b, w in zip(biases, weights)]
+        return weight, torch.cat([b.detach().to(weight.dtype) for b in filled])
+
+
+def _moved(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` concatenated along dim 0, each re-pointed to its rows of the result."""
+    with torch.no_grad():
+        whole = torch.cat([t.detach() for t in tensors])
+        start = 0
+        for t in tensors:
+            rows = t.shape[0]
+            t.data = whole[start : start + rows]
+            start += rows
+    return whole
+
+
+def _adjacent(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The one tensor ``tensors`` are consecutive contiguous row blocks of, or None if they are not."""
+    first = tensors[0]
+    storage = first.untyped_storage().data_ptr()
+    offset = first.storage_offset()
+    for t in tensors:
+        if (
+            not t.is_contiguous()
+            or t.dtype != first.dtype
+            or t.device != first.device
+            or t.shape[1:] != first.shape[1:]
+            or t.untyped_storage().data_ptr() != storage
+            or t.storage_offset() != offset
+        ):
+            return None
+        offset += t.numel()
+    rows = sum(t.shape[0] for t in tensors)
+    return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
 
 
 @dataclass(frozen=True)
@@ -361,6 +435,11 @@ class PackedOptions(BaseModel):
     graph_prefixes: bool = True
     """Batches that carry a group's prefix keys/values to a later batch (load or save them) replay
     CUDA graphs too."""
+    fused_projections: bool = True
+    """One q/k/v GEMM and one gate/up GEMM per layer instead of five: at build, each layer's q/k/v
+    and gate/up weights move into one tensor each and the model's modules are re-pointed to views
+    of them (:func:`fuse_linears`: same values, held once). False leaves the model untouched and
+    runs the separate products (a benchmark's baseline)."""
 
     @classmethod
     def all_kernels(cls, impl: KernelImpl, **other: Any) -> PackedOptions:
@@ -392,7 +471,7 @@ class PackedDecoder:
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
         self.scale = float(getattr(decoder.layers[0].self_attn, "scaling", self.head_dim**-0.5))
-        self.layers = [self._layer(layer) for layer in decoder.layers]
+        self.layers = [self._layer(layer, options.fused_projections) for layer in decoder.layers]
         self._cos = torch.empty(0, self.head_dim, device=self.device)
         self._sin = torch.empty(0, self.head_dim, device=self.device)
         self.residual_dtype = getattr(torch, options.residual_dtype)
@@ -424,10 +503,15 @@ class PackedDecoder:
         self.mlp_max_rows = options.gated_mlp_max_tokens if options.gated_mlp == "auto" else None
 
     @staticmethod
-    def _layer(layer: Any) -> _Layer:
+    def _layer(layer: Any, fused: bool) -> _Layer:
         w = _weights(layer)
         attn, mlp = layer.self_attn, layer.mlp
+        # Fused first: the separate (weight, bias) pairs below are then the views into the fused ones.
+        qkv = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj]) if fused else None
+        gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj]) if fused else None
         return _Layer(
+            qkv=qkv,
+            gate_up=gate_up,
             q=_linear(attn.q_proj),
             k=_linear(attn.k_proj),
             v=_linear(attn.v_proj),
@@ -467,6 +551,7 @@ class PackedDecoder:
         cos, sin = self.rope_tables(dev.max_position)
         n_layers = len(self.layers)
         kv_width = self.num_kv_heads * self.head_dim
+        q_width = self.num_heads * self.head_dim
         saved: tuple[torch.Tensor, torch.Tensor] | None = None
         if dev.save_rows is not None:
             shape = (n_layers, dev.save_rows.numel(), self.num_kv_heads, self.head_dim)
@@ -482,12 +567,28 @@ class PackedDecoder:
         for index, layer in enumerate(self.layers):
             last = self.options.trim_last_layer and index == n_layers - 1
             # Row t of K/V is stream token t; loaded prefixes follow the stream.
-            k = torch.empty((kv_len, kv_width), dtype=self.dtype, device=self.device)
-            v = torch.empty_like(k)
-            _linear_into(h, layer.k, k[:tokens])
-            _linear_into(h, layer.v, v[:tokens])
-            k = k.view(kv_len, self.num_kv_heads, self.head_dim)
-            v = v.view(kv_len, self.num_kv_heads, self.head_dim)
+            q: torch.Tensor | None = None
+            if layer.qkv is not None:
+                # One GEMM writes [tokens, q | k | v] into a buffer of kv_len rows, whose k and v
+                # column blocks are K and V (rows past the stream: the loaded prefixes). The trimmed
+                # last layer computes q only at the rows it keeps (below): k and v alone here.
+                first = q_width if last else 0
+                weight, bias = layer.qkv
+                qkv = torch.empty((kv_len, weight.shape[0] - first), dtype=self.dtype, device=self.device)
+                _linear_into(h, (weight[first:], None if bias is None else bias[first:]), qkv[:tokens])
+                k_col = q_width - first
+                if not last:
+                    q = qkv[:tokens, :q_width].view(tokens, self.num_heads, self.head_dim)
+                k = qkv[:, k_col : k_col + kv_width].view(kv_len, self.num_kv_heads, self.head_dim)
+                v = qkv[:, k_col + kv_width :].view(kv_len, self.num_kv_heads, self.head_dim)
+                del qkv
+            else:
+                k = torch.empty((kv_len, kv_width), dtype=self.dtype, device=self.device)
+                v = torch.empty_like(k)
+                _linear_into(h, layer.k, k[:tokens])
+                _linear_into(h, layer.v, v[:tokens])
+                k = k.view(kv_len, self.num_kv_heads, self.head_dim)
+                v = v.view(kv_len, self.num_kv_heads, self.head_dim)
             fused_ops.rope(
                 k[:tokens], self.num_kv_heads, layer.k_norm, self.eps, cos, sin, dev.positions, k[:tokens],
                 impl=self.rope_impl,
@@ -503,7 +604,9 @@ class PackedDecoder:
                 h = h.index_select(0, dev.segment_last)
                 residual = residual.index_select(0, dev.segment_last)
                 positions_q = dev.positions.index_select(0, dev.segment_last)
-            q = F.linear(h, *layer.q).view(h.shape[0], self.num_heads, self.head_dim)
+            if q is None:
+                # With fused projections, layer.q is the q rows of the fused weight (a view).
+                q = F.linear(h, *layer.q).view(h.shape[0], self.num_heads, self.head_dim)
             fused_ops.rope(
                 q, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q, impl=self.rope_impl
             )
@@ -520,6 +623,12 @@ class PackedDecoder:
             if self.mlp_impl == "triton" and (self.mlp_max_rows is None or h.shape[0] < self.mlp_max_rows):
                 # One GEMM kernel: the gate and up products never leave the chip.
                 act = gated_mlp(h, layer.gate, layer.up, impl="triton")
+            elif layer.gate_up is not None:
+                # One GEMM [rows, gate | up], then silu*mul reading its two halves in place.
+                gate_up = F.linear(h, *layer.gate_up)
+                half = gate_up.shape[1] // 2
+                act = fused_ops.silu_mul(gate_up[:, :half], gate_up[:, half:], impl=impl)
+                del gate_up
             else:
                 act = fused_ops.silu_mul(F.linear(h, *layer.gate), F.linear(h, *layer.up), impl=impl)
             mlp_out = F.linear(act, *layer.down)

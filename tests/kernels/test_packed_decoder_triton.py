@@ -1,5 +1,5 @@
 """The packed forward with every Triton kernel (attention, add+RMSNorm, norm+rotary, the gate/up GEMM
-with silu*mul),
+with silu*mul, or the fused gate/up product with silu*mul reading its halves),
 run on the CPU through Triton's interpreter, against each prompt alone through the Hugging Face forward.
 
 The same comparison with the torch references is in tests/test_packed_forward.py; this one shows the
@@ -83,6 +83,36 @@ def test_fused_mlp_alone_with_mlp_biases() -> None:
         options=PackedOptions(gated_mlp="triton", fused_ops="torch", attention="torch"),
     )
     assert forward.decoder.mlp_impl == "triton"
+    groups = _groups(config.vocab_size)
+    torch.testing.assert_close(
+        forward.last_hidden_states(groups), _reference(model, groups), atol=ATOL, rtol=ATOL
+    )
+
+
+@pytest.mark.parametrize("budget", [20, 10_000])
+def test_fused_projections_with_biases_through_the_kernels(budget: int) -> None:
+    """A Llama with q/k/v and MLP biases of order one: the fused q/k/v product's column blocks go
+    through the Triton rope and attention (K/V rows with the product's stride, saved and loaded
+    prefixes at budget 20), the fused gate/up product's halves through the Triton silu*mul."""
+    torch.manual_seed(4)
+    config = LlamaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attention_bias=True, mlp_bias=True, initializer_range=0.2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                           layer.mlp.gate_proj, layer.mlp.up_proj):  # fmt: skip
+                module.bias.normal_()
+    forward = PackedForward(
+        model,
+        max_batch_tokens=budget,
+        options=PackedOptions(attention="triton", fused_ops="triton", gated_mlp="torch"),
+    )
+    decoder = forward.decoder
+    assert decoder.layers[0].qkv is not None and decoder.layers[0].gate_up is not None
+    assert (decoder.attention_impl, decoder.ops_impl, decoder.mlp_impl) == ("triton", "triton", "torch")
     groups = _groups(config.vocab_size)
     torch.testing.assert_close(
         forward.last_hidden_states(groups), _reference(model, groups), atol=ATOL, rtol=ATOL
