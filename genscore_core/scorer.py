@@ -81,6 +81,10 @@ class GenerativeScorer:
     def from_model(cls, causal_lm: Any, tokenizer: Any, **settings: Any) -> GenerativeScorer:
         """Wrap a causal LM and tokenizer that are already loaded (no copy is made).
 
+        The packed forward moves each layer's q/k/v weights and its gate/up weights into one tensor
+        each and re-points the modules' parameters to views of it (same parameter objects and values,
+        held once; ``PackedOptions.fused_projections``), so that a layer runs one GEMM for each.
+
         ``settings`` are :class:`ScorerConfig` fields; ``model`` only names the model in responses
         (default: the model's ``name_or_path``). ``device`` and ``dtype`` are those of ``causal_lm``.
         """

@@ -562,3 +562,16 @@ def test_fuse_linears_fills_missing_biases_and_refuses_mixed_dtypes() -> None:
     d = torch.nn.Linear(8, 3).double()
     pointer = d.weight.data_ptr()
     assert fuse_linears([a, d]) is None and d.weight.data_ptr() == pointer
+
+
+def test_fused_weights_built_under_inference_mode_keep_the_model_trainable() -> None:
+    """A scorer built inside ``torch.inference_mode`` must not turn the model's parameters into
+    inference tensors (autograd refuses to save those for backward)."""
+    model = _small_model("qwen2")
+    with torch.inference_mode():
+        forward = PackedForward(model)
+    assert forward.decoder.layers[0].qkv is not None
+    weight = model.model.layers[0].self_attn.q_proj.weight
+    assert not weight.is_inference() and weight.data_ptr() == forward.decoder.layers[0].qkv[0].data_ptr()
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    assert weight.grad is not None

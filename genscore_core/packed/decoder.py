@@ -18,7 +18,8 @@ runs one q/k/v GEMM and one gate/up GEMM instead of five. One call runs one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -165,14 +166,14 @@ def fuse_linears(modules: Sequence[Any]) -> Linear | None:
     if len(present) == len(biases) and all(b.dtype == present[0].dtype for b in present):
         bias = _adjacent(present)
         return weight, bias if bias is not None else _moved(present)
-    with torch.no_grad():
+    with _plain_tensors():
         filled = [b if b is not None else weight.new_zeros(w.shape[0]) for b, w in zip(biases, weights)]
         return weight, torch.cat([b.detach().to(weight.dtype) for b in filled])
 
 
 def _moved(tensors: list[torch.Tensor]) -> torch.Tensor:
     """``tensors`` concatenated along dim 0, each re-pointed to its rows of the result."""
-    with torch.no_grad():
+    with _plain_tensors():
         whole = torch.cat([t.detach() for t in tensors])
         start = 0
         for t in tensors:
@@ -180,6 +181,15 @@ def _moved(tensors: list[torch.Tensor]) -> torch.Tensor:
             t.data = whole[start : start + rows]
             start += rows
     return whole
+
+
+@contextlib.contextmanager
+def _plain_tensors() -> Iterator[None]:
+    """No autograd, and not inference tensors even when the decoder is built under
+    ``torch.inference_mode``: the model's parameters become views of what is made here, and an
+    inference tensor would break any later training or autograd use of the model."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
 
 
 def _adjacent(tensors: list[torch.Tensor]) -> torch.Tensor | None:
