@@ -19,6 +19,13 @@ request waited behind (``/stats``), the share of the window the server spent ins
 (``engine_seconds``), how the forward's batches ran (CUDA graph replays, captures, eager batches)
 and the GPU's busy share (``nvidia-smi`` utilization, sampled every 100 ms). The scores of four
 requests are compared across variants (largest difference). Writes ``$OUT/bench_serve.{md,json}``.
+
+``--probe NAME`` starts that variant's server through ``serve_probe.py`` (the same application with
+an engine-call log, a torch.profiler hook and a Python stack sampler) and, after its windows, runs a
+diagnostic window at ``--probe-clients``: CPU time and run-queue wait of every thread of the server
+(``/proc``), ``py-spy`` (``$PYSPY`` or on the PATH: native stacks of all threads idle included, a
+few dumps, then who holds the interpreter lock), a torch.profiler trace of a few engine calls, and the
+stack sampler. Everything goes to ``$OUT/probe-NAME.tar.gz``; ``probe_summary.py`` reads it.
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ import random
 import shutil
 import statistics
 import subprocess
+import sys
+import tarfile
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +53,7 @@ from bench_text import (
     TINY,
     build_model,
     client_load,
+    free_port,
     load_tokenizer,
     make_text,
     save_model,
@@ -50,6 +61,8 @@ from bench_text import (
 )
 from bench_text import start_server as start_text_server
 from bench_workloads import stop_server
+
+PROBE_SCRIPT = Path(__file__).with_name("serve_probe.py")
 
 
 @dataclass
@@ -66,12 +79,36 @@ class Variant:
         return cls(name, tree, flags.split(), {k: v for k, v in pairs})
 
 
-def start_server(folder: Path, variant: Variant) -> tuple[subprocess.Popen[bytes], str]:
-    """A real server of ``variant``'s tree, flags and environment, once it answers /health."""
+def start_server(
+    folder: Path, variant: Variant, probe_dir: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A real server of ``variant``'s tree, flags and environment, once it answers /health; with
+    ``probe_dir``, through serve_probe.py (writing its trace there)."""
     env = dict(os.environ, **variant.env)
     if variant.tree:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(variant.tree).resolve()), env.get("PYTHONPATH", "")])
-    return start_text_server(folder, variant.flags, env=env, name=f"the server of {variant.name}")
+    if probe_dir is None:
+        return start_text_server(folder, variant.flags, env=env, name=f"the server of {variant.name}")
+    import httpx
+
+    env["GENSCORE_PROBE_DIR"] = str(probe_dir)
+    port = free_port()
+    cmd = [sys.executable, str(PROBE_SCRIPT), "--model", str(folder), "--port", str(port),
+           "--log-level", "warning", *variant.flags]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the probed server of {variant.name} exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError(f"the probed server of {variant.name} did not become healthy")
 
 
 class GpuBusy:
@@ -163,7 +200,10 @@ def scores_of(url: str, bodies: list[dict[str, Any]]) -> list[list[float]]:
 def run_variant(
     folder: Path, variant: Variant, bodies: list[dict[str, Any]], args: argparse.Namespace
 ) -> dict[str, Any]:
-    proc, url = start_server(folder, variant)
+    probe_dir = None
+    if variant.name in args.probe:
+        probe_dir = Path(tempfile.mkdtemp(prefix=f"probe-{variant.name}-"))
+    proc, url = start_server(folder, variant, probe_dir)
     result: dict[str, Any] = {"name": variant.name, "tree": variant.tree, "flags": variant.flags,
                               "env": variant.env, "windows": []}  # fmt: skip
     try:
@@ -176,9 +216,153 @@ def run_variant(
             w = window(url, bodies, clients, args.window_warmup, args.seconds)
             result["windows"].append(w)
             print(f"  {variant.name} {clients} clients: {summary(w)}", flush=True)
+        if probe_dir is not None:
+            result["probe"] = diagnose(proc, url, bodies, args, probe_dir)
     finally:
         stop_server(proc)
+        if probe_dir is not None:
+            pack(probe_dir, variant.name)
     return result
+
+
+# -- the diagnostic window (--probe) ------------------------------------------------------------
+
+
+def thread_times(pid: int) -> dict[int, dict[str, Any]]:
+    """Per thread of ``pid``: its name, and (schedstat) ns on a CPU, ns waiting for one, and context
+    switches, from /proc; empty where /proc has no such files."""
+    out: dict[int, dict[str, Any]] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            entry: dict[str, Any] = {"comm": (task / "comm").read_text().strip()}
+            run_ns, wait_ns, _ = (task / "schedstat").read_text().split()[:3]
+            entry["run_ns"], entry["wait_ns"] = int(run_ns), int(wait_ns)
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    key, value = line.split(":")
+                    entry[key] = int(value)
+            out[int(task.name)] = entry
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def thread_table(
+    before: dict[int, dict[str, Any]], after: dict[int, dict[str, Any]], seconds: float, names: dict[int, str]
+) -> list[dict[str, Any]]:
+    """Per thread over ``seconds``: share of the time on a CPU and waiting for one, switches a second."""
+    rows = []
+    for tid, end in after.items():
+        start = before.get(tid, {})
+        row = {"tid": tid, "comm": end["comm"], "python": names.get(tid, "")}
+        for key in ("run_ns", "wait_ns"):
+            row[key.replace("_ns", "_share")] = (end.get(key, 0) - start.get(key, 0)) / 1e9 / seconds
+        for key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+            row[key + "_per_s"] = (end.get(key, 0) - start.get(key, 0)) / seconds
+        rows.append(row)
+    rows.sort(key=lambda r: -r["run_share"])
+    return rows
+
+
+def py_spy(cmd: list[str], log: list[str], timeout: float) -> None:
+    exe = os.environ.get("PYSPY") or shutil.which("py-spy")
+    if exe is None:
+        log.append("py-spy not found")
+        return
+    try:
+        done = subprocess.run([exe, *cmd], capture_output=True, text=True, timeout=timeout)
+        log.append(
+            f"$ py-spy {' '.join(cmd)}\nrc {done.returncode}\n{done.stdout[-20000:]}\n{done.stderr[-4000:]}"
+        )
+    except subprocess.TimeoutExpired:
+        log.append(f"$ py-spy {' '.join(cmd)}: timed out after {timeout} s")
+
+
+def diagnose(
+    proc: subprocess.Popen[bytes],
+    url: str,
+    bodies: list[dict[str, Any]],
+    args: argparse.Namespace,
+    folder: Path,
+) -> dict[str, Any]:
+    """Load at ``--probe-clients`` while the server's threads are measured, sampled and profiled."""
+    import httpx
+
+    stop = threading.Event()
+    load = threading.Thread(
+        target=lambda: asyncio.run(steady_load(url, bodies, args.probe_clients, stop)), daemon=True
+    )
+    load.start()
+    log: list[str] = []
+    pid = proc.pid
+    out: dict[str, Any] = {"clients": args.probe_clients}
+    try:
+        time.sleep(2.0)
+        report = httpx.get(f"{url}/_probe/report", timeout=30).json()
+        names = {tid: name for name, tid in report["threads"].items()}
+        calls_before = len(report["calls"])
+        before, t0 = thread_times(pid), time.perf_counter()
+        with GpuBusy() as gpu:
+            time.sleep(args.probe_seconds)
+        after, t1 = thread_times(pid), time.perf_counter()
+        out["threads"] = thread_table(before, after, t1 - t0, names)
+        out["gpu_busy"] = gpu.mean
+        out["calls_in_window"] = (
+            len(httpx.get(f"{url}/_probe/report", timeout=30).json()["calls"]) - calls_before
+        )
+        spy = ["-p", str(pid)]
+        py_spy(["record", "--native", "--idle", "--threads", "-r", "50", "-d", "4", "-f", "raw",
+                "-o", str(folder / "pyspy_native.txt"), *spy], log, 60)  # fmt: skip
+        for _ in range(2):
+            py_spy(["dump", "--native", *spy], log, 30)
+            time.sleep(0.3)
+        py_spy(["record", "--gil", "--idle", "--threads", "--nonblocking", "-r", "200", "-d", "3", "-f", "raw",
+                "-o", str(folder / "pyspy_gil.txt"), *spy], log, 60)  # fmt: skip
+        httpx.post(f"{url}/_probe/profile", params={"calls": args.probe_calls}, timeout=30)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if httpx.get(f"{url}/_probe/profile", timeout=30).json()["state"] == "done":
+                break
+            time.sleep(0.5)
+        httpx.post(f"{url}/_probe/sample", params={"seconds": 2.0, "interval_ms": 2.0}, timeout=30)
+        time.sleep(2.5)
+    finally:
+        stop.set()
+        load.join(timeout=180)
+    report = httpx.get(f"{url}/_probe/report", timeout=30).json()
+    (folder / "report.json").write_text(json.dumps(report))
+    (folder / "threads.json").write_text(json.dumps(out, indent=1))
+    (folder / "pyspy_log.txt").write_text("\n\n".join(log))
+    for row in out["threads"][:12]:
+        print(f"    {row['tid']} {row['comm']:<16} {row['python']:<24} on CPU {row['run_share']:.0%} "
+              f"waiting for a CPU {row['wait_share']:.0%}", flush=True)  # fmt: skip
+    return out
+
+
+async def steady_load(url: str, bodies: list[dict[str, Any]], clients: int, stop: threading.Event) -> None:
+    """``clients`` clients sending 1 x 20 requests back to back until ``stop`` is set."""
+    import httpx
+
+    async def one(index: int) -> None:
+        async with httpx.AsyncClient(
+            base_url=url, timeout=120.0, limits=httpx.Limits(max_connections=1)
+        ) as c:
+            k = index
+            while not stop.is_set():
+                (await c.post("/v1/rerank", json=bodies[k % len(bodies)])).raise_for_status()
+                k += clients
+
+    await asyncio.gather(*(one(i) for i in range(clients)))
+
+
+def pack(folder: Path, name: str) -> None:
+    """The probe's files as ``$OUT/probe-NAME.tar.gz`` (one file back from the device)."""
+    out = os.environ.get("OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        with tarfile.open(Path(out, f"probe-{name}.tar.gz"), "w:gz") as tar:
+            tar.add(folder, arcname=f"probe-{name}")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def summary(w: dict[str, Any]) -> str:
@@ -229,6 +413,10 @@ def main() -> None:
     parser.add_argument(
         "--steady-one", action="store_true", help="every body twice before the 1-client window"
     )
+    parser.add_argument("--probe", action="append", default=[], help="variant NAME to diagnose (repeatable)")
+    parser.add_argument("--probe-clients", type=int, default=32, help="clients of the diagnostic window")
+    parser.add_argument("--probe-seconds", type=float, default=4.0, help="/proc window of the diagnosis")
+    parser.add_argument("--probe-calls", type=int, default=4, help="engine calls under torch.profiler")
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     variants = [Variant.parse(v) for v in args.variant] or [Variant("this tree")]
