@@ -312,6 +312,42 @@ def host_layout(
     return [np.ascontiguousarray(p, dtype=np.int64).reshape(-1) for p in parts], table, last
 
 
+def pinned_concat(parts: list[np.ndarray], device: torch.device) -> torch.Tensor:
+    """The int64 arrays concatenated into one host tensor, page-locked when ``device`` is a GPU (so
+    that its copy is queued, not waited for).
+
+    Written straight into the page-locked buffer by numpy: ``tensor.pin_memory()`` would copy it
+    again, and torch's CPU copies and reductions of large tensors run on its OpenMP pool, which a
+    loaded server shares with the tokenizer's threads (measured: 6 ms for a 1 MB ``pin_memory``,
+    11 ms for the max of 65k positions, while the GPU waited; docs/benchmarks.md).
+    """
+    flat = torch.empty(sum(len(p) for p in parts), dtype=torch.int64, pin_memory=device.type == "cuda")
+    np.concatenate(parts, out=flat.numpy())
+    return flat
+
+
+@dataclass
+class HostBatch:
+    """A :class:`PackedBatch` laid out on the host for :class:`DeviceBatch`: every array it is made
+    of in one buffer, ready for one copy. Host work only, so another thread can do it while the
+    device runs something else (:meth:`PackedForward.prepare`)."""
+
+    batch: PackedBatch
+    flat: torch.Tensor
+    """int64, page-locked when the device is a GPU."""
+    sizes: list[int]
+    table: np.ndarray
+    last: np.ndarray
+    max_position: int
+
+    @classmethod
+    def of(cls, batch: PackedBatch, device: torch.device) -> HostBatch:
+        parts, table, last = host_layout(batch)
+        # numpy, not torch: see pinned_concat.
+        max_position = int(batch.positions.numpy().max()) if batch.num_tokens else 0
+        return cls(batch, pinned_concat(parts, device), [len(p) for p in parts], table, last, max_position)
+
+
 @dataclass
 class DeviceBatch:
     """A :class:`PackedBatch`'s tensors on the model's device, with its attention segments.
@@ -342,14 +378,16 @@ class DeviceBatch:
 
     @classmethod
     def from_batch(cls, batch: PackedBatch, device: torch.device) -> DeviceBatch:
-        parts, table, last = host_layout(batch)
-        # One pinned host buffer, one copy to the device, then views.
-        flat = torch.from_numpy(np.concatenate(parts))
-        if device.type == "cuda":
-            flat = flat.pin_memory().to(device, non_blocking=True)
-        max_position = int(batch.positions.max()) if batch.num_tokens else 0
-        sizes = [len(p) for p in parts]
-        return cls.of_buffer(flat, sizes, table, last, batch, batch.num_tokens, batch.kv_len, max_position)
+        return cls.from_host(HostBatch.of(batch, device), device)
+
+    @classmethod
+    def from_host(cls, host: HostBatch, device: torch.device) -> DeviceBatch:
+        """The batch laid out in ``host``, copied to ``device`` in one copy (queued: nothing waits)."""
+        flat = host.flat.to(device, non_blocking=True) if device.type == "cuda" else host.flat
+        batch = host.batch
+        return cls.of_buffer(
+            flat, host.sizes, host.table, host.last, batch, batch.num_tokens, batch.kv_len, host.max_position
+        )
 
     @classmethod
     def static(cls, shape: StaticShape, device: torch.device, like: PackedBatch) -> DeviceBatch:
@@ -365,12 +403,9 @@ class DeviceBatch:
     def fill(self, batch: PackedBatch, shape: StaticShape) -> None:
         """Overwrite this static buffer with ``batch`` padded to ``shape`` (the shape it was made with)."""
         parts, table, last = host_layout(batch, shape)
-        flat = torch.from_numpy(np.concatenate(parts))
-        if flat.numel() != self.buffer.numel():
+        if sum(len(p) for p in parts) != self.buffer.numel():
             raise ValueError(f"a batch padded to {shape} does not match this buffer")
-        if self.buffer.device.type == "cuda":
-            flat = flat.pin_memory()
-        self.buffer.copy_(flat, non_blocking=True)
+        self.buffer.copy_(pinned_concat(parts, self.buffer.device), non_blocking=True)
         self.batch = batch
         self.num_prompts = batch.num_prompts
         # The host tables are only read by the torch attention; keep them in step with the device.
