@@ -338,14 +338,20 @@ class ScoringEngine(ScoringBackend):
         return launched
 
     def _collect(self, launched: _Launched, on_progress: ProgressCallback | None) -> list[list[float]]:
-        """The scores of launched jobs (waits for the device)."""
+        """The scores of launched jobs (waits for the device once: every job's scores come back in
+        one copy and are checked on the host; two waits a job cost a loaded server ~5 ms a call)."""
         scores: dict[int, list[float]] = {}
-        for job, job_scores, where, distinct in launched.scores:
-            check_scores(job_scores, job.mode)
-            values = job_scores.double().cpu().tolist()
-            scores[id(job)] = [values[i] for i in where]
-            if on_progress is not None and distinct < len(job.prompts):
-                on_progress(len(job.prompts) - distinct)
+        if launched.scores:
+            host = torch.cat([job_scores for _, job_scores, _, _ in launched.scores]).cpu()
+            offset = 0
+            for job, job_scores, where, distinct in launched.scores:
+                values_of_job = host[offset : offset + job_scores.shape[0]]
+                offset += job_scores.shape[0]
+                check_scores(values_of_job, job.mode)
+                values = values_of_job.double().tolist()
+                scores[id(job)] = [values[i] for i in where]
+                if on_progress is not None and distinct < len(job.prompts):
+                    on_progress(len(job.prompts) - distinct)
         return [scores.get(id(job), []) for job in launched.jobs]
 
     @classmethod

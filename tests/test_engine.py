@@ -259,6 +259,34 @@ def test_duplicate_documents_are_scored_once_and_tie(scorer: GenerativeScorer) -
     assert ties == [0, 2, 5]
 
 
+def test_every_job_is_checked_after_the_one_copy_of_all_scores(scorer: GenerativeScorer) -> None:
+    """The scores of a call come back in one copy; each job's rows are still checked as its own
+    (the bad row is named by its index within its job)."""
+    from genscore_core.engine import ScoringEngine, ScoringJob
+    from genscore_core.scoring import ScoreRangeError
+
+    class PlantedHead:
+        """Scores 0.25 everywhere, and NaN for the prompt of token 7 (the second job's second)."""
+
+        def scores(self, rows: torch.Tensor, label_ids: list[int], mode: Any = None) -> torch.Tensor:
+            return torch.full((rows.shape[0],), 0.25)
+
+    engine = ScoringEngine(scorer.model, scorer.backend.forward, PlantedHead())  # type: ignore[arg-type]
+    good = ScoringJob([[5, 6, 1], [5, 6, 2]], [1, 2])
+    assert engine.score_jobs([good, good]) == [[0.25, 0.25], [0.25, 0.25]]
+
+    class NanHead(PlantedHead):
+        def scores(self, rows: torch.Tensor, label_ids: list[int], mode: Any = None) -> torch.Tensor:
+            out = super().scores(rows, label_ids, mode)
+            if label_ids == [3, 4]:
+                out[1] = float("nan")
+            return out
+
+    engine = ScoringEngine(scorer.model, scorer.backend.forward, NanHead())  # type: ignore[arg-type]
+    with pytest.raises(ScoreRangeError, match="prompt 1 scored nan"):
+        engine.score_jobs([good, ScoringJob([[5, 6, 1], [5, 6, 3]], [3, 4])])
+
+
 def test_distinct_prompts_matches_a_plain_dictionary() -> None:
     rng = random.Random(5)
     for _ in range(200):
