@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ from genscore_core.templates import ScoreMode
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "PreparedJobs",
     "ScoringEngine",
     "ScoringJob",
     "StreamedJob",
@@ -302,6 +303,38 @@ class ScoringEngine(ScoringBackend):
         with self._lock:
             return self._collect(self._launch(jobs, on_progress), on_progress)
 
+    def prepare_jobs(self, jobs: Sequence[ScoringJob], *, lay_out: bool = True) -> PreparedJobs:
+        """The host work of scoring ``jobs`` (:meth:`score_prepared`), done now: distinct prompts,
+        prefix groups and, with ``lay_out``, the forward's batches planned and laid out
+        (:meth:`~genscore_core.forward.ForwardStrategy.prepare`). Without it the forward lays each
+        batch out when it runs, while the device runs the batch before (the way :meth:`score_jobs` goes).
+
+        Touches no device state and takes no lock, so a server lays out its next call on another
+        thread while this one's GPU work runs.
+        """
+        prepared = self._group(jobs)
+        if lay_out and prepared.groups:
+            prepared.batches = self.forward.prepare(prepared.groups)
+        return prepared
+
+    def score_prepared(
+        self,
+        prepared: PreparedJobs,
+        on_progress: ProgressCallback | None = None,
+        *,
+        on_launched: Callable[[], None] | None = None,
+    ) -> list[list[float]]:
+        """:meth:`score_jobs` of the jobs :meth:`prepare_jobs` laid out; equal scores.
+
+        ``on_launched`` is called once every kernel of the call is queued, before the host waits
+        for the device: from then on the host is free until the scores are back.
+        """
+        with self._lock:
+            launched = self._launch_grouped(prepared, on_progress)
+            if on_launched is not None:
+                on_launched()
+            return self._collect(launched, on_progress)
+
     def score_in_parts(
         self, parts: Iterable[Sequence[ScoringJob]], on_progress: ProgressCallback | None = None
     ) -> list[list[list[float]]]:
@@ -320,16 +353,26 @@ class ScoringEngine(ScoringBackend):
     def _launch(self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None) -> _Launched:
         """Queue the forward and head of ``jobs`` on the device (caller holds the lock); nothing here
         waits for the device."""
+        return self._launch_grouped(self._group(jobs), on_progress)
+
+    @staticmethod
+    def _group(jobs: Sequence[ScoringJob]) -> PreparedJobs:
         active = [job for job in jobs if job.prompts]
         distinct = [distinct_prompts(job.prompts) for job in active]
-        groups = [group_prompts(prompts) for prompts, _ in distinct]
-        launched = _Launched(jobs)
+        return PreparedJobs(jobs, active, distinct, [group_prompts(prompts) for prompts, _ in distinct])
+
+    def _launch_grouped(self, prepared: PreparedJobs, on_progress: ProgressCallback | None) -> _Launched:
+        launched = _Launched(prepared.jobs)
+        groups = prepared.groups
         if not groups:
             return launched
         # Inference mode is the forward's (ForwardStrategy); the head reads detached weights.
-        hidden = self.forward.last_hidden_states(groups, on_progress)  # [N distinct, H]
+        if prepared.batches is None:
+            hidden = self.forward.last_hidden_states(groups, on_progress)  # [N distinct, H]
+        else:
+            hidden = self.forward.last_hidden_states(groups, on_progress, prepared=prepared.batches)
         offset = 0
-        for job, (prompts, where) in zip(active, distinct):
+        for job, (prompts, where) in zip(prepared.active, prepared.distinct):
             rows = hidden[offset : offset + len(prompts)]
             offset += len(prompts)
             launched.scores.append(
@@ -364,6 +407,21 @@ class ScoringEngine(ScoringBackend):
             f"ScoringEngine(forward={type(self.forward).__name__}, device={self.model.device}, "
             f"dtype={self.model.dtype})"
         )
+
+
+@dataclass
+class PreparedJobs:
+    """Jobs with their host work done (:meth:`ScoringEngine.prepare_jobs`), ready to score."""
+
+    jobs: Sequence[ScoringJob]
+    active: list[ScoringJob]
+    """The jobs with prompts."""
+    distinct: list[tuple[list[list[int]], list[int]]]
+    """Per active job: its distinct prompts, and for each prompt the index of its copy."""
+    groups: list[PrefixGroup]
+    """Per active job: its distinct prompts as a shared prefix and suffixes."""
+    batches: object | None = None
+    """The forward's batches laid out ahead (:meth:`ForwardStrategy.prepare`), or None."""
 
 
 @dataclass

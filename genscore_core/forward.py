@@ -76,12 +76,25 @@ class ForwardStrategy(ABC, Generic[CallT, BatchT]):
         the host free meanwhile (its batches are launched without waiting: CUDA graph replays)."""
         return False
 
+    def prepare(self, groups: Sequence[PrefixGroup]) -> object | None:
+        """Host work of a later :meth:`last_hidden_states` of ``groups`` done now (the batches planned
+        and laid out), on any thread, while the device runs something else; None where a forward has
+        nothing to do ahead. Pass the result as ``prepared``."""
+        return None
+
     @torch.inference_mode()
     def last_hidden_states(
-        self, groups: Sequence[PrefixGroup], on_progress: ProgressCallback | None = None
+        self,
+        groups: Sequence[PrefixGroup],
+        on_progress: ProgressCallback | None = None,
+        prepared: object | None = None,
     ) -> torch.Tensor:
-        """Float32 final-norm hidden states at each prompt's last position: [prompts, hidden]."""
-        call = self._start(groups)
+        """Float32 final-norm hidden states at each prompt's last position: [prompts, hidden].
+
+        ``prepared``: what :meth:`prepare` made of the same groups; a batch planned differently by
+        now (the budget was lowered after running out of memory) is laid out again.
+        """
+        call = self._start(groups, prepared)
         queue = deque(self._plan(call, None, self.max_batch_tokens))
         while queue:
             batch = queue.popleft()
@@ -123,8 +136,8 @@ class ForwardStrategy(ABC, Generic[CallT, BatchT]):
             torch.cuda.empty_cache()
 
     @abstractmethod
-    def _start(self, groups: Sequence[PrefixGroup]) -> CallT:
-        """The per-call state."""
+    def _start(self, groups: Sequence[PrefixGroup], prepared: object | None = None) -> CallT:
+        """The per-call state (with :meth:`prepare`'s result, where there is one)."""
 
     @abstractmethod
     def _plan(self, call: CallT, remaining: list[BatchT] | None, budget: int) -> list[BatchT]:
@@ -194,7 +207,7 @@ class PaddedForward(ForwardStrategy[_PaddedCall, list[int]]):
             if all(p.is_floating_point() and not p.is_meta for p in norm.parameters()):
                 self.final_norm = norm
 
-    def _start(self, groups: Sequence[PrefixGroup]) -> _PaddedCall:
+    def _start(self, groups: Sequence[PrefixGroup], prepared: object | None = None) -> _PaddedCall:
         prompts = [prompt for group in groups for prompt in group.prompts()]
         return _PaddedCall(prompts, [None] * len(prompts))
 

@@ -287,6 +287,33 @@ def test_every_job_is_checked_after_the_one_copy_of_all_scores(scorer: Generativ
         engine.score_jobs([good, ScoringJob([[5, 6, 1], [5, 6, 3]], [3, 4])])
 
 
+def test_a_call_laid_out_ahead_scores_as_score_jobs(tiny_model_dir: Path, scorer: GenerativeScorer) -> None:
+    """prepare_jobs on another thread, then score_prepared: the scores of score_jobs, duplicates and
+    empty jobs included; on_launched comes once, before the scores."""
+    from genscore_core.engine import ScoringJob
+
+    # A small budget: several batches, with a query's prefix carried from one batch to the next.
+    engine = GenerativeScorer.from_model(
+        scorer.model, scorer.tokenizer, model=str(tiny_model_dir), max_length=512, max_batch_tokens=200
+    ).backend
+    prepared_jobs = [
+        scorer.prepare_pairs([(q, d) for d in DOCS + DOCS[:2]]).jobs[0] for q in ("capital", "food")
+    ]
+    jobs = [prepared_jobs[0], ScoringJob([], prepared_jobs[0].label_ids), prepared_jobs[1]]
+    expected = engine.score_jobs(jobs)
+    prepared = {}
+    thread = threading.Thread(target=lambda: prepared.update(call=engine.prepare_jobs(jobs)))
+    thread.start()
+    thread.join()
+    assert prepared["call"].batches is not None
+    events: list[str] = []
+    got = engine.score_prepared(prepared["call"], on_launched=lambda: events.append("launched"))
+    assert got == expected and got[1] == []
+    assert events == ["launched"]
+    inline = engine.score_prepared(engine.prepare_jobs(jobs, lay_out=False))
+    assert inline == expected
+
+
 def test_distinct_prompts_matches_a_plain_dictionary() -> None:
     rng = random.Random(5)
     for _ in range(200):

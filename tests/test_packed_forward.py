@@ -19,6 +19,7 @@ import torch
 from pydantic import ValidationError
 from transformers import AutoModelForCausalLM
 
+import genscore_core.packed.forward as packed_forward_module
 from genscore_core import GenerativeScorer
 from genscore_core.config import ScorerConfig
 from genscore_core.engine import select_forward
@@ -153,6 +154,35 @@ def test_matches_hf_forward_fp32(qwen3: Any, budget: int) -> None:
     got = PackedForward(qwen3, max_batch_tokens=budget).last_hidden_states(groups)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("budget", [8, 30, 100_000])
+def test_batches_laid_out_ahead_run_as_laid_out(
+    qwen3: Any, budget: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prepare() plans and lays out every batch as the call will (empty prefixes, prefixes carried
+    between batches); the call then builds none again and gives the very rows of a call without it."""
+    groups = _random_groups(random.Random(2), qwen3.config.vocab_size, SPEC)
+    forward = PackedForward(qwen3, max_batch_tokens=budget)
+    expected = forward.last_hidden_states(groups)
+    prepared = forward.prepare(groups)
+    assert len(prepared.batches) == len(plan_batches(groups, budget))
+    built: list[int] = []
+    original = packed_forward_module.build_batch
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        built.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(packed_forward_module, "build_batch", counting)
+    got = forward.last_hidden_states(groups, prepared=prepared)
+    assert not built, "a batch laid out ahead was laid out again"
+    assert torch.equal(got, expected)
+    # Planned with another budget (lowered after running out of memory): laid out again as it runs.
+    forward.max_batch_tokens = max(1, budget // 2)
+    again = forward.last_hidden_states(groups, prepared=prepared)
+    assert len(built) == len(plan_batches(groups, forward.max_batch_tokens))
+    torch.testing.assert_close(again, _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])

@@ -20,7 +20,8 @@ request waited behind (``/stats``), the share of the window the server spent ins
 and the GPU's busy share (``nvidia-smi`` utilization, sampled every 100 ms). The scores of four
 requests are compared across variants (largest difference). Writes ``$OUT/bench_serve.{md,json}``.
 
-``--probe NAME`` starts that variant's server through ``serve_probe.py`` (the same application with
+``--probe NAME`` starts that variant's server through ``serve_probe.py`` (``--via-probe NAME``: only
+that, e.g. for its ``GENSCORE_PROBE_SWITCH_MS``) (the same application with
 an engine-call log, a torch.profiler hook and a Python stack sampler) and, after its windows, runs a
 diagnostic window at ``--probe-clients``: CPU time and run-queue wait of every thread of the server
 (``/proc``), ``py-spy`` (``$PYSPY`` or on the PATH: native stacks of all threads idle included, a
@@ -181,6 +182,9 @@ def window(
         "waited_max": max((int(k) for k, v in waited.items() if v > 0), default=None),
         # engine_seconds counts the warm-up too: the share is of the whole time the clients ran.
         "engine_share": None if engine_s is None else engine_s / (warmup_s + measure_s),
+        "ahead_share": None
+        if "prepared_ahead" not in after
+        else diff(after, before, "prepared_ahead") / max(batches, 1),
         "forward": diff(after, before, "forward"),
         "gpu_busy": gpu.mean,
         "latencies_ms": [x * 1e3 for x in latencies],
@@ -201,7 +205,7 @@ def run_variant(
     folder: Path, variant: Variant, bodies: list[dict[str, Any]], args: argparse.Namespace
 ) -> dict[str, Any]:
     probe_dir = None
-    if variant.name in args.probe:
+    if variant.name in args.probe or variant.name in args.via_probe:
         probe_dir = Path(tempfile.mkdtemp(prefix=f"probe-{variant.name}-"))
     proc, url = start_server(folder, variant, probe_dir)
     result: dict[str, Any] = {"name": variant.name, "tree": variant.tree, "flags": variant.flags,
@@ -216,12 +220,14 @@ def run_variant(
             w = window(url, bodies, clients, args.window_warmup, args.seconds)
             result["windows"].append(w)
             print(f"  {variant.name} {clients} clients: {summary(w)}", flush=True)
-        if probe_dir is not None:
+        if variant.name in args.probe and probe_dir is not None:
             result["probe"] = diagnose(proc, url, bodies, args, probe_dir)
     finally:
         stop_server(proc)
-        if probe_dir is not None:
+        if variant.name in args.probe and probe_dir is not None:
             pack(probe_dir, variant.name)
+        elif probe_dir is not None:
+            shutil.rmtree(probe_dir, ignore_errors=True)
     return result
 
 
@@ -372,6 +378,8 @@ def summary(w: dict[str, Any]) -> str:
              f"{w['requests_per_call']:.1f} req/call", f"waited <= {w['waited_max']}"]  # fmt: skip
     if w.get("engine_share") is not None:
         parts.append(f"in engine {w['engine_share']:.0%}")
+    if w.get("ahead_share") is not None:
+        parts.append(f"laid out ahead {w['ahead_share']:.0%}")
     if w.get("gpu_busy") is not None:
         parts.append(f"GPU busy {w['gpu_busy']:.0%}")
     if w.get("forward"):
@@ -384,8 +392,8 @@ def summary(w: dict[str, Any]) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| variant | clients | pairs/s | p50 ms | p99 ms | req/call | waited | in engine | GPU busy | batches (replayed / captured / eager) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = ["| variant | clients | pairs/s | p50 ms | p99 ms | req/call | waited | in engine | laid out ahead | GPU busy | batches (replayed / captured / eager) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in results:
         for w in r["windows"]:
             if "error" in w:
@@ -394,9 +402,10 @@ def table(results: list[dict[str, Any]]) -> str:
             f = w.get("forward") or {}
             share = "" if w.get("engine_share") is None else f"{w['engine_share']:.0%}"
             busy = "" if w.get("gpu_busy") is None else f"{w['gpu_busy']:.0%}"
+            ahead = "" if w.get("ahead_share") is None else f"{w['ahead_share']:.0%}"
             lines.append(
                 f"| {r['name']} | {w['clients']} | {w['pairs_per_s']:,.0f} | {w['p50_ms']:.1f} | "
-                f"{w['p99_ms']:.1f} | {w['requests_per_call']:.1f} | {w['waited_max']} | {share} | {busy} | "
+                f"{w['p99_ms']:.1f} | {w['requests_per_call']:.1f} | {w['waited_max']} | {share} | {ahead} | {busy} | "
                 f"{f.get('graph_replays', '')} / {f.get('graph_captures', '')} / {f.get('eager_batches', '')} |"
             )
     return "\n".join(lines)
@@ -414,6 +423,12 @@ def main() -> None:
         "--steady-one", action="store_true", help="every body twice before the 1-client window"
     )
     parser.add_argument("--probe", action="append", default=[], help="variant NAME to diagnose (repeatable)")
+    parser.add_argument(
+        "--via-probe",
+        action="append",
+        default=[],
+        help="variant NAME started through serve_probe.py, not diagnosed",
+    )
     parser.add_argument("--probe-clients", type=int, default=32, help="clients of the diagnostic window")
     parser.add_argument("--probe-seconds", type=float, default=4.0, help="/proc window of the diagnosis")
     parser.add_argument("--probe-calls", type=int, default=4, help="engine calls under torch.profiler")

@@ -16,7 +16,8 @@ that exist only here (nothing in the library changes):
 * the event loop's lag: a task that sleeps 5 ms and records how late it wakes (while sampling).
 
 ``GET /_probe/report`` returns all of it, with the native id of each Python thread (to read
-``/proc/<pid>/task/<tid>`` by thread) and the interpreter's switch interval.
+``/proc/<pid>/task/<tid>`` by thread) and the interpreter's switch interval, which
+``GENSCORE_PROBE_SWITCH_MS`` sets for the whole process before the server starts.
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ def main(argv: Sequence[str]) -> int:
     from genscore_core.server.cli import server_limits
     from genscore_core.server.connections import uvicorn_options
 
+    if os.environ.get("GENSCORE_PROBE_SWITCH_MS"):
+        sys.setswitchinterval(float(os.environ["GENSCORE_PROBE_SWITCH_MS"]) / 1e3)
     folder = Path(os.environ.get("GENSCORE_PROBE_DIR", "probe"))
     folder.mkdir(parents=True, exist_ok=True)
     args = build_parser().parse_args(["serve", *argv])

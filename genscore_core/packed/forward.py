@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from genscore_core.forward import ForwardStrategy, PrefixGroup, ProgressCallback
-from genscore_core.packed.decoder import DeviceBatch, PackedDecoder, PackedOptions
+from genscore_core.packed.decoder import DeviceBatch, HostBatch, PackedDecoder, PackedOptions
 from genscore_core.packed.graphs import DecoderGraphs
 from genscore_core.packed.plan import GroupSlice, PackedBatch, build_batch, plan_batches
 from genscore_core.streaming import RowKey, StreamBatch
@@ -18,9 +18,21 @@ from genscore_core.streaming import RowKey, StreamBatch
 DEFAULT_MAX_BATCH_TOKENS = 65536
 
 
+@dataclass(frozen=True)
+class PreparedBatches:
+    """The batches of one call planned and laid out on the host ahead (:meth:`PackedForward.prepare`)."""
+
+    budget: int
+    """The token budget they were planned with."""
+    batches: dict[tuple[GroupSlice, ...], HostBatch]
+    """Each planned batch's slices (prefix flags included) -> its host layout."""
+
+
 @dataclass
 class _PackedCall:
     groups: Sequence[PrefixGroup]
+    prepared: dict[tuple[GroupSlice, ...], HostBatch] = field(default_factory=dict)
+    """Batches laid out ahead, by their slices; a batch planned otherwise is built when it runs."""
     outputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     """(group, first prompt) of each finished slice -> its rows."""
     cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
@@ -124,8 +136,23 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
             return torch.empty(0, decoder.final_norm.shape[0], device=decoder.device), rows
         return torch.cat(outputs), rows
 
-    def _start(self, groups: Sequence[PrefixGroup]) -> _PackedCall:
-        return _PackedCall(groups)
+    def prepare(self, groups: Sequence[PrefixGroup]) -> PreparedBatches:
+        """Plan the call's batches as :meth:`last_hidden_states` will and lay each out on the host
+        (page-locked, ready for one copy): the host work before the first kernel and between
+        batches, done while the device runs an earlier call."""
+        budget = self.max_batch_tokens
+        device = self.decoder.device
+        batches = {
+            _key(groups, slices): HostBatch.of(build_batch(groups, slices), device)
+            for slices in plan_batches(groups, budget)
+        }
+        return PreparedBatches(budget, batches)
+
+    def _start(self, groups: Sequence[PrefixGroup], prepared: object | None = None) -> _PackedCall:
+        call = _PackedCall(groups)
+        if isinstance(prepared, PreparedBatches) and prepared.budget == self.max_batch_tokens:
+            call.prepared = dict(prepared.batches)
+        return call
 
     def _plan(
         self, call: _PackedCall, remaining: list[list[GroupSlice]] | None, budget: int
@@ -165,12 +192,13 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
 
     def _run_batch(self, call: _PackedCall, batch: list[GroupSlice]) -> None:
         slices = self._flagged(call, batch)
-        packed = build_batch(call.groups, slices)
+        host = call.prepared.pop(_key(call.groups, slices), None) if call.prepared else None
+        packed = host.batch if host is not None else build_batch(call.groups, slices)
         loaded = None
         if packed.load:
             keys = [call.cache[g] for g, _ in packed.load]
             loaded = (torch.cat([k for k, _ in keys], dim=1), torch.cat([v for _, v in keys], dim=1))
-        hidden, saved = self.decode(packed, None, loaded)
+        hidden, saved = self.decode(packed, None, loaded, host=host)
         # Only now, with the batch done, does the call's state change.
         if saved is not None:
             offset = 0
@@ -193,9 +221,11 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         loaded: tuple[torch.Tensor, torch.Tensor] | None,
         *,
         large: bool = False,
+        host: HostBatch | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """One batch through the decoder: a CUDA graph's replay where one serves it, else eagerly
-        (``dev``, when the caller already copied the batch to the device, or a new copy).
+        (``dev``, when the caller already copied the batch to the device, or a copy of ``host``, its
+        layout made ahead, or a new copy).
 
         ``large``: a batch over the small-graph size may replay a graph too. Streamed batches fill
         fixed token targets, so their shapes repeat from call to call; the balanced batches of a
@@ -209,6 +239,8 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
             if done is not None:
                 return done
         self.eager_batches += 1
+        if dev is None and host is not None:
+            dev = DeviceBatch.from_host(host, self.decoder.device)
         if dev is None:
             dev = DeviceBatch.from_batch(packed, self.decoder.device)
         hidden, saved = self.decoder.run(dev, loaded)
@@ -218,6 +250,17 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         if not call.outputs:
             return torch.empty(0, self.decoder.final_norm.shape[0], device=self.decoder.device)
         return torch.cat([call.outputs[key] for key in sorted(call.outputs)])
+
+
+def _key(groups: Sequence[PrefixGroup], slices: Sequence[GroupSlice]) -> tuple[GroupSlice, ...]:
+    """A batch's slices as the key of its layout: the planner flags an empty prefix as computed in
+    a group's first batch, the run in each of its batches, and it lays out the same either way."""
+    return tuple(
+        s
+        if len(groups[s.group].prefix_ids)
+        else dataclasses.replace(s, compute_prefix=False, save_prefix=False)
+        for s in slices
+    )
 
 
 def _slices(prompts: list[tuple[int, int]]) -> list[GroupSlice]:

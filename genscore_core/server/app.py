@@ -305,6 +305,7 @@ def create_app(
             "batch_sizes": {str(size): n for size, n in sorted(counters.batch_sizes.items())},
             "waited_batches": {str(k): n for k, n in sorted(counters.waited_batches.items())},
             "engine_seconds": round(counters.engine_seconds, 6),
+            "prepared_ahead": counters.prepared_ahead,
             "forward": forward_counters(scorer.backend),
             "in_flight": abandon_stats.in_flight,
             "waiting_to_tokenize": scorer.front_end.tokenizer_waiting,

@@ -19,6 +19,13 @@ tokenized) it waits only while that says so, and a lone request starts at once. 
 passes the hook unless ``--batch-wait always`` asks for calls that wait up to ``--batch-max-wait-ms``
 whatever comes (deployments that want full calls).
 
+Laid out ahead: with a local engine (a backend that can :class:`PrepareAhead`), once the running call
+has queued all its GPU work, the worker takes the next call from the queue (same order, budget and
+bound) and has it laid out on a second thread (distinct prompts, prefix groups, every forward
+batch's host buffer) while the GPU finishes; it queues that call on the engine's thread right behind
+the running one, so the GPU waits neither for the layout nor for a round trip through the event loop
+between calls (docs/benchmarks.md, "Where a loaded server's GPU time goes").
+
 A job's scores do not depend on what it is batched with, beyond float32 rounding (observed
 differences are below 1e-6).
 """
@@ -30,8 +37,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.engine import ScoringEngine
@@ -47,6 +55,31 @@ class _Entry:
     future: asyncio.Future[list[float]]
     batches_done: int = 0
     """Engine calls finished when the job was queued."""
+
+
+@runtime_checkable
+class PrepareAhead(Protocol):
+    """A backend that can do a call's host work ahead (:class:`~genscore_core.engine.ScoringEngine`)."""
+
+    def prepare_jobs(self, jobs: Sequence[ScoringJob], *, lay_out: bool = True) -> Any: ...
+
+    def score_prepared(
+        self,
+        prepared: Any,
+        on_progress: ProgressCallback | None = None,
+        *,
+        on_launched: Callable[[], None] | None = None,
+    ) -> list[list[float]]: ...
+
+
+@dataclass
+class _Call:
+    """An engine call submitted to the engine's thread."""
+
+    batch: list[_Entry]
+    outcome: asyncio.Future[list[list[float] | Exception]]
+    launched: asyncio.Event
+    """Set once the call has queued all its GPU work (or finished)."""
 
 
 @dataclass
@@ -71,6 +104,8 @@ class BatchStats:
     engine_seconds: float = 0.0
     """Wall time spent inside engine calls. The rest of the time the worker waited for requests or
     passed results and the next call between the event loop and its thread."""
+    prepared_ahead: int = 0
+    """Engine calls laid out on the host while the call before them ran."""
 
 
 class RequestBatcher(ScoringBackend):
@@ -124,7 +159,15 @@ class RequestBatcher(ScoringBackend):
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._preparer: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def _ahead(self) -> PrepareAhead | None:
+        """The backend, where calls can be laid out ahead (not through the fixed-size batches of
+        ``batch_tokens``)."""
+        backend = self.backend
+        return backend if isinstance(backend, PrepareAhead) and not self.batch_tokens else None
 
     @property
     def running(self) -> bool:
@@ -140,6 +183,8 @@ class RequestBatcher(ScoringBackend):
             return
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="genscore-forward")
+        # Its thread starts with the first call laid out ahead.
+        self._preparer = ThreadPoolExecutor(1, thread_name_prefix="genscore-prepare")
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._work(), name="genscore-batcher")
 
@@ -157,9 +202,10 @@ class RequestBatcher(ScoringBackend):
             if not entry.future.done():
                 entry.future.set_exception(ServerBusyError("the server is shutting down"))
         self._pending_tokens = 0
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        for executor in (self._executor, self._preparer):
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
+        self._executor = self._preparer = None
 
     # -- the backend contract -------------------------------------------------------------------------
 
@@ -219,22 +265,67 @@ class RequestBatcher(ScoringBackend):
     # -- the worker ---------------------------------------------------------------------------------
 
     async def _work(self) -> None:
-        loop = asyncio.get_running_loop()
+        # Calls submitted to the engine's thread, in order: the running one and at most one behind it.
+        calls: deque[_Call] = deque()
+        try:
+            await self._run_calls(calls)
+        finally:
+            for call in calls:  # stopped: calls taken from the queue are answered like queued ones
+                for entry in call.batch:
+                    if not entry.future.done():
+                        entry.future.set_exception(ServerBusyError("the server is shutting down"))
+
+    async def _run_calls(self, calls: deque[_Call]) -> None:
         while True:
-            batch = await self._next_batch()
-            if not batch:
-                continue
-            outcomes = await loop.run_in_executor(
-                self._executor, self._score_isolated, [e.job for e in batch]
-            )
-            self._record(batch, outcomes)
-            for entry, outcome in zip(batch, outcomes):
+            if not calls:
+                batch = await self._next_batch()
+                if not batch:
+                    continue
+                calls.append(self._submit(batch, ahead=False))
+            call = calls[0]
+            if len(calls) == 1 and self._ahead is not None:
+                # Once the running call's GPU work is all queued, take the next call now and lay it
+                # out while the GPU finishes this one (the requests queued by then: the same order,
+                # budget and bound as a call taken afterwards).
+                launched: asyncio.Future[Any] = asyncio.ensure_future(call.launched.wait())
+                waiting: set[asyncio.Future[Any]] = {call.outcome, launched}
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                launched.cancel()
+                if not call.outcome.done() and self._pending:
+                    batch = self._take(running=1)
+                    if batch:
+                        calls.append(self._submit(batch, ahead=True))
+            outcomes = await call.outcome
+            calls.popleft()
+            self._record(call.batch, outcomes)
+            for entry, outcome in zip(call.batch, outcomes):
                 if entry.future.done():  # the request was cancelled meanwhile
                     continue
                 if isinstance(outcome, BaseException):
                     entry.future.set_exception(outcome)
                 else:
                     entry.future.set_result(outcome)
+
+    def _submit(self, batch: list[_Entry], *, ahead: bool) -> _Call:
+        """Queue a call on the engine's thread (behind the running one, if any); ``ahead``: lay it
+        out on the preparing thread meanwhile."""
+        loop = asyncio.get_running_loop()
+        launched = asyncio.Event()
+        jobs = [e.job for e in batch]
+        prepared: Future[Any] | None = None
+        backend = self._ahead
+        if ahead and backend is not None and self._preparer is not None:
+            prepared = self._preparer.submit(backend.prepare_jobs, jobs)
+            self.stats.prepared_ahead += 1
+
+        def on_launched() -> None:
+            try:
+                loop.call_soon_threadsafe(launched.set)
+            except RuntimeError:  # the loop closed: the server is gone
+                pass
+
+        outcome = loop.run_in_executor(self._executor, self._score_isolated, jobs, prepared, on_launched)
+        return _Call(batch, outcome, launched)
 
     async def _next_batch(self) -> list[_Entry]:
         assert self._wakeup is not None
@@ -253,11 +344,16 @@ class RequestBatcher(ScoringBackend):
                     await asyncio.wait_for(self._wakeup.wait(), remaining)
                 except asyncio.TimeoutError:
                     break
+        return self._take(running=0)
+
+    def _take(self, *, running: int) -> list[_Entry]:
+        """The next call's jobs from the front of the queue, with ``running`` calls submitted and not
+        yet finished ahead of it."""
         batch: list[_Entry] = []
         tokens = 0
-        # The calls finished so far, plus the one about to run: a job queued before
-        # ``overdue`` calls had finished has waited behind max_waited_batches of them.
-        overdue = self.stats.batches + 1 - self.max_waited_batches
+        # The calls finished so far, those still running, and the one about to run: a job queued
+        # before ``overdue`` calls had finished has waited behind max_waited_batches of them.
+        overdue = self.stats.batches + running + 1 - self.max_waited_batches
         while self._pending:
             entry = self._pending[0]
             if batch and tokens + entry.tokens > self.max_batch_tokens and entry.batches_done >= overdue:
@@ -273,17 +369,25 @@ class RequestBatcher(ScoringBackend):
     def _company_coming(self) -> bool:
         return self._preparing is None or self._preparing()
 
-    def _score_isolated(self, jobs: list[ScoringJob]) -> list[list[float] | Exception]:
-        """Score the jobs together; if that fails, again one by one, so one bad job fails alone."""
+    def _score_isolated(
+        self,
+        jobs: list[ScoringJob],
+        prepared: Future[Any] | None = None,
+        on_launched: Callable[[], None] | None = None,
+    ) -> list[list[float] | Exception]:
+        """Score the jobs together; if that fails, again one by one, so one bad job fails alone.
+        ``on_launched`` is called once the call's GPU work is queued (or the call is over)."""
         started = time.perf_counter()
         try:
-            return list(self._score(jobs))
+            return list(self._score(jobs, prepared, on_launched))
         except Exception as error:
             if len(jobs) == 1:
                 return [error]
             logger.warning("a batch of %d jobs failed (%s); scoring them one by one", len(jobs), error)
         finally:
             self.stats.engine_seconds += time.perf_counter() - started
+            if on_launched is not None:
+                on_launched()  # a second time is harmless: the event is set once
         outcomes: list[list[float] | Exception] = []
         for job in jobs:
             try:
@@ -292,11 +396,28 @@ class RequestBatcher(ScoringBackend):
                 outcomes.append(error)
         return outcomes
 
-    def _score(self, jobs: list[ScoringJob]) -> list[list[float]]:
+    def _score(
+        self,
+        jobs: list[ScoringJob],
+        prepared: Future[Any] | None = None,
+        on_launched: Callable[[], None] | None = None,
+    ) -> list[list[float]]:
         backend = self.backend
         if self.batch_tokens and len(jobs) > 1 and isinstance(backend, ScoringEngine):
             return backend.score_jobs_in_batches(jobs, self.batch_tokens)
-        return backend.score_jobs(jobs)
+        ahead = self._ahead
+        if ahead is None:
+            return backend.score_jobs(jobs)
+        layout = None
+        if prepared is not None:
+            try:
+                layout = prepared.result()
+            except Exception as error:  # laid out again below, where an error reaches the caller
+                logger.warning("laying out a call ahead failed (%s); laying it out again", error)
+        if layout is None:
+            # Nothing laid out ahead: the forward lays each batch out while the one before runs.
+            layout = ahead.prepare_jobs(jobs, lay_out=False)
+        return ahead.score_prepared(layout, on_launched=on_launched)
 
     def _record(self, batch: list[_Entry], outcomes: list[list[float] | Exception]) -> None:
         stats = self.stats

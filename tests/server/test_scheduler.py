@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import httpx
 import pytest
@@ -155,6 +155,135 @@ async def test_company_is_awaited_only_while_requests_are_being_tokenized() -> N
     finally:
         await batcher.stop()
     assert backend.calls == [[1, 2, 3, 4], [5]]
+
+
+class SteppedAheadBackend(SteppedBackend):
+    """:class:`SteppedBackend` that can lay calls out ahead (the protocol of a local engine): each
+    call says it has launched its work at :meth:`launch` and finishes at :meth:`step`; calls laid
+    out ahead are noted with the thread that laid them out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.laid_out: list[tuple[list[int], str]] = []
+        self._launch = threading.Semaphore(0)
+
+    def prepare_jobs(self, jobs: Sequence[ScoringJob], *, lay_out: bool = True) -> list[ScoringJob]:
+        if lay_out:
+            self.laid_out.append(([j.prompts[0][0] for j in jobs], threading.current_thread().name))
+        return list(jobs)
+
+    def score_prepared(
+        self,
+        prepared: list[ScoringJob],
+        on_progress: ProgressCallback | None = None,
+        *,
+        on_launched: Callable[[], None] | None = None,
+    ) -> list[list[float]]:
+        self.entered.release()
+        assert self._launch.acquire(timeout=30), "the test never let this call launch"
+        if on_launched is not None:
+            on_launched()
+        assert self._go.acquire(timeout=30), "the test never let this call finish"
+        self.calls.append([job.prompts[0][0] for job in prepared])
+        self.tokens.append(sum(len(p) for job in prepared for p in job.prompts))
+        return [[float(prompt[0]) for prompt in job.prompts] for job in prepared]
+
+    def launch(self) -> None:
+        self._launch.release()
+
+    async def laid_out_calls(self, count: int) -> None:
+        for _ in range(3000):
+            if len(self.laid_out) >= count:
+                return
+            await asyncio.sleep(0.01)
+        pytest.fail(f"{count} calls were never laid out ahead: {self.laid_out}")
+
+
+async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> None:
+    backend = SteppedAheadBackend()
+    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
+    batcher.start()
+    try:
+        tasks = await queue(batcher, [job(1)])
+        await backend.running()
+        tasks += await queue(batcher, [job(2), job(3), job(4)])
+        backend.launch()  # call 1 has queued its work: the next call is taken and laid out now
+        await backend.laid_out_calls(1)
+        tasks += await queue(batcher, [job(5)])  # after that: it waits for the call after
+        backend.step()
+        await backend.running()  # call 2 runs, queued behind call 1 on the engine's thread
+        backend.launch()
+        await backend.laid_out_calls(2)
+        backend.step()
+        await backend.running()
+        backend.launch()
+        backend.step()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    finally:
+        await batcher.stop()
+    assert results == [[float(tag)] for tag in range(1, 6)]
+    # Arrival order and the budget (two 4-token jobs) as for calls taken after the one before.
+    assert backend.calls == [[1], [2, 3], [4, 5]]
+    assert [tags for tags, _ in backend.laid_out] == [[2, 3], [4, 5]]
+    assert all(thread.startswith("genscore-prepare") for _, thread in backend.laid_out)
+    assert batcher.stats.prepared_ahead == 2
+    # Job 5 arrived while call 1 ran and call 2 was taken: it saw both go by.
+    assert batcher.stats.waited_batches == {0: 1, 1: 2, 2: 2}
+
+
+@pytest.mark.parametrize(
+    ("max_waited", "calls"), [(2, [[1], [2, 3], [4, 5, 6, 7, 8, 9]]), (1, [[1], list(range(2, 10))])]
+)
+async def test_calls_laid_out_ahead_keep_the_waiting_bound(max_waited: int, calls: list[list[int]]) -> None:
+    backend = SteppedAheadBackend()
+    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
+    batcher.start()
+    try:
+        first = await queue(batcher, [job(1)])
+        await backend.running()
+        rest = await queue(batcher, [job(tag) for tag in range(2, 10)])
+        for index in range(len(calls)):
+            backend.launch()
+            if index + 1 < len(calls):
+                await backend.laid_out_calls(index + 1)  # taken while this call runs
+            backend.step()
+            if index + 1 < len(calls):
+                await backend.running()
+        await asyncio.wait_for(asyncio.gather(*first, *rest), 30)
+    finally:
+        await batcher.stop()
+    # The same calls as when each is taken after the one before finished (the test above).
+    assert backend.calls == calls
+    assert max(batcher.stats.waited_batches) == max_waited
+    assert batcher.stats.prepared_ahead == len(calls) - 1
+
+
+async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
+    class FailingLayout(SteppedAheadBackend):
+        def prepare_jobs(self, jobs: Sequence[ScoringJob], *, lay_out: bool = True) -> list[ScoringJob]:
+            if lay_out:
+                self.laid_out.append(([], threading.current_thread().name))
+                raise MemoryError("no page-locked memory")
+            return list(jobs)
+
+    backend = FailingLayout()
+    batcher = RequestBatcher(backend, max_wait_ms=0)
+    batcher.start()
+    try:
+        tasks = await queue(batcher, [job(1)])
+        await backend.running()
+        tasks += await queue(batcher, [job(2)])
+        backend.launch()
+        await backend.laid_out_calls(1)
+        backend.step()
+        await backend.running()
+        backend.launch()
+        backend.step()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    finally:
+        await batcher.stop()
+    assert results == [[1.0], [2.0]]
+    assert backend.calls == [[1], [2]]
 
 
 WORDS = "paris london capital france river city museum tower bridge history art food wine".split()
