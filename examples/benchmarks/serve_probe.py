@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +56,36 @@ class ProbedEngine(ScoringBackend):
     def score_jobs(
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
     ) -> list[list[float]]:
+        return self._timed(jobs, lambda: self.engine.score_jobs(jobs, on_progress))
+
+    # A server whose batcher lays calls out ahead (ScoringEngine.prepare_jobs) finds them here too.
+    def prepare_jobs(self, jobs: Sequence[ScoringJob], *, lay_out: bool = True) -> Any:
+        return self.engine.prepare_jobs(jobs, lay_out=lay_out)
+
+    def score_prepared(
+        self,
+        prepared: Any,
+        on_progress: ProgressCallback | None = None,
+        *,
+        on_launched: Callable[[], None] | None = None,
+    ) -> list[list[float]]:
+        return self._timed(
+            prepared.jobs,
+            lambda: self.engine.score_prepared(prepared, on_progress, on_launched=on_launched),
+            ahead=prepared.batches is not None,
+        )
+
+    def _timed(
+        self, jobs: Sequence[ScoringJob], run: Callable[[], list[list[float]]], ahead: bool = False
+    ) -> list[list[float]]:
         if self._profiler is None and self.profile_calls > 0:
             self._start_profile()
         started = time.perf_counter()
         if self._profiler is not None:
             with torch.profiler.record_function(f"probe.call {len(self.calls)}"):
-                scores = self.engine.score_jobs(jobs, on_progress)
+                scores = run()
         else:
-            scores = self.engine.score_jobs(jobs, on_progress)
+            scores = run()
         ended = time.perf_counter()
         self.calls.append(
             {
@@ -73,6 +95,7 @@ class ProbedEngine(ScoringBackend):
                 "prompts": sum(len(job.prompts) for job in jobs),
                 "tokens": sum(len(p) for job in jobs for p in job.prompts),
                 "profiled": self._profiler is not None,
+                "ahead": ahead,
             }
         )
         if self._profiler is not None:
