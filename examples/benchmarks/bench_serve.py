@@ -60,7 +60,6 @@ from bench_text import (
     save_model,
     word_list,
 )
-from bench_text import start_server as start_text_server
 from bench_workloads import stop_server
 
 PROBE_SCRIPT = Path(__file__).with_name("serve_probe.py")
@@ -83,25 +82,29 @@ class Variant:
 def start_server(
     folder: Path, variant: Variant, probe_dir: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """A real server of ``variant``'s tree, flags and environment, once it answers /health; with
-    ``probe_dir``, through serve_probe.py (writing its trace there)."""
+    """A real server of ``variant``'s tree (first on its PYTHONPATH), flags and environment, once it
+    answers /health; with ``probe_dir``, through serve_probe.py (writing its trace there)."""
+    import httpx
+
     env = dict(os.environ, **variant.env)
     if variant.tree:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(variant.tree).resolve()), env.get("PYTHONPATH", "")])
-    if probe_dir is None:
-        return start_text_server(folder, variant.flags, env=env, name=f"the server of {variant.name}")
-    import httpx
-
-    env["GENSCORE_PROBE_DIR"] = str(probe_dir)
     port = free_port()
-    cmd = [sys.executable, str(PROBE_SCRIPT), "--model", str(folder), "--port", str(port),
-           "--log-level", "warning", *variant.flags]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env)
+    if probe_dir is None:
+        entry = ["-m", "genscore_core.server"]
+    else:
+        env["GENSCORE_PROBE_DIR"] = str(probe_dir)
+        entry = [str(PROBE_SCRIPT)]
+    cmd = [sys.executable, *entry, "--model", str(folder), "--port", str(port), "--log-level", "warning",
+           *variant.flags]  # fmt: skip
+    # Not from the current folder: `python -m` puts it first on sys.path, and a checkout there would
+    # shadow the variant's tree.
+    proc = subprocess.Popen(cmd, env=env, cwd=folder)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the probed server of {variant.name} exited with {proc.returncode}")
+            raise RuntimeError(f"the server of {variant.name} exited with {proc.returncode}")
         try:
             if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
                 return proc, url
@@ -109,7 +112,7 @@ def start_server(
             pass
         time.sleep(0.2)
     proc.kill()
-    raise TimeoutError(f"the probed server of {variant.name} did not become healthy")
+    raise TimeoutError(f"the server of {variant.name} did not become healthy")
 
 
 class GpuBusy:
