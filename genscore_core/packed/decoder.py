@@ -259,71 +259,79 @@ def host_layout(
     spare attention blocks point at the last (empty) segment, spare prompt rows read segment 0, and
     loaded prefixes move down past the spare tokens; the decoder's rows past the batch's own prompts
     are then to be ignored. No real row reads a spare one with weight, so the real rows come out as
-    they do unpadded.
+    they do unpadded. The arrays are consecutive views of one buffer (:func:`flat_layout`).
+    """
+    flat, sizes, table, last = flat_layout(batch, shape)
+    return list(np.split(flat.numpy(), np.cumsum(sizes)[:-1])), table, last
+
+
+def flat_layout(
+    batch: PackedBatch, shape: StaticShape | None = None, *, pinned: bool = False
+) -> tuple[torch.Tensor, list[int], np.ndarray, np.ndarray]:
+    """:func:`host_layout`'s arrays written one after the other into one int64 host tensor (what
+    goes to the device in one copy; page-locked with ``pinned``), their sizes, and the two segment
+    tables.
+
+    Each array is written into its place by numpy, padding included (only the spare tails are
+    zeroed): a small call's batch is laid out on the host in front of its graph's replay, and the
+    numpy pads and the concatenation this replaces took about half of that time (docs/benchmarks.md,
+    "Small calls").
+
+    The page-locked buffer is written by numpy: ``tensor.pin_memory()`` would copy it again, and
+    torch's CPU copies and reductions of large tensors run on its OpenMP pool, which a loaded server
+    shares with the tokenizer's threads (measured: 6 ms for a 1 MB ``pin_memory``, 11 ms for the max
+    of 65k positions, while the GPU waited; docs/benchmarks.md).
     """
     table = check_table(batch.segments)
     segment_last = batch.segment_last.numpy()
-    spare_tokens = 0 if shape is None else shape.tokens - batch.num_tokens
+    n = batch.num_tokens
+    spare_tokens = 0 if shape is None else shape.tokens - n
     if shape is not None and batch.load:
         # Loaded prefixes follow the stream's rows, which padding moves down to shape.tokens.
         table = table.copy()
-        loaded = (table[:, 5] > 0) & (table[:, 4] >= batch.num_tokens)
+        loaded = (table[:, 5] > 0) & (table[:, 4] >= n)
         table[loaded, 4] += spare_tokens
     if spare_tokens > 0:
         # Spare tokens attend among themselves. In no segment, their attention rows would be left
         # unwritten (any bits, NaN too), their keys and values in later layers likewise, and the
         # last real segment's final key tile, which reaches into them with zero weight, would turn
         # 0 * NaN into NaN.
-        n = batch.num_tokens
         table = np.concatenate([table, [[n, spare_tokens, n, spare_tokens, 0, 0]]])
         segment_last = np.append(segment_last, shape.tokens - 1)  # type: ignore[union-attr]
     last = table.copy()
     last[:, 0] = np.arange(len(last))
     last[:, 1] = 1
-    blocks = plan_blocks(table, DEFAULT_TILING)
-    last_blocks = plan_blocks(last, LAST_TOKEN_TILING)
-    ids = batch.input_ids.numpy()
-    positions = batch.positions.numpy()
+    blocks = plan_blocks(table, DEFAULT_TILING).reshape(-1)
+    last_blocks = plan_blocks(last, LAST_TOKEN_TILING).reshape(-1)
+    saved = [rows.numpy() for _, rows in batch.save]
     prompt_segments = batch.prompt_segments.numpy()
-    if shape is not None:
-        if not shape.fits(batch):
-            raise ValueError(
-                f"a batch of {batch.num_tokens} tokens and {len(table)} segments does not fit {shape}"
-            )
-        spare = shape.segments - 1
-        ids = np.pad(ids, (0, shape.tokens - len(ids)))
-        positions = np.pad(positions, (0, shape.tokens - len(positions)))
-        segment_last = np.pad(segment_last, (0, shape.segments - len(segment_last)))
-        prompt_segments = np.pad(prompt_segments, (0, shape.segments - len(prompt_segments)))
-        table = np.pad(table, ((0, shape.segments - len(table)), (0, 0)))
-        last = np.pad(last, ((0, shape.segments - len(last)), (0, 0)))
-        blocks = np.concatenate([blocks, np.tile([[spare, 0]], (shape.blocks - len(blocks), 1))])
-        last_blocks = np.concatenate(
-            [last_blocks, np.tile([[spare, 0]], (shape.segments - len(last_blocks), 1))]
-        )
-    parts = [ids, positions, segment_last, prompt_segments, table, blocks, last, last_blocks]
-    saved = torch.cat([rows for _, rows in batch.save]).numpy() if batch.save else None
-    if shape is not None and shape.save:
-        # Spare rows save stream row 0 again; nothing reads them.
-        rows = saved if saved is not None else np.empty(0, np.int64)
-        parts.append(np.pad(rows, (0, shape.save - save_rows(batch))))
-    elif shape is None and saved is not None:
-        parts.append(saved)
-    return [np.ascontiguousarray(p, dtype=np.int64).reshape(-1) for p in parts], table, last
-
-
-def pinned_concat(parts: list[np.ndarray], device: torch.device) -> torch.Tensor:
-    """The int64 arrays concatenated into one host tensor, page-locked when ``device`` is a GPU (so
-    that its copy is queued, not waited for).
-
-    Written straight into the page-locked buffer by numpy: ``tensor.pin_memory()`` would copy it
-    again, and torch's CPU copies and reductions of large tensors run on its OpenMP pool, which a
-    loaded server shares with the tokenizer's threads (measured: 6 ms for a 1 MB ``pin_memory``,
-    11 ms for the max of 65k positions, while the GPU waited; docs/benchmarks.md).
-    """
-    flat = torch.empty(sum(len(p) for p in parts), dtype=torch.int64, pin_memory=device.type == "cuda")
-    np.concatenate(parts, out=flat.numpy())
-    return flat
+    data = [batch.input_ids.numpy(), batch.positions.numpy(), segment_last, prompt_segments,
+            table.reshape(-1), blocks, last.reshape(-1), last_blocks]  # fmt: skip
+    if saved:
+        data.append(np.concatenate(saved))
+    if shape is None:
+        sizes = [len(d) for d in data]
+        flat = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=pinned)
+        np.concatenate(data, out=flat.numpy(), casting="same_kind")
+        return flat, sizes, table, last
+    if not shape.fits(batch):
+        raise ValueError(f"a batch of {n} tokens and {len(table)} segments does not fit {shape}")
+    segments = shape.segments
+    sizes = [shape.tokens, shape.tokens, segments, segments, segments * 6, shape.blocks * 2,
+             segments * 6, segments * 2] + ([shape.save] if shape.save else [])  # fmt: skip
+    if not shape.save:
+        data = data[:8]
+    flat = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=pinned)
+    views = np.split(flat.numpy(), np.cumsum(sizes)[:-1])
+    for view, values in zip(views, data, strict=False):
+        view[: len(values)] = values
+        view[len(values) :] = 0
+    for view in views[len(data) :]:  # spare saved rows with none saved: row 0, never read
+        view[:] = 0
+    # Spare attention blocks point at the last segment row, which is empty.
+    views[5][blocks.size :].reshape(-1, 2)[:, 0] = shape.segments - 1
+    views[7][last_blocks.size :].reshape(-1, 2)[:, 0] = shape.segments - 1
+    return flat, sizes, views[4].reshape(-1, 6), views[6].reshape(-1, 6)
 
 
 @dataclass
@@ -342,10 +350,10 @@ class HostBatch:
 
     @classmethod
     def of(cls, batch: PackedBatch, device: torch.device) -> HostBatch:
-        parts, table, last = host_layout(batch)
-        # numpy, not torch: see pinned_concat.
+        flat, sizes, table, last = flat_layout(batch, pinned=device.type == "cuda")
+        # numpy, not torch: see flat_layout.
         max_position = int(batch.positions.numpy().max()) if batch.num_tokens else 0
-        return cls(batch, pinned_concat(parts, device), [len(p) for p in parts], table, last, max_position)
+        return cls(batch, flat, sizes, table, last, max_position)
 
 
 @dataclass
@@ -393,19 +401,18 @@ class DeviceBatch:
     def static(cls, shape: StaticShape, device: torch.device, like: PackedBatch) -> DeviceBatch:
         """A device buffer of ``shape``'s sizes holding ``like`` padded (see :func:`host_layout`);
         :meth:`fill` puts another batch of that shape in its place."""
-        parts, table, last = host_layout(like, shape)
-        flat = torch.from_numpy(np.concatenate(parts)).to(device)
+        host, sizes, table, last = flat_layout(like, shape)
+        flat = host.to(device)
         # Every position of a batch of this shape is below its stream and loaded rows together.
-        sizes = [len(p) for p in parts]
         rows = shape.tokens + shape.load
         return cls.of_buffer(flat, sizes, table, last, like, shape.tokens, rows, rows)
 
     def fill(self, batch: PackedBatch, shape: StaticShape) -> None:
         """Overwrite this static buffer with ``batch`` padded to ``shape`` (the shape it was made with)."""
-        parts, table, last = host_layout(batch, shape)
-        if sum(len(p) for p in parts) != self.buffer.numel():
+        flat, _, table, last = flat_layout(batch, shape, pinned=self.buffer.device.type == "cuda")
+        if flat.numel() != self.buffer.numel():
             raise ValueError(f"a batch padded to {shape} does not match this buffer")
-        self.buffer.copy_(pinned_concat(parts, self.buffer.device), non_blocking=True)
+        self.buffer.copy_(flat, non_blocking=True)
         self.batch = batch
         self.num_prompts = batch.num_prompts
         # The host tables are only read by the torch attention; keep them in step with the device.

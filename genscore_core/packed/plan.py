@@ -14,6 +14,7 @@ kept (``save``) and loaded into a region after the stream's rows in later batche
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -207,14 +208,15 @@ def build_batch(
     segments = np.stack(
         [q_start, q, q_start, q, prefix_start, np.asarray(prefix_len, dtype=np.int64)], axis=1
     )
-    input_ids = (
-        np.concatenate([np.asarray(t, dtype=np.int32) for t in token_lists])
-        if token_lists
-        else np.empty(0, dtype=np.int32)
-    )
+    if all(isinstance(t, list) for t in token_lists):
+        # Python lists (a whole call's prompts): one pass in C over all of them, straight to int64,
+        # rather than an array per prompt and a concatenation (W4: 21 lists, ~0.2 ms less).
+        input_ids = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64, count=stream)
+    else:
+        input_ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists])
     return PackedBatch(
         # The decoder's index tensors are int64 and travel in one pinned copy (DeviceBatch).
-        input_ids=torch.from_numpy(input_ids.astype(np.int64)),
+        input_ids=torch.from_numpy(input_ids),
         positions=torch.from_numpy(positions),
         segments=segments.reshape(-1, 6),
         kv_len=kv_len,
