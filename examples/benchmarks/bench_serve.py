@@ -11,7 +11,9 @@ the ``genscore serve`` flags ``FLAGS`` and the environment ``ENV`` (``K=V,K=V``)
 after the other, so a before/after is measured in the same call. For each variant and each client
 count of ``--clients`` (default 32, then 1): a warm-up at that count, then a window in which each
 client sends 1 x 20 ``/v1/rerank`` requests back to back (bench_text.py's W5 requests: documents of
-128-512 words). ``--steady-one`` sends every request body twice at one client before the one-client
+128-512 words; ``--client httpx,raw`` measures each window with an ``httpx.AsyncClient`` and
+again with a bare asyncio HTTP/1.1 connection, which tells the client's own time from the
+server's). ``--steady-one`` sends every request body twice at one client before the one-client
 window, so that each shape's CUDA graph is captured (steady state).
 
 Reported per window: pairs/s, p50/p99 latency, requests per engine call, the most engine calls a
@@ -158,18 +160,23 @@ def diff(after: dict[str, Any], before: dict[str, Any], key: str) -> Any:
 
 
 def window(
-    url: str, bodies: list[dict[str, Any]], clients: int, warmup_s: float, measure_s: float
+    url: str,
+    bodies: list[dict[str, Any]],
+    clients: int,
+    warmup_s: float,
+    measure_s: float,
+    client_kind: str = "httpx",
 ) -> dict[str, Any]:
     import httpx
 
     before = httpx.get(f"{url}/stats").json()
     gpu = GpuBusy()
     with gpu:
-        latencies = asyncio.run(client_load(url, bodies, clients, warmup_s, measure_s))
+        latencies = asyncio.run(client_load(url, bodies, clients, warmup_s, measure_s, client_kind))
     after = httpx.get(f"{url}/stats").json()
     latencies.sort()
     if not latencies:
-        return {"clients": clients, "error": "no request finished inside the window"}
+        return {"clients": clients, "client": client_kind, "error": "no request finished inside the window"}
     p50 = latencies[len(latencies) // 2]
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     waited = diff(after, before, "waited_batches") or {}
@@ -178,6 +185,7 @@ def window(
     engine_s = diff(after, before, "engine_seconds")
     return {
         "clients": clients,
+        "client": client_kind,
         "pairs_per_s": 20 * len(latencies) / measure_s,
         "p50_ms": p50 * 1e3,
         "p99_ms": p99 * 1e3,
@@ -220,9 +228,10 @@ def run_variant(
             if clients == 1 and args.steady_one:
                 # Every body twice at one client: each shape a lone request makes is captured.
                 scores_of(url, bodies + bodies)
-            w = window(url, bodies, clients, args.window_warmup, args.seconds)
-            result["windows"].append(w)
-            print(f"  {variant.name} {clients} clients: {summary(w)}", flush=True)
+            for kind in args.client:
+                w = window(url, bodies, clients, args.window_warmup, args.seconds, kind)
+                result["windows"].append(w)
+                print(f"  {variant.name} {clients} clients ({kind}): {summary(w)}", flush=True)
         if variant.name in args.probe and probe_dir is not None:
             result["probe"] = diagnose(proc, url, bodies, args, probe_dir)
     finally:
@@ -395,19 +404,19 @@ def summary(w: dict[str, Any]) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| variant | clients | pairs/s | p50 ms | p99 ms | req/call | waited | in engine | laid out ahead | GPU busy | batches (replayed / captured / eager) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = ["| variant | clients | client | pairs/s | p50 ms | p99 ms | req/call | waited | in engine | laid out ahead | GPU busy | batches (replayed / captured / eager) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in results:
         for w in r["windows"]:
             if "error" in w:
-                lines.append(f"| {r['name']} | {w['clients']} | {w['error']} |")
+                lines.append(f"| {r['name']} | {w['clients']} | {w.get('client', 'httpx')} | {w['error']} |")
                 continue
             f = w.get("forward") or {}
             share = "" if w.get("engine_share") is None else f"{w['engine_share']:.0%}"
             busy = "" if w.get("gpu_busy") is None else f"{w['gpu_busy']:.0%}"
             ahead = "" if w.get("ahead_share") is None else f"{w['ahead_share']:.0%}"
             lines.append(
-                f"| {r['name']} | {w['clients']} | {w['pairs_per_s']:,.0f} | {w['p50_ms']:.1f} | "
+                f"| {r['name']} | {w['clients']} | {w.get('client', 'httpx')} | {w['pairs_per_s']:,.0f} | {w['p50_ms']:.1f} | "
                 f"{w['p99_ms']:.1f} | {w['requests_per_call']:.1f} | {w['waited_max']} | {share} | {ahead} | {busy} | "
                 f"{f.get('graph_replays', '')} / {f.get('graph_captures', '')} / {f.get('eager_batches', '')} |"
             )
@@ -425,6 +434,12 @@ def main() -> None:
     parser.add_argument(
         "--steady-one", action="store_true", help="every body twice before the 1-client window"
     )
+    parser.add_argument(
+        "--client",
+        default="httpx",
+        help="clients measured in turn, each a window of its own: httpx (httpx.AsyncClient) and/or raw "
+        "(bench_text.RawHttp: one keep-alive connection, no client library), e.g. httpx,raw",
+    )
     parser.add_argument("--probe", action="append", default=[], help="variant NAME to diagnose (repeatable)")
     parser.add_argument(
         "--via-probe",
@@ -437,6 +452,7 @@ def main() -> None:
     parser.add_argument("--probe-calls", type=int, default=4, help="engine calls under torch.profiler")
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
+    args.client = args.client.split(",")
     variants = [Variant.parse(v) for v in args.variant] or [Variant("this tree")]
     if args.dry_run:
         args.seconds, args.window_warmup, args.warmup = min(args.seconds, 2.0), 0.5, 1.0

@@ -387,11 +387,48 @@ def start_server(
     raise TimeoutError(f"{name} did not become healthy")
 
 
+class RawHttp:
+    """A minimal HTTP/1.1 client on one keep-alive connection (asyncio streams, JSON bodies): what a
+    request costs a client that does little besides, to tell the server's time from httpx's."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.host, self.port = host, int(port)
+
+    async def __aenter__(self) -> RawHttp:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.writer.close()
+
+    async def post_json(self, path: str, body: Any) -> Any:
+        data = json.dumps(body).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + data)
+        await self.writer.drain()
+        status, *headers = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        length = next(int(h.split(":", 1)[1]) for h in headers if h.lower().startswith("content-length:"))
+        answer = await self.reader.readexactly(length)
+        if status.split()[1] != "200":
+            raise RuntimeError(f"{status}: {answer[:200]!r}")
+        return json.loads(answer)
+
+
 async def client_load(
-    url: str, bodies: list[dict[str, Any]], clients: int, warmup_s: float, measure_s: float
+    url: str,
+    bodies: list[dict[str, Any]],
+    clients: int,
+    warmup_s: float,
+    measure_s: float,
+    client_kind: str = "httpx",
 ) -> list[float]:
     """``clients`` concurrent clients, each sending requests back to back; latencies (s) of the
-    requests sent and answered inside the measuring window."""
+    requests sent and answered inside the measuring window. ``client_kind="raw"``: each client is a
+    :class:`RawHttp` connection instead of an ``httpx.AsyncClient``."""
     import httpx
 
     loop = asyncio.get_running_loop()
@@ -400,6 +437,18 @@ async def client_load(
     latencies: list[float] = []
 
     async def one(index: int) -> None:
+        if client_kind == "raw":
+            async with RawHttp(url) as raw:
+                k = index
+                while loop.time() < window[1]:
+                    body = bodies[k % len(bodies)]
+                    k += clients
+                    start = loop.time()
+                    await raw.post_json("/v1/rerank", body)
+                    end = loop.time()
+                    if start >= window[0] and end <= window[1]:
+                        latencies.append(end - start)
+            return
         limits = httpx.Limits(max_connections=1)
         async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as client:
             k = index
