@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from genscore_core.errors import PromptTooLongError
 from genscore_core.protocol import GenerativeScoringRequest
 from genscore_core.templates import PromptTemplate, RenderedBody
+from genscore_core.token_pieces import PIECE_CHARS, joined, pieces_of, splits_exactly
 from genscore_core.truncation import (
     cut_to_token_budget,
     drop_tail_of_range,
@@ -260,7 +261,7 @@ class TemplatePromptBuilder:
         tokenization = self.tokenization
         if type(tokenization) is not WholeBody or tokenization.always_caps_query:
             return tokenization.encode(bodies)
-        all_ids = token_ids(self.tokenizer, [body.text for body in bodies], tokenization._lock)
+        all_ids = token_ids_in_pieces(self.tokenizer, [body.text for body in bodies], tokenization._lock)
         room = self.body_budget - len(self.bos_ids)
         over = [i for i, ids in enumerate(all_ids) if len(ids) > room]
         results: list[tuple[list[int], Offsets]] = [(ids, []) for ids in all_ids]
@@ -325,6 +326,18 @@ def token_ids(tokenizer: Any, texts: list[str], lock: threading.Lock) -> list[li
             return [encoding.ids for encoding in fast(texts, add_special_tokens=False)]
         ids: list[list[int]] = tokenizer(texts, add_special_tokens=False)["input_ids"]
         return ids
+
+
+def token_ids_in_pieces(
+    tokenizer: Any, texts: list[str], lock: threading.Lock, piece_chars: int = PIECE_CHARS
+) -> list[list[int]]:
+    """:func:`token_ids` of each text, long texts tokenized as pieces of about ``piece_chars``
+    characters where the tokenizer gives the same ids that way (:mod:`genscore_core.token_pieces`),
+    so that the tokenizer's threads share a small call evenly."""
+    if not splits_exactly(tokenizer) or all(len(text) <= piece_chars for text in texts):
+        return token_ids(tokenizer, texts, lock)
+    pieces, counts = pieces_of(texts, piece_chars)
+    return joined(token_ids(tokenizer, pieces, lock), counts)
 
 
 def build_raw_prompts(
