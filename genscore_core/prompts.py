@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from genscore_core.errors import PromptTooLongError
 from genscore_core.protocol import GenerativeScoringRequest
 from genscore_core.templates import PromptTemplate, RenderedBody
-from genscore_core.token_pieces import PIECE_CHARS, joined, pieces_of, splits_exactly
+from genscore_core.token_pieces import PIECE_CHARS, joined, pieces_of, splits_exactly, worth_cutting
 from genscore_core.truncation import (
     cut_to_token_budget,
     drop_tail_of_range,
@@ -331,10 +331,10 @@ def token_ids(tokenizer: Any, texts: list[str], lock: threading.Lock) -> list[li
 def token_ids_in_pieces(
     tokenizer: Any, texts: list[str], lock: threading.Lock, piece_chars: int = PIECE_CHARS
 ) -> list[list[int]]:
-    """:func:`token_ids` of each text, long texts tokenized as pieces of about ``piece_chars``
-    characters where the tokenizer gives the same ids that way (:mod:`genscore_core.token_pieces`),
-    so that the tokenizer's threads share a small call evenly."""
-    if not splits_exactly(tokenizer) or all(len(text) <= piece_chars for text in texts):
+    """:func:`token_ids` of each text; in a small call (:func:`~genscore_core.token_pieces.worth_cutting`),
+    long texts tokenized as pieces of about ``piece_chars`` characters where the tokenizer gives the
+    same ids that way (:mod:`genscore_core.token_pieces`), so that its threads share the call evenly."""
+    if not worth_cutting(texts, piece_chars) or not splits_exactly(tokenizer):
         return token_ids(tokenizer, texts, lock)
     pieces, counts = pieces_of(texts, piece_chars)
     return joined(token_ids(tokenizer, pieces, lock), counts)

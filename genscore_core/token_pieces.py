@@ -38,6 +38,13 @@ PIECE_CHARS = 1024
 """Characters of a piece (about 170 English tokens): small enough that a 20-document call makes
 several pieces per thread, large enough that each piece is mostly tokenizing, not overhead."""
 
+MAX_TEXTS = 24
+"""Only calls of at most this many texts are cut: with not many more texts than a 16-core host has
+threads, one thread per text leaves the call waiting for its longest texts. Measured on an H200 host's 16 cores
+(docs/benchmarks.md, "Small calls"): W4's 20 bodies 3.71 -> 2.96 ms back to back (3.77 -> 3.47 ms
+after the threads idled 13 ms), the first 10 of W1's 2.9 -> 1.9 ms; but W1's 256 bodies in one
+call 31.2 -> 38.3 ms (each piece's encoding object and ids cost more than the balance gains)."""
+
 SPLIT_PATTERNS = frozenset(
     {
         # Qwen2 / Qwen2.5 / Qwen3
@@ -132,6 +139,12 @@ def cut_points(text: str, piece_chars: int = PIECE_CHARS) -> list[int]:
         cuts.append(at)
         start = at
     return cuts
+
+
+def worth_cutting(texts: Sequence[str], piece_chars: int = PIECE_CHARS) -> bool:
+    """Whether a batch call on ``texts`` is one to cut: at most :data:`MAX_TEXTS` texts, one of
+    them longer than a piece."""
+    return len(texts) <= MAX_TEXTS and any(len(text) > piece_chars for text in texts)
 
 
 def pieces_of(texts: Sequence[str], piece_chars: int = PIECE_CHARS) -> tuple[list[str], list[int]]:

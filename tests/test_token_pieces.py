@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from genscore_core.prompts import token_ids, token_ids_in_pieces
 from genscore_core.testing.tiny_model import qwen3_tokenizer_dir
-from genscore_core.token_pieces import cut_points, joined, pieces_of, splits_exactly
+from genscore_core.token_pieces import MAX_TEXTS, cut_points, joined, pieces_of, splits_exactly, worth_cutting
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,11 @@ def test_pieces_give_the_ids_of_the_whole_text(qwen3: Any, piece_chars: int) -> 
     lock = threading.Lock()
     texts = [*_texts(piece_chars), "", "a", "no-spaces-at-all" * 50, " leading space", "trailing space "]
     whole = token_ids(qwen3, texts, lock)
+    for start in range(0, len(texts), MAX_TEXTS):  # calls small enough to be cut
+        batch = texts[start : start + MAX_TEXTS]
+        assert worth_cutting(batch, piece_chars) == any(len(t) > piece_chars for t in batch)
+        assert token_ids_in_pieces(qwen3, batch, lock, piece_chars) == whole[start : start + MAX_TEXTS]
+    assert not worth_cutting(texts, piece_chars), "a call of more texts is left whole"
     assert token_ids_in_pieces(qwen3, texts, lock, piece_chars) == whole
     # And each cut is where the module says it may be: a space between two ASCII letters.
     for text in texts:
