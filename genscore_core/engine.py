@@ -37,6 +37,7 @@ from genscore_core.templates import ScoreMode
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "LaunchedCall",
     "PreparedJobs",
     "ScoringEngine",
     "ScoringJob",
@@ -329,11 +330,43 @@ class ScoringEngine(ScoringBackend):
         ``on_launched`` is called once every kernel of the call is queued, before the host waits
         for the device: from then on the host is free until the scores are back.
         """
+        launched = self.launch_prepared(prepared, on_progress)
+        if on_launched is not None:
+            on_launched()
+        return self.collect_launched(launched, on_progress)
+
+    def launch_prepared(
+        self, prepared: PreparedJobs, on_progress: ProgressCallback | None = None
+    ) -> LaunchedCall:
+        """The first half of :meth:`score_prepared`: queue the call's work on the device and return.
+
+        Under the engine's lock: every kernel of the forward and the head, then one device-to-host
+        copy of all the call's scores into page-locked memory (``non_blocking``) and a CUDA event
+        behind it. Nothing waits for the device, so the caller's thread can launch the next call
+        right away, behind this one on the same stream, while another thread waits for this one's
+        scores (:meth:`collect_launched`): the device goes from one call to the next without idling.
+
+        Memory: the call's activations (hidden states, the batches' device buffers) are released to
+        the caching allocator when this returns, before the device has run them. That is safe on one
+        stream: the allocator hands a released block only to work queued later on the same stream,
+        which the device runs after the kernels that still read it. What the call keeps is the
+        page-locked scores (the copy's destination, alive in the returned call until collected).
+        On the CPU the forward has run by the time this returns and the "event" is None.
+        """
         with self._lock:
             launched = self._launch_grouped(prepared, on_progress)
-            if on_launched is not None:
-                on_launched()
-            return self._collect(launched, on_progress)
+            return LaunchedCall.queue(launched)
+
+    def collect_launched(
+        self, call: LaunchedCall, on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
+        """The second half of :meth:`score_prepared`: wait for the call's scores, check them on the
+        host and map them to the jobs (duplicates included). Takes no lock: it touches only the
+        call's page-locked copy, so it may run on another thread while the next call launches.
+        Raises :class:`~genscore_core.errors.ScoreRangeError` for a bad score, as scoring does."""
+        if call.event is not None:
+            call.event.synchronize()  # releases the interpreter lock while it waits
+        return self._scores_of(call.jobs, call.rows, call.host, on_progress)
 
     def score_in_parts(
         self, parts: Iterable[Sequence[ScoringJob]], on_progress: ProgressCallback | None = None
@@ -383,19 +416,31 @@ class ScoringEngine(ScoringBackend):
     def _collect(self, launched: _Launched, on_progress: ProgressCallback | None) -> list[list[float]]:
         """The scores of launched jobs (waits for the device once: every job's scores come back in
         one copy and are checked on the host; two waits a job cost a loaded server ~5 ms a call)."""
-        scores: dict[int, list[float]] = {}
+        host = None
         if launched.scores:
             host = torch.cat([job_scores for _, job_scores, _, _ in launched.scores]).cpu()
+        return self._scores_of(launched.jobs, _rows_of(launched), host, on_progress)
+
+    @staticmethod
+    def _scores_of(
+        jobs: Sequence[ScoringJob],
+        rows: list[_JobRows],
+        host: torch.Tensor | None,
+        on_progress: ProgressCallback | None,
+    ) -> list[list[float]]:
+        """Each job's scores from ``host``, the scores of ``rows``' jobs concatenated on the host."""
+        scores: dict[int, list[float]] = {}
+        if rows and host is not None:
             offset = 0
-            for job, job_scores, where, distinct in launched.scores:
-                values_of_job = host[offset : offset + job_scores.shape[0]]
-                offset += job_scores.shape[0]
+            for job, count, where, distinct in rows:
+                values_of_job = host[offset : offset + count]
+                offset += count
                 check_scores(values_of_job, job.mode)
                 values = values_of_job.double().tolist()
                 scores[id(job)] = [values[i] for i in where]
                 if on_progress is not None and distinct < len(job.prompts):
                     on_progress(len(job.prompts) - distinct)
-        return [scores.get(id(job), []) for job in launched.jobs]
+        return [scores.get(id(job), []) for job in jobs]
 
     @classmethod
     def for_model(cls, model: Any, config: ScorerConfig, *, pad_token_id: int) -> ScoringEngine:
@@ -430,6 +475,45 @@ class _Launched:
 
     jobs: Sequence[ScoringJob]
     scores: list[tuple[ScoringJob, torch.Tensor, list[int], int]] = field(default_factory=list)
+
+
+_JobRows = tuple[ScoringJob, int, list[int], int]
+"""A launched job's place in its call's scores: (job, its rows, where each prompt's copy is, distinct
+prompts)."""
+
+
+@dataclass
+class LaunchedCall:
+    """A call whose work is queued on the device (:meth:`ScoringEngine.launch_prepared`); its
+    scores are on their way to ``host``, complete once ``event`` has passed."""
+
+    jobs: Sequence[ScoringJob]
+    rows: list[_JobRows]
+    """The jobs with prompts, in the order of their scores in ``host``."""
+    host: torch.Tensor | None
+    """Every job's scores, concatenated; page-locked on a GPU. None when no job had prompts."""
+    event: Any = None
+    """The CUDA event recorded behind the copy; None on the CPU (the copy is done)."""
+
+    @classmethod
+    def queue(cls, launched: _Launched) -> LaunchedCall:
+        """Queue the copy of ``launched``'s scores to the host and the event behind it; the device
+        tensors are dropped (only the copy reads them, queued before anything that reuses them)."""
+        rows = _rows_of(launched)
+        if not launched.scores:
+            return cls(launched.jobs, rows, None)
+        device = torch.cat([job_scores for _, job_scores, _, _ in launched.scores])
+        if device.device.type != "cuda":
+            return cls(launched.jobs, rows, device.cpu())
+        host = torch.empty(device.shape, dtype=device.dtype, pin_memory=True)
+        host.copy_(device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device.device))
+        return cls(launched.jobs, rows, host, event)
+
+
+def _rows_of(launched: _Launched) -> list[_JobRows]:
+    return [(job, int(scores.shape[0]), where, distinct) for job, scores, where, distinct in launched.scores]
 
 
 def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], list[int]]:

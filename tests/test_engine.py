@@ -314,6 +314,40 @@ def test_a_call_laid_out_ahead_scores_as_score_jobs(tiny_model_dir: Path, scorer
     assert inline == expected
 
 
+def test_calls_launched_back_to_back_collect_the_scores_of_score_jobs(
+    tiny_model_dir: Path, scorer: GenerativeScorer
+) -> None:
+    """launch_prepared twice before any collect_launched (the server's pipeline): each call gets
+    the scores score_jobs gives it; a call whose collect fails (a bad score) does not touch the next."""
+    from genscore_core.engine import ScoringEngine, ScoringJob
+    from genscore_core.scoring import ScoreRangeError
+
+    engine = GenerativeScorer.from_model(
+        scorer.model, scorer.tokenizer, model=str(tiny_model_dir), max_length=512, max_batch_tokens=200
+    ).backend
+    first = [scorer.prepare_pairs([(q, d) for d in DOCS + DOCS[:2]]).jobs[0] for q in ("capital", "food")]
+    second = [scorer.prepare_pairs([("tower", d) for d in DOCS[2:]]).jobs[0]]
+    second.append(ScoringJob([], second[0].label_ids))
+    expected = [engine.score_jobs(first), engine.score_jobs(second)]
+    calls = [engine.launch_prepared(engine.prepare_jobs(jobs)) for jobs in (first, second)]
+    assert [engine.collect_launched(call) for call in calls] == expected
+    assert all(call.event is None for call in calls)  # on the CPU the copy is done at launch
+
+    class NanHead:
+        """The model's head, with NaN for every prompt of label ids [3, 4]."""
+
+        def scores(self, rows: torch.Tensor, label_ids: list[int], mode: Any = None) -> torch.Tensor:
+            out = engine.head.scores(rows, label_ids, mode)
+            return torch.full_like(out, float("nan")) if label_ids == [3, 4] else out
+
+    nan_engine = ScoringEngine(scorer.model, engine.forward, NanHead())  # type: ignore[arg-type]
+    bad = [first[0], ScoringJob([[5, 6, 1], [5, 6, 3]], [3, 4])]
+    calls = [nan_engine.launch_prepared(nan_engine.prepare_jobs(jobs)) for jobs in (bad, second)]
+    with pytest.raises(ScoreRangeError, match="prompt 0 scored nan"):
+        nan_engine.collect_launched(calls[0])
+    assert nan_engine.collect_launched(calls[1]) == expected[1]
+
+
 def test_distinct_prompts_matches_a_plain_dictionary() -> None:
     rng = random.Random(5)
     for _ in range(200):

@@ -52,6 +52,7 @@ class ProbedEngine(ScoringBackend):
         self.profile_state = "idle"
         self._profiler: Any = None
         self._profiled = 0
+        self._launches: dict[int, tuple[float, bool]] = {}
 
     def score_jobs(
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
@@ -75,12 +76,31 @@ class ProbedEngine(ScoringBackend):
             ahead=prepared.batches is not None,
         )
 
+    # ... and launches each on the engine's thread, collecting it on another: a call is recorded
+    # from its launch to its scores (calls overlap); the profiler starts at a call's collect.
+    def launch_prepared(self, prepared: Any, on_progress: ProgressCallback | None = None) -> Any:
+        started = time.perf_counter()
+        call = self.engine.launch_prepared(prepared, on_progress)
+        self._launches[id(call)] = (started, prepared.batches is not None)
+        return call
+
+    def collect_launched(self, call: Any, on_progress: ProgressCallback | None = None) -> list[list[float]]:
+        started, ahead = self._launches.pop(id(call), (time.perf_counter(), False))
+        return self._timed(
+            call.jobs, lambda: self.engine.collect_launched(call, on_progress), ahead=ahead, started=started
+        )
+
     def _timed(
-        self, jobs: Sequence[ScoringJob], run: Callable[[], list[list[float]]], ahead: bool = False
+        self,
+        jobs: Sequence[ScoringJob],
+        run: Callable[[], list[list[float]]],
+        ahead: bool = False,
+        started: float | None = None,
     ) -> list[list[float]]:
         if self._profiler is None and self.profile_calls > 0:
             self._start_profile()
-        started = time.perf_counter()
+        if started is None:
+            started = time.perf_counter()
         if self._profiler is not None:
             with torch.profiler.record_function(f"probe.call {len(self.calls)}"):
                 scores = run()

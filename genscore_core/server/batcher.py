@@ -26,6 +26,16 @@ batch's host buffer) while the GPU finishes; it queues that call on the engine's
 the running one, so the GPU waits neither for the layout nor for a round trip through the event loop
 between calls (docs/benchmarks.md, "Where a loaded server's GPU time goes").
 
+Pipelined: the engine's thread only *launches* a call (its kernels, the copy of its scores to the
+host, an event behind them: :meth:`~genscore_core.engine.ScoringEngine.launch_prepared`); a third
+thread waits for the scores, checks them and hands them to the event loop
+(:meth:`~genscore_core.engine.ScoringEngine.collect_launched`). So the call laid out ahead is
+launched behind the running one on the device's stream while that one still runs, and the device
+goes from one call to the next without waiting for the host. Calls are collected one at a time in
+the order they were launched, and answered in that order. At most one call is queued behind the
+running one, as before: the call after it is taken once the running call is answered and the one
+behind it has launched.
+
 A job's scores do not depend on what it is batched with, beyond float32 rounding (observed
 differences are below 1e-6).
 """
@@ -42,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
-from genscore_core.engine import ScoringEngine
+from genscore_core.engine import LaunchedCall, ScoringEngine
 from genscore_core.errors import InvalidRequestError, ServerBusyError
 
 logger = logging.getLogger(__name__)
@@ -63,12 +73,10 @@ class PrepareAhead(Protocol):
 
     def prepare_jobs(self, jobs: Sequence[ScoringJob], *, lay_out: bool = True) -> Any: ...
 
-    def score_prepared(
-        self,
-        prepared: Any,
-        on_progress: ProgressCallback | None = None,
-        *,
-        on_launched: Callable[[], None] | None = None,
+    def launch_prepared(self, prepared: Any, on_progress: ProgressCallback | None = None) -> Any: ...
+
+    def collect_launched(
+        self, call: Any, on_progress: ProgressCallback | None = None
     ) -> list[list[float]]: ...
 
 
@@ -102,8 +110,9 @@ class BatchStats:
     """Number of jobs per number of engine calls that ran while the job was queued (the one running
     when it arrived included)."""
     engine_seconds: float = 0.0
-    """Wall time spent inside engine calls. The rest of the time the worker waited for requests or
-    passed results and the next call between the event loop and its thread."""
+    """Wall time spent inside engine calls (from a call's launch to its scores on the host; calls
+    that overlap count once). The rest of the time the worker waited for requests or passed results
+    and the next call between the event loop and its threads."""
     prepared_ahead: int = 0
     """Engine calls laid out on the host while the call before them ran."""
 
@@ -160,6 +169,9 @@ class RequestBatcher(ScoringBackend):
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._preparer: ThreadPoolExecutor | None = None
+        self._collector: ThreadPoolExecutor | None = None
+        self._busy_until = 0.0
+        """When the last collected call's scores were on the host (engine_seconds counts overlap once)."""
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -185,6 +197,8 @@ class RequestBatcher(ScoringBackend):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="genscore-forward")
         # Its thread starts with the first call laid out ahead.
         self._preparer = ThreadPoolExecutor(1, thread_name_prefix="genscore-prepare")
+        # One thread: calls are collected in launch order.
+        self._collector = ThreadPoolExecutor(1, thread_name_prefix="genscore-collect")
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._work(), name="genscore-batcher")
 
@@ -202,10 +216,10 @@ class RequestBatcher(ScoringBackend):
             if not entry.future.done():
                 entry.future.set_exception(ServerBusyError("the server is shutting down"))
         self._pending_tokens = 0
-        for executor in (self._executor, self._preparer):
+        for executor in (self._executor, self._preparer, self._collector):
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
-        self._executor = self._preparer = None
+        self._executor = self._preparer = self._collector = None
 
     # -- the backend contract -------------------------------------------------------------------------
 
@@ -295,7 +309,10 @@ class RequestBatcher(ScoringBackend):
                     batch = self._take(running=1)
                     if batch:
                         calls.append(self._submit(batch, ahead=True))
-            outcomes = await call.outcome
+            try:
+                outcomes = await call.outcome
+            except Exception as error:  # the call never reached the engine (the server is stopping)
+                outcomes = [error] * len(call.batch)
             calls.popleft()
             self._record(call.batch, outcomes)
             for entry, outcome in zip(call.batch, outcomes):
@@ -308,15 +325,11 @@ class RequestBatcher(ScoringBackend):
 
     def _submit(self, batch: list[_Entry], *, ahead: bool) -> _Call:
         """Queue a call on the engine's thread (behind the running one, if any); ``ahead``: lay it
-        out on the preparing thread meanwhile."""
+        out on the preparing thread meanwhile. A local engine's call is launched there and collected
+        on the collecting thread (:meth:`_launch_call`); another backend's runs whole there."""
         loop = asyncio.get_running_loop()
         launched = asyncio.Event()
         jobs = [e.job for e in batch]
-        prepared: Future[Any] | None = None
-        backend = self._ahead
-        if ahead and backend is not None and self._preparer is not None:
-            prepared = self._preparer.submit(backend.prepare_jobs, jobs)
-            self.stats.prepared_ahead += 1
 
         def on_launched() -> None:
             try:
@@ -324,8 +337,98 @@ class RequestBatcher(ScoringBackend):
             except RuntimeError:  # the loop closed: the server is gone
                 pass
 
-        outcome = loop.run_in_executor(self._executor, self._score_isolated, jobs, prepared, on_launched)
-        return _Call(batch, outcome, launched)
+        backend = self._ahead
+        if backend is None:
+            outcome = loop.run_in_executor(self._executor, self._score_isolated, jobs, on_launched)
+            return _Call(batch, outcome, launched)
+        prepared: Future[Any] | None = None
+        if ahead and self._preparer is not None:
+            prepared = self._preparer.submit(backend.prepare_jobs, jobs)
+            self.stats.prepared_ahead += 1
+        result: asyncio.Future[list[list[float] | Exception]] = loop.create_future()
+
+        def settle(done: Future[Any]) -> None:  # any thread: the outcome goes to the event loop
+            try:
+                loop.call_soon_threadsafe(_settle, result, done)
+            except RuntimeError:  # the loop closed: the server is gone
+                pass
+
+        def on_queued(launching: Future[Any]) -> None:
+            # The engine's thread returned the collecting thread's future, or failed to queue it.
+            if launching.cancelled() or launching.exception() is not None:
+                settle(launching)
+            else:
+                launching.result().add_done_callback(settle)
+
+        assert self._executor is not None
+        self._executor.submit(self._launch_call, jobs, prepared, on_launched).add_done_callback(on_queued)
+        return _Call(batch, result, launched)
+
+    def _launch_call(
+        self, jobs: list[ScoringJob], prepared: Future[Any] | None, on_launched: Callable[[], None]
+    ) -> Future[list[list[float] | Exception]]:
+        """On the engine's thread: queue the call's work on the device and hand its collection to
+        the collecting thread, so this thread is free to launch the next call at once. A launch
+        that fails is answered there too, one job at a time, in its turn."""
+        started = time.perf_counter()
+        call: LaunchedCall | Exception
+        try:
+            call = self._launch(jobs, prepared)
+        except Exception as error:
+            call = error.with_traceback(None)  # its frames would hold the call's activations
+        finally:
+            on_launched()
+        collector = self._collector
+        if collector is None:
+            raise ServerBusyError("the server is shutting down")
+        return collector.submit(self._collect_isolated, jobs, call, started)
+
+    def _launch(self, jobs: list[ScoringJob], prepared: Future[Any] | None) -> Any:
+        ahead = self._ahead
+        assert ahead is not None
+        layout = None
+        if prepared is not None:
+            try:
+                layout = prepared.result()
+            except Exception as error:  # laid out again below, where an error reaches the caller
+                logger.warning("laying out a call ahead failed (%s); laying it out again", error)
+        if layout is None:
+            # Nothing laid out ahead: the forward lays each batch out while the one before runs.
+            layout = ahead.prepare_jobs(jobs, lay_out=False)
+        return ahead.launch_prepared(layout)
+
+    def _collect_isolated(
+        self, jobs: list[ScoringJob], call: LaunchedCall | Exception, started: float
+    ) -> list[list[float] | Exception]:
+        """On the collecting thread: the launched call's scores; if it failed (launching, or a bad
+        score), the jobs again one by one (launched and collected here), so one bad job fails alone."""
+        ahead = self._ahead
+        assert ahead is not None
+        try:
+            if isinstance(call, Exception):
+                raise call
+            return list(ahead.collect_launched(call))
+        except Exception as error:
+            if len(jobs) == 1:
+                return [error]
+            logger.warning("a batch of %d jobs failed (%s); scoring them one by one", len(jobs), error)
+        finally:
+            self._count_engine_time(started)
+        outcomes: list[list[float] | Exception] = []
+        for job in jobs:
+            try:
+                one = ahead.launch_prepared(ahead.prepare_jobs([job], lay_out=False))
+                outcomes.append(ahead.collect_launched(one)[0])
+            except Exception as error:
+                outcomes.append(error)
+        return outcomes
+
+    def _count_engine_time(self, started: float) -> None:
+        """Add a collected call's time since its launch began, less what the call collected before
+        it already counted (the two overlap while this one launches behind it)."""
+        ended = time.perf_counter()
+        self.stats.engine_seconds += max(0.0, ended - max(started, self._busy_until))
+        self._busy_until = ended
 
     async def _next_batch(self) -> list[_Entry]:
         assert self._wakeup is not None
@@ -370,16 +473,13 @@ class RequestBatcher(ScoringBackend):
         return self._preparing is None or self._preparing()
 
     def _score_isolated(
-        self,
-        jobs: list[ScoringJob],
-        prepared: Future[Any] | None = None,
-        on_launched: Callable[[], None] | None = None,
+        self, jobs: list[ScoringJob], on_launched: Callable[[], None] | None = None
     ) -> list[list[float] | Exception]:
-        """Score the jobs together; if that fails, again one by one, so one bad job fails alone.
-        ``on_launched`` is called once the call's GPU work is queued (or the call is over)."""
+        """Score the jobs together (a backend that does not launch ahead); if that fails, again one
+        by one, so one bad job fails alone. ``on_launched`` is called once the call is over."""
         started = time.perf_counter()
         try:
-            return list(self._score(jobs, prepared, on_launched))
+            return list(self._score(jobs))
         except Exception as error:
             if len(jobs) == 1:
                 return [error]
@@ -387,7 +487,7 @@ class RequestBatcher(ScoringBackend):
         finally:
             self.stats.engine_seconds += time.perf_counter() - started
             if on_launched is not None:
-                on_launched()  # a second time is harmless: the event is set once
+                on_launched()
         outcomes: list[list[float] | Exception] = []
         for job in jobs:
             try:
@@ -396,28 +496,11 @@ class RequestBatcher(ScoringBackend):
                 outcomes.append(error)
         return outcomes
 
-    def _score(
-        self,
-        jobs: list[ScoringJob],
-        prepared: Future[Any] | None = None,
-        on_launched: Callable[[], None] | None = None,
-    ) -> list[list[float]]:
+    def _score(self, jobs: list[ScoringJob]) -> list[list[float]]:
         backend = self.backend
         if self.batch_tokens and len(jobs) > 1 and isinstance(backend, ScoringEngine):
             return backend.score_jobs_in_batches(jobs, self.batch_tokens)
-        ahead = self._ahead
-        if ahead is None:
-            return backend.score_jobs(jobs)
-        layout = None
-        if prepared is not None:
-            try:
-                layout = prepared.result()
-            except Exception as error:  # laid out again below, where an error reaches the caller
-                logger.warning("laying out a call ahead failed (%s); laying it out again", error)
-        if layout is None:
-            # Nothing laid out ahead: the forward lays each batch out while the one before runs.
-            layout = ahead.prepare_jobs(jobs, lay_out=False)
-        return ahead.score_prepared(layout, on_launched=on_launched)
+        return backend.score_jobs(jobs)
 
     def _record(self, batch: list[_Entry], outcomes: list[list[float] | Exception]) -> None:
         stats = self.stats
@@ -432,3 +515,15 @@ class RequestBatcher(ScoringBackend):
             # stats.batches already counts this call: the calls before it that the job saw run.
             waited = stats.batches - 1 - entry.batches_done
             stats.waited_batches[waited] = stats.waited_batches.get(waited, 0) + 1
+
+
+def _settle(outcome: asyncio.Future[Any], done: Future[Any]) -> None:
+    """On the event loop: ``outcome`` takes what the thread's future ``done`` ended with."""
+    if outcome.done():
+        return
+    if done.cancelled():  # its executor was shut down: the server is stopping
+        outcome.set_exception(ServerBusyError("the server is shutting down"))
+    elif (error := done.exception()) is not None:
+        outcome.set_exception(error)
+    else:
+        outcome.set_result(done.result())

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import httpx
 import pytest
 
 from genscore_core import GenerativeScorer
 from genscore_core.engine import ScoringJob
+from genscore_core.errors import ServerBusyError
 from genscore_core.forward import ProgressCallback
 from genscore_core.server import RequestBatcher, ServerLimits, create_app
 
@@ -158,13 +159,15 @@ async def test_company_is_awaited_only_while_requests_are_being_tokenized() -> N
 
 
 class SteppedAheadBackend(SteppedBackend):
-    """:class:`SteppedBackend` that can lay calls out ahead (the protocol of a local engine): each
-    call says it has launched its work at :meth:`launch` and finishes at :meth:`step`; calls laid
-    out ahead are noted with the thread that laid them out."""
+    """:class:`SteppedBackend` that can lay calls out ahead and launch them before collecting (the
+    protocol of a local engine): a call launches at :meth:`launch` and its scores are collected at
+    :meth:`step`; calls laid out ahead are noted with the thread that laid them out, launches in
+    their order."""
 
     def __init__(self) -> None:
         super().__init__()
         self.laid_out: list[tuple[list[int], str]] = []
+        self.launched: list[list[int]] = []
         self._launch = threading.Semaphore(0)
 
     def prepare_jobs(self, jobs: Sequence[ScoringJob], *, lay_out: bool = True) -> list[ScoringJob]:
@@ -172,24 +175,31 @@ class SteppedAheadBackend(SteppedBackend):
             self.laid_out.append(([j.prompts[0][0] for j in jobs], threading.current_thread().name))
         return list(jobs)
 
-    def score_prepared(
-        self,
-        prepared: list[ScoringJob],
-        on_progress: ProgressCallback | None = None,
-        *,
-        on_launched: Callable[[], None] | None = None,
-    ) -> list[list[float]]:
+    def launch_prepared(
+        self, prepared: list[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[ScoringJob]:
         self.entered.release()
         assert self._launch.acquire(timeout=30), "the test never let this call launch"
-        if on_launched is not None:
-            on_launched()
+        self.launched.append([job.prompts[0][0] for job in prepared])
+        return prepared
+
+    def collect_launched(
+        self, call: list[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
         assert self._go.acquire(timeout=30), "the test never let this call finish"
-        self.calls.append([job.prompts[0][0] for job in prepared])
-        self.tokens.append(sum(len(p) for job in prepared for p in job.prompts))
-        return [[float(prompt[0]) for prompt in job.prompts] for job in prepared]
+        self.calls.append([job.prompts[0][0] for job in call])
+        self.tokens.append(sum(len(p) for job in call for p in job.prompts))
+        return [[float(prompt[0]) for prompt in job.prompts] for job in call]
 
     def launch(self) -> None:
         self._launch.release()
+
+    async def launched_calls(self, count: int) -> None:
+        for _ in range(3000):
+            if len(self.launched) >= count:
+                return
+            await asyncio.sleep(0.01)
+        pytest.fail(f"{count} calls were never launched: {self.launched}")
 
     async def laid_out_calls(self, count: int) -> None:
         for _ in range(3000):
@@ -284,6 +294,116 @@ async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
         await batcher.stop()
     assert results == [[1.0], [2.0]]
     assert backend.calls == [[1], [2]]
+
+
+async def test_the_next_call_launches_before_the_running_one_is_collected() -> None:
+    backend = SteppedAheadBackend()
+    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
+    batcher.start()
+    try:
+        tasks = await queue(batcher, [job(1)])
+        await backend.running()
+        tasks += await queue(batcher, [job(2), job(3), job(4), job(5)])
+        backend.launch()
+        await backend.running()  # call 2 is launching while call 1's scores are not collected
+        backend.launch()
+        await backend.launched_calls(2)
+        assert backend.launched == [[1], [2, 3]] and backend.calls == []
+        # The call after is taken only once call 1 is answered: one call queued behind the running one.
+        await asyncio.sleep(0.05)
+        assert [tags for tags, _ in backend.laid_out] == [[2, 3]]
+        assert not any(t.done() for t in tasks)
+        backend.step()
+        await asyncio.wait_for(tasks[0], 30)
+        assert not any(t.done() for t in tasks[1:])  # call 2's scores are not collected yet
+        await backend.running()
+        backend.launch()  # call 3 ([4, 5]) launches behind call 2, still uncollected
+        await backend.launched_calls(3)
+        assert backend.calls == [[1]]
+        backend.step()
+        await asyncio.wait_for(asyncio.gather(*tasks[1:3]), 30)
+        assert not any(t.done() for t in tasks[3:])
+        backend.step()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    finally:
+        await batcher.stop()
+    assert results == [[float(tag)] for tag in range(1, 6)]
+    assert backend.launched == backend.calls == [[1], [2, 3], [4, 5]]
+    assert batcher.stats.waited_batches == {0: 1, 1: 2, 2: 2}
+
+
+class FailingCollect(SteppedAheadBackend):
+    """Collecting a call that holds tag 13 fails (a bad score); so does launching one with tag 66."""
+
+    def launch_prepared(
+        self, prepared: list[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[ScoringJob]:
+        call = super().launch_prepared(prepared, on_progress)
+        if any(job.prompts[0][0] == 66 for job in call):
+            raise RuntimeError("launch failed")
+        return call
+
+    def collect_launched(
+        self, call: list[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
+        if any(job.prompts[0][0] == 13 for job in call):
+            assert self._go.acquire(timeout=30)
+            raise ValueError("prompt 0 scored nan")
+        return super().collect_launched(call, on_progress)
+
+
+async def test_a_failing_call_is_answered_job_by_job_and_the_next_call_is_not_broken() -> None:
+    backend = FailingCollect()
+    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=100)
+    batcher.start()
+    try:
+        tasks = await queue(batcher, [job(1)])
+        await backend.running()
+        tasks += await queue(batcher, [job(2), job(13), job(4), job(66), job(6)])
+        backend.launch()
+        await backend.running()
+        backend.launch()  # call 2 ([2, 13]) launched, its collect to fail
+        backend.step()
+        await asyncio.wait_for(tasks[0], 30)
+        await backend.running()
+        backend.launch()  # call 3 ([4, 66]) fails to launch, behind call 2's collect
+        await backend.launched_calls(3)
+        for _ in range(20):  # enough for the retries and the last call
+            backend.launch()
+            backend.step()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    finally:
+        await batcher.stop()
+    assert results[:3] == [[1.0], [2.0], results[2]] and isinstance(results[2], ValueError)
+    assert results[3] == [4.0] and isinstance(results[4], RuntimeError) and results[5] == [6.0]
+    assert backend.launched[:3] == [[1], [2, 13], [4, 66]]
+    # The failed calls again one job at a time on the collecting thread, in order; call 4 ([6])
+    # launched on the engine's thread meanwhile.
+    assert [c for c in backend.launched[3:] if c != [6]] == [[2], [13], [4], [66]]
+    assert len(backend.launched) == 8
+    assert backend.calls == [[1], [2], [4], [6]]  # collected in order
+    assert batcher.stats.failures == 2 and batcher.stats.batches == 4
+
+
+async def test_stopping_answers_launched_and_queued_calls() -> None:
+    backend = SteppedAheadBackend()
+    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
+    batcher.start()
+    try:
+        tasks = await queue(batcher, [job(1)])
+        await backend.running()
+        tasks += await queue(batcher, [job(2), job(3), job(4)])
+        backend.launch()
+        await backend.running()
+        backend.launch()  # call 1 collecting, call 2 launched behind it, job 4 queued
+        await backend.launched_calls(2)
+        await batcher.stop()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    finally:
+        for _ in range(5):  # let the threads finish
+            backend.launch()
+            backend.step()
+    assert all(isinstance(r, ServerBusyError) for r in results), results
 
 
 WORDS = "paris london capital france river city museum tower bridge history art food wine".split()
