@@ -41,7 +41,6 @@ import random
 import shutil
 import statistics
 import subprocess
-import sys
 import tarfile
 import tempfile
 import threading
@@ -56,12 +55,12 @@ from bench_text import (
     TINY,
     build_model,
     client_load,
-    free_port,
     load_tokenizer,
     make_text,
     save_model,
     word_list,
 )
+from bench_text import start_server as start_text_server
 from bench_workloads import stop_server
 
 PROBE_SCRIPT = Path(__file__).with_name("serve_probe.py")
@@ -86,35 +85,14 @@ def start_server(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A real server of ``variant``'s tree (first on its PYTHONPATH), flags and environment, once it
     answers /health; with ``probe_dir``, through serve_probe.py (writing its trace there)."""
-    import httpx
-
     env = dict(os.environ, **variant.env)
     if variant.tree:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(variant.tree).resolve()), env.get("PYTHONPATH", "")])
-    port = free_port()
-    if probe_dir is None:
-        entry = ["-m", "genscore_core.server"]
-    else:
+    entry: tuple[str, ...] = ("-m", "genscore_core.server")
+    if probe_dir is not None:
         env["GENSCORE_PROBE_DIR"] = str(probe_dir)
-        entry = [str(PROBE_SCRIPT)]
-    cmd = [sys.executable, *entry, "--model", str(folder), "--port", str(port), "--log-level", "warning",
-           *variant.flags]  # fmt: skip
-    # Not from the current folder: `python -m` puts it first on sys.path, and a checkout there would
-    # shadow the variant's tree.
-    proc = subprocess.Popen(cmd, env=env, cwd=folder)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server of {variant.name} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError(f"the server of {variant.name} did not become healthy")
+        entry = (str(PROBE_SCRIPT),)
+    return start_text_server(folder, variant.flags, env, f"the server of {variant.name}", entry)
 
 
 class GpuBusy:

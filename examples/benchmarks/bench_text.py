@@ -364,14 +364,22 @@ def save_model(model: Any, tokenizer: Any, folder: Path) -> None:
 
 
 def start_server(
-    folder: Path, extra: Sequence[str] = (), env: dict[str, str] | None = None, name: str = "the server"
+    folder: Path,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    name: str = "the server",
+    entry: Sequence[str] = ("-m", "genscore_core.server"),
 ) -> tuple[subprocess.Popen[bytes], str]:
+    """A real ``genscore serve`` of ``folder``'s model (``entry``: how Python starts it), once it
+    answers /health."""
     import httpx
 
     port = free_port()
-    cmd = [sys.executable, "-m", "genscore_core.server", "--model", str(folder), "--port", str(port),
-           "--log-level", "warning", *extra]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=dict(os.environ) if env is None else env)
+    cmd = [sys.executable, *entry, "--model", str(folder), "--port", str(port), "--log-level", "warning",
+           *extra]  # fmt: skip
+    # Not from the current folder: `python -m` puts it first on sys.path, and a checkout there would
+    # shadow the tree on PYTHONPATH.
+    proc = subprocess.Popen(cmd, env=dict(os.environ) if env is None else env, cwd=folder)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
