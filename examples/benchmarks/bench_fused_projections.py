@@ -25,10 +25,8 @@ tables last and writes ``$OUT/bench_fused_projections.json``.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import random
 import statistics
 import sys
 import time
@@ -46,14 +44,12 @@ if DRY:
 import torch  # noqa: E402
 
 sys.path.insert(0, str(HERE))
-from bench_ab import QWEN3_06B, job  # noqa: E402
-from bench_gated_mlp import kind_of  # noqa: E402
+from bench_gated_mlp import kind_of, models_and_jobs  # noqa: E402
 
 from genscore_core.engine import ScoringEngine  # noqa: E402
 from genscore_core.packed import PackedForward, PackedOptions  # noqa: E402
 from genscore_core.scoring import LabelHead  # noqa: E402
 
-DTYPE = torch.float32 if DRY else torch.bfloat16
 LAYOUTS = {"separate": False, "fused": True}
 
 
@@ -113,21 +109,7 @@ def main() -> None:
 
         report["device"] = torch.cuda.get_device_name()
         report["triton"] = triton.__version__
-    torch.manual_seed(0)
-    shape = dict(QWEN3_06B)
-    if DRY:
-        shape.update(vocab_size=152000, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(**shape)
-    config._attn_implementation = "sdpa"
-    with torch.device(device):
-        model32 = Qwen3ForCausalLM(config).eval()
-    model = copy.deepcopy(model32).to(DTYPE)
-    rng = random.Random(0)
-    docs1, docs4 = (256, 20) if not DRY else (6, 3)
-    w1, w4 = job(rng, docs1), job(rng, docs4)
+    model32, model, w1, w4 = models_and_jobs(device)
     memory: dict[str, float] = {}
     gib = 2**30
     if not DRY:

@@ -202,7 +202,9 @@ def kernel_times(call: Callable[[], Any]) -> dict[str, float]:
     return {k: round(v, 3) for k, v in sorted(out.items())}
 
 
-def engine_part(device: str, w1_repeats: int, w4_repeats: int) -> dict[str, Any]:
+def models_and_jobs(device: str) -> tuple[Any, Any, Any, Any]:
+    """The random-init Qwen3-0.6B (tiny with --dry-run) in float32 and in DTYPE, and the W1 / W4
+    token-id jobs of bench_ab.py (seed 0, so every engine benchmark scores the same prompts)."""
     import random
 
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -219,7 +221,11 @@ def engine_part(device: str, w1_repeats: int, w4_repeats: int) -> dict[str, Any]
     model = copy.deepcopy(model32).to(DTYPE)
     rng = random.Random(0)
     docs1, docs4 = (256, 20) if not DRY else (6, 3)
-    w1, w4 = job(rng, docs1), job(rng, docs4)
+    return model32, model, job(rng, docs1), job(rng, docs4)
+
+
+def engine_part(device: str, w1_repeats: int, w4_repeats: int) -> dict[str, Any]:
+    model32, model, w1, w4 = models_and_jobs(device)
 
     def engine(m: Any, impl: str) -> ScoringEngine:
         return ScoringEngine(m, PackedForward(m, options=PackedOptions(gated_mlp=impl)), LabelHead(m))  # type: ignore[arg-type]
