@@ -366,7 +366,18 @@ class ScoringEngine(ScoringBackend):
         Raises :class:`~genscore_core.errors.ScoreRangeError` for a bad score, as scoring does."""
         if call.event is not None:
             call.event.synchronize()  # releases the interpreter lock while it waits
-        return self._scores_of(call.jobs, call.rows, call.host, on_progress)
+        scores: dict[int, list[float]] = {}
+        offset = 0
+        for job, count, where, distinct in call.rows:
+            assert call.host is not None  # rows exist only where scores were copied
+            values_of_job = call.host[offset : offset + count]
+            offset += count
+            check_scores(values_of_job, job.mode)
+            values = values_of_job.double().tolist()
+            scores[id(job)] = [values[i] for i in where]
+            if on_progress is not None and distinct < len(job.prompts):
+                on_progress(len(job.prompts) - distinct)
+        return [scores.get(id(job), []) for job in call.jobs]
 
     def score_in_parts(
         self, parts: Iterable[Sequence[ScoringJob]], on_progress: ProgressCallback | None = None
@@ -416,31 +427,7 @@ class ScoringEngine(ScoringBackend):
     def _collect(self, launched: _Launched, on_progress: ProgressCallback | None) -> list[list[float]]:
         """The scores of launched jobs (waits for the device once: every job's scores come back in
         one copy and are checked on the host; two waits a job cost a loaded server ~5 ms a call)."""
-        host = None
-        if launched.scores:
-            host = torch.cat([job_scores for _, job_scores, _, _ in launched.scores]).cpu()
-        return self._scores_of(launched.jobs, _rows_of(launched), host, on_progress)
-
-    @staticmethod
-    def _scores_of(
-        jobs: Sequence[ScoringJob],
-        rows: list[_JobRows],
-        host: torch.Tensor | None,
-        on_progress: ProgressCallback | None,
-    ) -> list[list[float]]:
-        """Each job's scores from ``host``, the scores of ``rows``' jobs concatenated on the host."""
-        scores: dict[int, list[float]] = {}
-        if rows and host is not None:
-            offset = 0
-            for job, count, where, distinct in rows:
-                values_of_job = host[offset : offset + count]
-                offset += count
-                check_scores(values_of_job, job.mode)
-                values = values_of_job.double().tolist()
-                scores[id(job)] = [values[i] for i in where]
-                if on_progress is not None and distinct < len(job.prompts):
-                    on_progress(len(job.prompts) - distinct)
-        return [scores.get(id(job), []) for job in jobs]
+        return self.collect_launched(LaunchedCall.queue(launched), on_progress)
 
     @classmethod
     def for_model(cls, model: Any, config: ScorerConfig, *, pad_token_id: int) -> ScoringEngine:
@@ -499,7 +486,9 @@ class LaunchedCall:
     def queue(cls, launched: _Launched) -> LaunchedCall:
         """Queue the copy of ``launched``'s scores to the host and the event behind it; the device
         tensors are dropped (only the copy reads them, queued before anything that reuses them)."""
-        rows = _rows_of(launched)
+        rows = [
+            (job, int(scores.shape[0]), where, distinct) for job, scores, where, distinct in launched.scores
+        ]
         if not launched.scores:
             return cls(launched.jobs, rows, None)
         device = torch.cat([job_scores for _, job_scores, _, _ in launched.scores])
@@ -510,10 +499,6 @@ class LaunchedCall:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(device.device))
         return cls(launched.jobs, rows, host, event)
-
-
-def _rows_of(launched: _Launched) -> list[_JobRows]:
-    return [(job, int(scores.shape[0]), where, distinct) for job, scores, where, distinct in launched.scores]
 
 
 def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], list[int]]:

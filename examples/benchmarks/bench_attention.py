@@ -77,24 +77,14 @@ LAST_SWEEP = [
 ]
 
 
-def w1_table(rng: random.Random) -> np.ndarray:
-    """The decoder's segment table for W1 in one batch: the prefix, then every prompt after it."""
-    rows = [[0, PREFIX, 0, PREFIX, 0, 0]]
-    start = PREFIX
-    for _ in range(DOCS):
+def segment_table(rng: random.Random, prefix: int, docs: int) -> np.ndarray:
+    """The decoder's segment table of one batch: a ``prefix``-token prefix, then ``docs`` prompts
+    after it (W1: 256 of them, W4: a 20-document call)."""
+    rows = [[0, prefix, 0, prefix, 0, 0]]
+    start = prefix
+    for _ in range(docs):
         n = rng.randint(*DOC_LEN) + SUFFIX
-        rows.append([start, n, start, n, 0, PREFIX])
-        start += n
-    return np.asarray(rows, dtype=np.int64)
-
-
-def w4_table(rng: random.Random) -> np.ndarray:
-    """W4's batch (a 20-document call): an 83-token prefix and 20 prompts after it."""
-    rows = [[0, W4_PREFIX, 0, W4_PREFIX, 0, 0]]
-    start = W4_PREFIX
-    for _ in range(W4_DOCS):
-        n = rng.randint(*DOC_LEN) + SUFFIX
-        rows.append([start, n, start, n, 0, W4_PREFIX])
+        rows.append([start, n, start, n, 0, prefix])
         start += n
     return np.asarray(rows, dtype=np.int64)
 
@@ -194,7 +184,7 @@ def main() -> None:
     if DRY_RUN:  # a few short prompts through Triton's interpreter, to catch errors before a GPU call
         DOCS, W4_DOCS, DOC_LEN = 4, 2, (20, 40)
     torch.manual_seed(0)
-    table = w1_table(random.Random(0))
+    table = segment_table(random.Random(0), PREFIX, DOCS)
     tokens = int(table[:, 1].sum())
     q = torch.randn(tokens, HEADS, DIM, device=device, dtype=dtype)
     k = torch.randn(tokens, KV_HEADS, DIM, device=device, dtype=dtype)
@@ -213,7 +203,7 @@ def main() -> None:
         )
 
     # W4: its own tensors, padded as a CUDA graph pads it; the reference on every real segment.
-    table4 = w4_table(random.Random(4))
+    table4 = segment_table(random.Random(4), W4_PREFIX, W4_DOCS)
     tokens4 = int(table4[:, 1].sum())
     rows4 = -(-tokens4 // 128) * 128
     q4 = torch.randn(rows4, HEADS, DIM, device=device, dtype=dtype)

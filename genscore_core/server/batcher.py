@@ -414,14 +414,12 @@ class RequestBatcher(ScoringBackend):
             logger.warning("a batch of %d jobs failed (%s); scoring them one by one", len(jobs), error)
         finally:
             self._count_engine_time(started)
-        outcomes: list[list[float] | Exception] = []
-        for job in jobs:
-            try:
-                one = ahead.launch_prepared(ahead.prepare_jobs([job], lay_out=False))
-                outcomes.append(ahead.collect_launched(one)[0])
-            except Exception as error:
-                outcomes.append(error)
-        return outcomes
+        return _each_alone(
+            jobs,
+            lambda job: ahead.collect_launched(
+                ahead.launch_prepared(ahead.prepare_jobs([job], lay_out=False))
+            )[0],
+        )
 
     def _count_engine_time(self, started: float) -> None:
         """Add a collected call's time since its launch began, less what the call collected before
@@ -488,13 +486,7 @@ class RequestBatcher(ScoringBackend):
             self.stats.engine_seconds += time.perf_counter() - started
             if on_launched is not None:
                 on_launched()
-        outcomes: list[list[float] | Exception] = []
-        for job in jobs:
-            try:
-                outcomes.append(self._score([job])[0])
-            except Exception as error:
-                outcomes.append(error)
-        return outcomes
+        return _each_alone(jobs, lambda job: self._score([job])[0])
 
     def _score(self, jobs: list[ScoringJob]) -> list[list[float]]:
         backend = self.backend
@@ -527,3 +519,16 @@ def _settle(outcome: asyncio.Future[Any], done: Future[Any]) -> None:
         outcome.set_exception(error)
     else:
         outcome.set_result(done.result())
+
+
+def _each_alone(
+    jobs: list[ScoringJob], score_one: Callable[[ScoringJob], list[float]]
+) -> list[list[float] | Exception]:
+    """Each job scored on its own: its scores, or the error it alone raised."""
+    outcomes: list[list[float] | Exception] = []
+    for job in jobs:
+        try:
+            outcomes.append(score_one(job))
+        except Exception as error:
+            outcomes.append(error)
+    return outcomes
