@@ -33,6 +33,7 @@ from genscore_core.streaming import (
     plan_stream,
 )
 from genscore_core.templates import ScoreMode
+from genscore_core.weights_seen import WeightsSeen
 
 logger = logging.getLogger(__name__)
 
@@ -126,9 +127,35 @@ class ScoringEngine(ScoringBackend):
         """The causal LM whose forward and head these are."""
         self.forward = forward
         self.head = head
+        self._seen = WeightsSeen(model)
         # One forward at a time: concurrent forwards on one device only compete for it, and
         # serialising keeps memory use bounded.
         self._lock = threading.Lock()
+
+    def follow_model(self) -> bool:
+        """Build the forward and the head again if the model was moved, cast or given other
+        parameters since they were built (``model.to("cuda")``, ``.half()``,
+        ``load_state_dict(..., assign=True)``; :mod:`genscore_core.weights_seen`). True when they were.
+
+        Every call does this first (a check of a few parameters, microseconds), so the engine scores
+        with the model as it is at the call. Moving the model while a call runs is not supported.
+        """
+        with self._lock:
+            return self._follow_model()
+
+    def _follow_model(self) -> bool:
+        """:meth:`follow_model`, the caller holding the lock."""
+        if self._seen.current():
+            return False
+        logger.info(
+            "the model's parameters changed since its %s and head were built (moved, cast or "
+            "reloaded): building them again",
+            type(self.forward).__name__,
+        )
+        self.forward.rebuild()
+        self.head.rebuild()
+        self._seen = WeightsSeen(self.model)
+        return True
 
     @property
     def overlap_share(self) -> float:
@@ -219,6 +246,7 @@ class ScoringEngine(ScoringBackend):
             return self._score_whole(whole, on_progress)
         state = StreamState()
         with self._lock:
+            self._follow_model()  # before the producer lays batches out for the forward's device
             try:
                 planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens, batch_growth)
                 planned = plan_stream(
@@ -410,6 +438,7 @@ class ScoringEngine(ScoringBackend):
         groups = prepared.groups
         if not groups:
             return launched
+        self._follow_model()
         # Inference mode is the forward's (ForwardStrategy); the head reads detached weights.
         if prepared.batches is None:
             hidden = self.forward.last_hidden_states(groups, on_progress)  # [N distinct, H]

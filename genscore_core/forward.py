@@ -76,6 +76,11 @@ class ForwardStrategy(ABC, Generic[CallT, BatchT]):
         the host free meanwhile (its batches are launched without waiting: CUDA graph replays)."""
         return False
 
+    def rebuild(self) -> None:
+        """Build again what this forward derived from the model's tensors (its device, fused weights)
+        once the model was moved, cast or given other parameters; the engine calls it when it sees
+        that (:mod:`genscore_core.weights_seen`). Nothing to do by default."""
+
     def prepare(self, groups: Sequence[PrefixGroup]) -> object | None:
         """Host work of a later :meth:`last_hidden_states` of ``groups`` done now (the batches planned
         and laid out), on any thread, while the device runs something else; None where a forward has
@@ -194,12 +199,18 @@ class PaddedForward(ForwardStrategy[_PaddedCall, list[int]]):
             raise ValueError(
                 f"max_batch_tokens and max_batch_size must be positive, got {max_batch_tokens}, {max_batch_size}"
             )
-        self.decoder = decoder_of(model)
-        self.device = next(model.parameters()).device
-        self.hidden_size = int(model.get_input_embeddings().weight.shape[1])
+        self.model = model
         self.pad_token_id = pad_token_id
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """Note the model's decoder, device and final norm again (they are read at each batch)."""
+        model = self.model
+        self.decoder = decoder_of(model)
+        self.device = next(model.parameters()).device
+        self.hidden_size = int(model.get_input_embeddings().weight.shape[1])
         norm = getattr(self.decoder, "norm", None)
         self.final_norm: torch.nn.Module | None = None
         # Offloading hooks (accelerate) or quantised weights would not survive a float32 copy.

@@ -44,6 +44,13 @@ class LabelHead:
     """Reads label scores off the LM head of a causal LM without computing full logits."""
 
     def __init__(self, model: Any) -> None:
+        self.model = model
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """Read the LM head's weights off the model again (after it was moved, cast or given other
+        parameters: :mod:`genscore_core.weights_seen`)."""
+        model = self.model
         head = model.get_output_embeddings()
         if head is None or not hasattr(head, "weight"):
             raise TypeError(f"{type(model).__name__} has no LM head with a weight to score with")

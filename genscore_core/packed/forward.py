@@ -10,7 +10,13 @@ from typing import Any
 import torch
 
 from genscore_core.forward import ForwardStrategy, PrefixGroup, ProgressCallback
-from genscore_core.packed.decoder import DeviceBatch, HostBatch, PackedDecoder, PackedOptions
+from genscore_core.packed.decoder import (
+    DeviceBatch,
+    HostBatch,
+    PackedDecoder,
+    PackedOptions,
+    unsupported_reason,
+)
 from genscore_core.packed.graphs import DecoderGraphs
 from genscore_core.packed.plan import GroupSlice, PackedBatch, build_batch, plan_batches
 from genscore_core.streaming import RowKey, StreamBatch
@@ -63,21 +69,37 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
     ) -> None:
         if max_batch_tokens <= 0:
             raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
+        self.model = model
         self.decoder = decoder = PackedDecoder(model, options)
         self.max_batch_tokens = max_batch_tokens
         self.eager_batches = 0
         """Batches run eagerly, not through a CUDA graph (a server reports it in ``/stats``)."""
-        self.graphs: DecoderGraphs | None = None
+        self.graphs: DecoderGraphs | None = _graphs_of(decoder)
         """CUDA graphs of small batches; only where the attention reads its segments on the device
         (the Triton kernel), since the torch attention's loop over segments would be frozen in."""
-        graph_tokens = decoder.options.graph_tokens
-        if graph_tokens and decoder.device.type == "cuda" and decoder.attention_impl == "triton":
-            self.graphs = DecoderGraphs(
-                decoder,
-                max_tokens=graph_tokens,
-                large_tokens=decoder.options.large_graph_tokens,
-                prefixes=decoder.options.graph_prefixes,
+
+    def rebuild(self) -> None:
+        """A new decoder over the model as it is now, with the same options: its parameters fused
+        again (in place, where a move or cast left them separate tensors), its device, dtype and
+        kernels resolved again, its CUDA graphs dropped (they captured the old tensors' addresses).
+
+        Raises ValueError when the packed forward cannot run the model any more (say, split over
+        several devices), naming why.
+        """
+        options = self.decoder.options
+        reason = unsupported_reason(self.model)
+        if reason is not None:
+            raise ValueError(
+                f"the model changed after the scorer was built and the packed forward cannot run it now: "
+                f"{reason}; build the scorer again from the model as it is (forward='padded' runs any model)"
             )
+        if self.graphs is not None and self.graphs.graphs:
+            # A replay launched by an earlier call may still run on the device (a server collects
+            # scores on another thread): let it finish before its graph and memory pool go.
+            torch.cuda.synchronize(self.decoder.device)
+        self.graphs = None
+        self.decoder = PackedDecoder(self.model, options)
+        self.graphs = _graphs_of(self.decoder)
 
     @property
     def runs_ahead(self) -> bool:
@@ -250,6 +272,19 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         if not call.outputs:
             return torch.empty(0, self.decoder.final_norm.shape[0], device=self.decoder.device)
         return torch.cat([call.outputs[key] for key in sorted(call.outputs)])
+
+
+def _graphs_of(decoder: PackedDecoder) -> DecoderGraphs | None:
+    """The CUDA graphs ``decoder`` replays, or None where it runs eagerly (see ``PackedForward.graphs``)."""
+    options = decoder.options
+    if options.graph_tokens and decoder.device.type == "cuda" and decoder.attention_impl == "triton":
+        return DecoderGraphs(
+            decoder,
+            max_tokens=options.graph_tokens,
+            large_tokens=options.large_graph_tokens,
+            prefixes=options.graph_prefixes,
+        )
+    return None
 
 
 def _key(groups: Sequence[PrefixGroup], slices: Sequence[GroupSlice]) -> tuple[GroupSlice, ...]:
