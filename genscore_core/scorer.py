@@ -84,6 +84,9 @@ class GenerativeScorer:
         The packed forward moves each layer's q/k/v weights and its gate/up weights into one tensor
         each and re-points the modules' parameters to views of it (same parameter objects and values,
         held once; ``PackedOptions.fused_projections``), so that a layer runs one GEMM for each.
+        The scorer follows the model: cast, moved or given other parameters after this
+        (``model.to("cuda")``, ``.half()``, ``load_state_dict(..., assign=True)``), the next call
+        builds the forward and head again (:meth:`ScoringEngine.follow_model`; docs/concepts.md).
 
         ``settings`` are :class:`ScorerConfig` fields; ``model`` only names the model in responses
         (default: the model's ``name_or_path``). ``device`` and ``dtype`` are those of ``causal_lm``.
