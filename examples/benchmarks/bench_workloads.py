@@ -509,7 +509,7 @@ def gpu_benchmark(report: Report, quick: bool, profile: bool, dry_run: bool = Fa
     steps["without the trimmed last layer"] = w1_forward_rate(variant(trim_last_layer=False), groups)
     # A bf16 residual stream moves a third fewer bytes through the add+norm kernels; what it costs
     # in accuracy decides (measured, then dropped: docs/benchmarks.md).
-    bf16_residual = variant(residual_dtype="bfloat16")
+    bf16_residual = variant(residual_dtype="model")
     steps["with a bf16 residual stream"] = w1_forward_rate(bf16_residual, groups)
     bf16_engine = ScoringEngine(model, bf16_residual, scorer.engine.head)
     e = errors(bf16_engine.score_jobs([ScoringJob(w1.prompts(), [YES, NO])])[0], ref)

@@ -473,8 +473,12 @@ class PackedOptions(BaseModel):
     and silu*mul: on an H200 the kernel saved 0.4-0.7 ms a call on W4 (~9k tokens) but nothing
     on W1's 40-64k-token batches, where cuBLAS's products ran faster than in isolation
     (docs/benchmarks.md, "Gate/up GEMM with silu*mul in its epilogue")."""
-    residual_dtype: Literal["float32", "bfloat16"] = "float32"
-    """The residual stream's dtype (benchmarks measure bf16 against the float32 default)."""
+    residual_dtype: Literal["float32", "model"] = "float32"
+    """The residual stream's dtype: "float32" whatever the model's; "model": the model's own (bf16 in a
+    bf16 model, as the Hugging Face forward keeps it; in a float32 model the same as "float32"). The
+    adds and norms compute in float32 either way; "model" rounds the stream to the model's dtype after
+    each add, so the add+RMSNorm kernels move a third fewer bytes (docs/benchmarks.md, "Residual
+    stream in the model's dtype")."""
     trim_last_layer: bool = True
     """Compute the last layer's queries, attention and MLP only where the output is read."""
     graph_tokens: int = Field(default=16384, ge=0)
@@ -526,7 +530,7 @@ class PackedDecoder:
         self.layers = [self._layer(layer, options.fused_projections) for layer in decoder.layers]
         self._cos = torch.empty(0, self.head_dim, device=self.device)
         self._sin = torch.empty(0, self.head_dim, device=self.device)
-        self.residual_dtype = getattr(torch, options.residual_dtype)
+        self.residual_dtype = torch.float32 if options.residual_dtype == "float32" else self.dtype
         # Resolved once, so that a Triton request the model cannot meet fails here, not mid-batch.
         probe_q = torch.empty(0, self.num_heads, self.head_dim, device="meta")
         probe_k = torch.empty(0, self.num_kv_heads, self.head_dim, device="meta")
