@@ -1,8 +1,8 @@
 """The small fused operations of the packed decoder, with a plain-torch version of each.
 
-The residual stream stays in float32: norms and rotary embeddings are computed in float32 and only the
-inputs of matrix products are cast to the model's dtype, so bf16 rounding does not pile up over the
-layers. Each operation is one Triton kernel (``fused_ops_triton.py``) or the torch version below, which
+The residual stream stays in float32 by default: norms and rotary embeddings are computed in float32 and
+only the inputs of matrix products are cast to the model's dtype, so bf16 rounding does not pile up
+over the layers (a residual in the model's dtype is an option: ``PackedOptions.residual_dtype``). Each operation is one Triton kernel (``fused_ops_triton.py``) or the torch version below, which
 computes the same function, as ``impl`` asks (:mod:`genscore_core.kernels.dispatch`).
 """
 
@@ -25,8 +25,10 @@ def add_rmsnorm(
 ) -> torch.Tensor:
     """``residual += delta`` (in place), then ``RMSNorm(residual) * weight`` as ``out_dtype``.
 
-    ``residual``: [T, H], float32 in the decoder; ``delta``: [T, H] in any float dtype, or None to only
-    normalise. The arithmetic is float32 whatever the dtypes.
+    ``residual``: [T, H], float32 in the decoder unless ``PackedOptions.residual_dtype`` keeps it in a
+    bf16/fp16 model's dtype; ``delta``: [T, H] in any float dtype, or None to only normalise. The
+    arithmetic is float32 whatever the dtypes: a lower-precision residual stores the sum rounded and
+    normalises the unrounded sum.
     """
     if use_triton(impl, residual.device, kernel="add_rmsnorm"):
         from genscore_core.kernels import fused_ops_triton
@@ -34,7 +36,7 @@ def add_rmsnorm(
         return fused_ops_triton.add_rmsnorm(residual, delta, weight, eps, out_dtype)
     if residual.dtype == torch.float32:
         r = residual if delta is None else residual.add_(delta.float())
-    else:  # a lower-precision residual (a benchmark step): add in float32, store rounded
+    else:  # a residual in a bf16/fp16 model's dtype: add in float32, store rounded
         r = residual.float() if delta is None else residual.float() + delta.float()
         residual.copy_(r)
     variance = r.pow(2).mean(-1, keepdim=True)

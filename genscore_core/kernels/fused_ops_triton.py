@@ -2,7 +2,8 @@
 
 Each kernel is one pass over its tensors, computing in float32 and rounding once on the store:
 
-* ``add_rmsnorm``: residual += delta (float32, in place) and RMSNorm * weight, one program per row;
+* ``add_rmsnorm``: residual += delta (in float32, stored in place in the residual's dtype) and RMSNorm *
+  weight, one program per row;
 * ``rope``: per-head RMSNorm (Qwen3's q/k norms) and the rotary embedding, in place or not, one
   program per token;
 * ``silu_mul``: silu(gate) * up, reading rows with a stride (the two halves of one gate/up product).
@@ -19,7 +20,7 @@ import triton.language as tl
 
 @triton.jit
 def _add_rmsnorm_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
-    res_ptr,  # [T, H] (float32 in the decoder), updated in place when HAS_DELTA
+    res_ptr,  # [T, H] (float32 in the decoder by default), updated in place when HAS_DELTA
     delta_ptr,  # [T, H]
     w_ptr,  # [H]
     out_ptr,  # [T, H]
