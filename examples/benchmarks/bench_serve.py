@@ -207,7 +207,10 @@ def run_variant(
                 # Every body twice at one client: each shape a lone request makes is captured.
                 scores_of(url, bodies + bodies)
             for kind in args.client:
+                seen = len(probe_timeline(url)) if probe_dir is not None else 0
                 w = window(url, bodies, clients, args.window_warmup, args.seconds, kind)
+                if probe_dir is not None:  # the engine calls of this window (warm-up included)
+                    w["timeline"] = probe_timeline(url)[seen:]
                 result["windows"].append(w)
                 print(f"  {variant.name} {clients} clients ({kind}): {summary(w)}", flush=True)
         if variant.name in args.probe and probe_dir is not None:
@@ -219,6 +222,13 @@ def run_variant(
         elif probe_dir is not None:
             shutil.rmtree(probe_dir, ignore_errors=True)
     return result
+
+
+def probe_timeline(url: str) -> list[dict[str, Any]]:
+    """The engine calls a server started through serve_probe.py has answered so far (its timeline)."""
+    import httpx
+
+    return list(httpx.get(f"{url}/_probe/report", timeout=30).json()["timeline"])
 
 
 # -- the diagnostic window (--probe) ------------------------------------------------------------

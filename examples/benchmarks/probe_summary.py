@@ -265,6 +265,89 @@ def calls_table(report: dict[str, Any], window: tuple[float, float] | None = Non
             ""]  # fmt: skip
 
 
+def timeline_tables(timeline: list[dict[str, Any]], title: str, detail: int = 24) -> list[str]:
+    """Where the GPU had nothing queued between a loaded server's calls, and why (serve_probe.py's
+    timeline: host times of each call's take, layout, launch, collect and answer; GPU times of the
+    first and last work it queued)."""
+    calls = sorted((c for c in timeline if "gpu_start" in c and "gpu_end" in c), key=lambda c: c["gpu_start"])
+    if len(calls) < 3:
+        return []
+    first, last = calls[0]["gpu_start"], calls[-1]["gpu_end"]
+    span = last - first
+    queued = sum(c["gpu_end"] - c["gpu_start"] for c in calls)
+    rows = []
+    for before, call in itertools.pairwise(calls):
+        rows.append(
+            {
+                "call": call,
+                "idle": call["gpu_start"] - before["gpu_end"],
+                # > 0: taken / launch begun that long before the GPU ran out of queued work.
+                "take_slack": before["gpu_end"] - call.get("take", call["gpu_start"]),
+                "launch_slack": before["gpu_end"] - call.get("launch_start", call["gpu_start"]),
+                "prev_answered": before.get("answered", before["gpu_end"]),
+            }
+        )
+    idle = [r["idle"] * 1e3 for r in rows]
+    ahead = [r for r in rows if r["call"].get("laid_out")]
+    inline = [r for r in rows if not r["call"].get("laid_out")]
+
+    def mean(values: list[float]) -> str:
+        return f"{statistics.fmean(values):.1f}" if values else "-"
+
+    def kind(group: list[dict[str, Any]], name: str) -> str:
+        if not group:
+            return f"| {name} | 0 | | | | | | | |"
+        c = [r["call"] for r in group]
+        gpu = [(x["gpu_end"] - x["gpu_start"]) * 1e3 for x in c]
+        pairs = [x.get("prompts", 0) for x in c]
+        return (
+            f"| {name} | {len(group)} | {mean([x.get('jobs', 0) for x in c])} | {mean(pairs)} | "
+            f"{mean([r['idle'] * 1e3 for r in group])} | {sum(r['idle'] > 0.0005 for r in group)} | "
+            f"{mean([r['take_slack'] * 1e3 for r in group])} | {mean(gpu)} | "
+            f"{sum(gpu) / max(sum(pairs), 1):.3f} |"
+        )
+
+    out = [f"### {title}: engine calls on the GPU ({len(calls)} calls over {span:.2f} s)", "",
+           f"GPU with work queued {pct(queued / span)} of the span; nothing queued between calls "
+           f"{(span - queued) * 1e3:.0f} ms ({pct((span - queued) / span)}): per call p50 "
+           f"{statistics.median(idle):.1f} ms, mean {statistics.fmean(idle):.1f} ms, max {max(idle):.1f} ms; "
+           f"calls with a gap over 0.5 ms: {sum(x > 0.5 for x in idle)} of {len(idle)}.", "",
+           "| calls | count | jobs | prompts | idle before (ms) | with idle > 0.5 ms | taken before the GPU ran dry (ms) | GPU span (ms) | GPU span ms a prompt |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+           kind(ahead, "laid out ahead"), kind(inline, "taken after the call before was answered"), ""]  # fmt: skip
+    sizes = Counter(r["call"].get("jobs", 0) for r in rows)
+    out += ["Jobs a call (count of calls): " + ", ".join(f"{k}: {v}" for k, v in sorted(sizes.items())), ""]
+    waits = [
+        (r["call"]["take"] - a) * 1e3
+        for r in rows
+        for a in r["call"].get("arrived", [])
+        if a is not None and "take" in r["call"]
+    ]
+    if waits:
+        waits.sort()
+        out += [f"A request's time in the queue before its call was taken: p10 {waits[len(waits) // 10]:.1f}, "
+                f"p50 {waits[len(waits) // 2]:.1f}, p90 {waits[int(len(waits) * 0.9)]:.1f} ms", ""]  # fmt: skip
+    out += ["| # | jobs | prompts | ahead | running at take | take: ms after previous answer | take: ms before GPU ran dry | "
+            "laid out (ms) | launch: ms before GPU ran dry | launch (ms) | idle before (ms) | GPU span (ms) | "
+            "launch end - GPU end (ms) | collect wait (ms) | GPU end -> answered (ms) |",
+            "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for i, r in enumerate(rows[:detail]):
+        c = r["call"]
+
+        def ms(a: str, b: str, c: dict[str, Any] = c) -> str:
+            return f"{(c[b] - c[a]) * 1e3:.1f}" if a in c and b in c else ""
+
+        take_after = f"{(c['take'] - r['prev_answered']) * 1e3:.1f}" if "take" in c else ""
+        out.append(
+            f"| {i} | {c.get('jobs', '')} | {c.get('prompts', '')} | {'yes' if c.get('laid_out') else 'no'} | "
+            f"{c.get('running', '')} | {take_after} | {r['take_slack'] * 1e3:.1f} | {ms('prepare_start', 'prepare_end')} | "
+            f"{r['launch_slack'] * 1e3:.1f} | {ms('launch_start', 'launch_end')} | {r['idle'] * 1e3:.1f} | "
+            f"{ms('gpu_start', 'gpu_end')} | {ms('gpu_end', 'launch_end')} | {ms('collect_start', 'collect_end')} | "
+            f"{ms('gpu_end', 'answered')} |"
+        )
+    return [*out, ""]
+
+
 def threads_table(threads: dict[str, Any]) -> list[str]:
     rows = threads.get("threads", [])
     groups: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -297,6 +380,14 @@ def main() -> None:
     args = parser.parse_args()
     files: dict[str, bytes] = {}
     path = Path(args.archive)
+    if path.suffix == ".json":  # bench_serve.json: the timeline of each window of a probed server
+        lines: list[str] = []
+        for result in json.loads(path.read_text())["results"]:
+            for w in result.get("windows", []):
+                if w.get("timeline"):
+                    lines += timeline_tables(w["timeline"], f"{result['name']}, {w['clients']} clients")
+        print("\n".join(lines))
+        return
     if path.is_dir():
         files = {p.name: p.read_bytes() for p in path.iterdir() if p.is_file()}
     else:
@@ -313,6 +404,7 @@ def main() -> None:
         )
         out.append("")
         out += calls_table(report)
+        out += timeline_tables(report.get("timeline", [])[-80:], "The diagnostic window's last 80 calls")
     if "threads.json" in files:
         out += threads_table(json.loads(files["threads.json"]))
     if "pyspy_native.txt" in files:

@@ -13,11 +13,18 @@ that exist only here (nothing in the library changes):
   (``POST /_probe/sample?seconds=S&interval_ms=I``): which Python code each thread is in, by thread
   (a fallback where py-spy cannot attach; it needs the interpreter lock itself, so it cannot see
   waits for it);
-* the event loop's lag: a task that sleeps 5 ms and records how late it wakes (while sampling).
+* the event loop's lag: a task that sleeps 5 ms and records how late it wakes (while sampling);
+* a timeline of every engine call (``timeline`` in the report): when the batcher took it from the
+  queue (and how many calls ran), when it was laid out, launched and collected, when its requests
+  were answered, and on the GPU when its first queued work began and its last ended (CUDA events
+  beside the launch, timed against one reference event, so on the host's clock); and when each
+  request was queued (``arrivals``). ``probe_summary.py`` reads where the GPU had nothing queued.
 
 ``GET /_probe/report`` returns all of it, with the native id of each Python thread (to read
 ``/proc/<pid>/task/<tid>`` by thread) and the interpreter's switch interval, which
 ``GENSCORE_PROBE_SWITCH_MS`` sets for the whole process before the server starts.
+``GENSCORE_PROBE_BLOCKING_SYNC=1`` makes the collecting thread wait for each call's scores on a
+blocking CUDA event (it sleeps instead of spinning on a core).
 """
 
 from __future__ import annotations
@@ -53,6 +60,56 @@ class ProbedEngine(ScoringBackend):
         self._profiler: Any = None
         self._profiled = 0
         self._launches: dict[int, tuple[float, bool]] = {}
+        self.timeline: list[dict[str, Any]] = []
+        """Finished calls (answered), in the order they were answered."""
+        self.arrivals: list[float] = []
+        """When each request's job was queued (host perf_counter)."""
+        self.arrival_of: dict[int, float] = {}
+        self.blocking_sync = os.environ.get("GENSCORE_PROBE_BLOCKING_SYNC") == "1"
+        """Swap each launched call's event for a blocking one (hypothesis: the spinning wait costs a core)."""
+        self._open: dict[int, dict[str, Any]] = {}
+        """Calls taken and not yet answered, by the id of their first job."""
+        self._ref: Any = None
+        self._ref_host = 0.0
+        if torch.cuda.is_available():
+            # GPU times of the timeline: events timed against this one, whose completion the host saw.
+            torch.cuda.synchronize()
+            self._ref = torch.cuda.Event(enable_timing=True)
+            self._ref.record()
+            self._ref.synchronize()
+            self._ref_host = time.perf_counter()
+
+    # -- the timeline -------------------------------------------------------------------------------
+
+    def note(self, jobs: Sequence[ScoringJob], /, **fields: Any) -> None:
+        """Fields of the open call whose first job is ``jobs[0]`` (the first value of a key stays)."""
+        if not jobs:
+            return
+        entry = self._open.setdefault(id(jobs[0]), {})
+        for key, value in fields.items():
+            entry.setdefault(key, value)
+
+    def answered(self, jobs: Sequence[ScoringJob]) -> None:
+        """The call holding ``jobs`` was answered: its timeline entry is complete."""
+        entry = self._open.pop(id(jobs[0]), None) if jobs else None
+        if entry is None:
+            return
+        entry["answered"] = time.perf_counter()
+        if self._ref is None and "launch_start" in entry:  # on the CPU the launch ran the call
+            entry["gpu_start"], entry["gpu_end"] = entry["launch_start"], entry["launch_end"]
+        for key in ("gpu_start", "gpu_end"):
+            event = entry.pop(key + "_event", None)
+            if event is not None and self._ref is not None:
+                event.synchronize()  # the end event sits right behind the scores' copy just waited for
+                entry[key] = self._ref_host + self._ref.elapsed_time(event) / 1e3
+        self.timeline.append(entry)
+
+    def _event(self) -> Any:
+        if self._ref is None:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def score_jobs(
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
@@ -61,7 +118,10 @@ class ProbedEngine(ScoringBackend):
 
     # A server whose batcher lays calls out ahead (ScoringEngine.prepare_jobs) finds them here too.
     def prepare_jobs(self, jobs: Sequence[ScoringJob], *, lay_out: bool = True) -> Any:
-        return self.engine.prepare_jobs(jobs, lay_out=lay_out)
+        started = time.perf_counter()
+        prepared = self.engine.prepare_jobs(jobs, lay_out=lay_out)
+        self.note(jobs, prepare_start=started, prepare_end=time.perf_counter(), laid_out=lay_out)
+        return prepared
 
     def score_prepared(
         self,
@@ -80,15 +140,32 @@ class ProbedEngine(ScoringBackend):
     # from its launch to its scores (calls overlap); the profiler starts at a call's collect.
     def launch_prepared(self, prepared: Any, on_progress: ProgressCallback | None = None) -> Any:
         started = time.perf_counter()
+        gpu_start = self._event()
         call = self.engine.launch_prepared(prepared, on_progress)
+        gpu_end = self._event()
+        if self.blocking_sync and getattr(call, "event", None) is not None:
+            # The collecting thread then sleeps in its wait instead of spinning on a core.
+            blocking = torch.cuda.Event(blocking=True)
+            blocking.record()
+            call.event = blocking
         self._launches[id(call)] = (started, prepared.batches is not None)
+        self.note(
+            prepared.jobs,
+            launch_start=started,
+            launch_end=time.perf_counter(),
+            gpu_start_event=gpu_start,
+            gpu_end_event=gpu_end,
+        )
         return call
 
     def collect_launched(self, call: Any, on_progress: ProgressCallback | None = None) -> list[list[float]]:
         started, ahead = self._launches.pop(id(call), (time.perf_counter(), False))
-        return self._timed(
+        self.note(call.jobs, collect_start=time.perf_counter())
+        scores = self._timed(
             call.jobs, lambda: self.engine.collect_launched(call, on_progress), ahead=ahead, started=started
         )
+        self.note(call.jobs, collect_end=time.perf_counter())
+        return scores
 
     def _timed(
         self,
@@ -199,6 +276,42 @@ class LoopLag:
                 self.lags_ms.append((loop.time() - started - 0.005) * 1e3)
 
 
+def watch_batcher(batcher: Any, probed: ProbedEngine) -> None:
+    """The batcher's queue, takes and answers noted in ``probed``'s timeline (this instance only:
+    its bound methods are wrapped, the class is untouched)."""
+    take, score, record = batcher._take, batcher.score, batcher._record
+
+    def taking(*, running: int) -> Any:
+        started, queued = time.perf_counter(), batcher.queued
+        batch = take(running=running)
+        if batch:
+            probed.note(
+                [entry.job for entry in batch[:1]],
+                take=started,
+                running=running,
+                batches_done=batcher.stats.batches,
+                jobs=len(batch),
+                queued=queued,
+                left=batcher.queued,
+                prompts=sum(len(entry.job.prompts) for entry in batch),
+                tokens=sum(entry.tokens for entry in batch),
+                arrived=[probed.arrival_of.pop(id(entry.job), None) for entry in batch],
+            )
+        return batch
+
+    async def scoring(job: ScoringJob) -> list[float]:
+        now = time.perf_counter()
+        probed.arrivals.append(now)
+        probed.arrival_of[id(job)] = now
+        return await score(job)
+
+    def recording(batch: Any, outcomes: Any) -> None:
+        record(batch, outcomes)
+        probed.answered([entry.job for entry in batch[:1]])
+
+    batcher._take, batcher.score, batcher._record = taking, scoring, recording
+
+
 def main(argv: Sequence[str]) -> int:
     import uvicorn
 
@@ -221,6 +334,7 @@ def main(argv: Sequence[str]) -> int:
     assert isinstance(batcher.backend, ScoringEngine), "the probe wraps a local engine"
     probed = ProbedEngine(batcher.backend, folder)
     batcher.backend = probed
+    watch_batcher(batcher, probed)
     sampler = StackSampler()
     lag = LoopLag()
 
@@ -257,6 +371,8 @@ def main(argv: Sequence[str]) -> int:
             "switch_interval_s": sys.getswitchinterval(),
             "threads": {t.name: t.native_id for t in threading.enumerate()},
             "calls": probed.calls,
+            "timeline": probed.timeline,
+            "arrivals": probed.arrivals,
             "sampler": sampler.report(),
             "loop_lag_ms": lag.lags_ms,
             "profile": probed.profile_state,
