@@ -36,6 +36,14 @@ the order they were launched, and answered in that order. At most one call is qu
 running one, as before: the call after it is taken once the running call is answered and the one
 behind it has launched.
 
+Taken late: the call behind the running one is taken when the device is predicted to be about to
+finish the running call (:class:`~genscore_core.server.pacing.DevicePace`: its tokens at the device
+time per token of the calls collected before, less twice a recent layout time), or at once when the
+queue already fills the budget, or when the running call is answered first. Taken as soon as the
+running call has launched, it missed the requests still on their way back from the call answered
+just before, and the call after it was often taken only after the running one was answered, with
+the device idle meanwhile (docs/benchmarks.md, "When the call behind the running one is taken").
+
 A job's scores do not depend on what it is batched with, beyond float32 rounding (observed
 differences are below 1e-6).
 """
@@ -54,6 +62,7 @@ from typing import Any, Protocol, runtime_checkable
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.engine import LaunchedCall, ScoringEngine
 from genscore_core.errors import InvalidRequestError, ServerBusyError
+from genscore_core.server.pacing import DevicePace
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +97,10 @@ class _Call:
     outcome: asyncio.Future[list[list[float] | Exception]]
     launched: asyncio.Event
     """Set once the call has queued all its GPU work (or finished)."""
+    tokens: int = 0
+    """Prompt tokens of its jobs."""
+    launch_started: float | None = None
+    """When the engine's thread began launching it (``time.perf_counter()``); set before ``launched``."""
 
 
 @dataclass
@@ -136,6 +149,8 @@ class RequestBatcher(ScoringBackend):
         max_queued: Jobs allowed to wait; :meth:`score` raises :class:`ServerBusyError` beyond it.
         max_request_tokens: Prompt tokens one :meth:`ascore_jobs` call (one request) may hold; more
             is an :class:`~genscore_core.InvalidRequestError`. ``None``: no limit.
+        pace: When to take the call behind a running one (calls laid out ahead); None: a
+            :class:`~genscore_core.server.pacing.DevicePace` learning from this server's calls.
     """
 
     def __init__(
@@ -149,6 +164,7 @@ class RequestBatcher(ScoringBackend):
         max_waited_batches: int = 2,
         preparing: Callable[[], bool] | None = None,
         batch_tokens: int = 0,
+        pace: DevicePace | None = None,
     ) -> None:
         if max_waited_batches < 1:
             raise ValueError(f"max_waited_batches must be at least 1, got {max_waited_batches}")
@@ -170,8 +186,7 @@ class RequestBatcher(ScoringBackend):
         self._executor: ThreadPoolExecutor | None = None
         self._preparer: ThreadPoolExecutor | None = None
         self._collector: ThreadPoolExecutor | None = None
-        self._busy_until = 0.0
-        """When the last collected call's scores were on the host (engine_seconds counts overlap once)."""
+        self.pace = pace if pace is not None else DevicePace()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -305,6 +320,7 @@ class RequestBatcher(ScoringBackend):
                 waiting: set[asyncio.Future[Any]] = {call.outcome, launched}
                 await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 launched.cancel()
+                await self._until_take_point(call)
                 if not call.outcome.done() and self._pending:
                     batch = self._take(running=1)
                     if batch:
@@ -323,6 +339,27 @@ class RequestBatcher(ScoringBackend):
                 else:
                     entry.future.set_result(outcome)
 
+    async def _until_take_point(self, call: _Call) -> None:
+        """Wait until the call behind the launched ``call`` should be taken: the device is about to
+        finish ``call`` (:meth:`DevicePace.take_at`), the queue fills the budget, or ``call`` is
+        answered. Requests arriving meanwhile join that next call rather than the one after it."""
+        launched = call.launch_started
+        assert self._wakeup is not None
+        while (
+            launched is not None and not call.outcome.done() and self._pending_tokens < self.max_batch_tokens
+        ):
+            take_at = self.pace.take_at(call.tokens, launched)
+            if take_at is None or take_at <= time.perf_counter():
+                return
+            remaining = take_at - time.perf_counter()
+            self._wakeup.clear()
+            arrival: asyncio.Future[Any] = asyncio.ensure_future(self._wakeup.wait())
+            waiting: set[asyncio.Future[Any]] = {call.outcome, arrival}
+            try:
+                await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                arrival.cancel()
+
     def _submit(self, batch: list[_Entry], *, ahead: bool) -> _Call:
         """Queue a call on the engine's thread (behind the running one, if any); ``ahead``: lay it
         out on the preparing thread meanwhile. A local engine's call is launched there and collected
@@ -330,22 +367,32 @@ class RequestBatcher(ScoringBackend):
         loop = asyncio.get_running_loop()
         launched = asyncio.Event()
         jobs = [e.job for e in batch]
+        tokens = sum(e.tokens for e in batch)
 
-        def on_launched() -> None:
+        backend = self._ahead
+        if backend is None:
+
+            def on_run() -> None:
+                try:
+                    loop.call_soon_threadsafe(launched.set)
+                except RuntimeError:  # the loop closed: the server is gone
+                    pass
+
+            outcome = loop.run_in_executor(self._executor, self._score_isolated, jobs, on_run)
+            return _Call(batch, outcome, launched, tokens)
+        prepared: Future[Any] | None = None
+        if ahead and self._preparer is not None:
+            prepared = self._preparer.submit(self._lay_out, backend, jobs)
+            self.stats.prepared_ahead += 1
+        result: asyncio.Future[list[list[float] | Exception]] = loop.create_future()
+        call = _Call(batch, result, launched, tokens)
+
+        def on_launched(started: float) -> None:
+            call.launch_started = started  # read on the loop once `launched` is set
             try:
                 loop.call_soon_threadsafe(launched.set)
             except RuntimeError:  # the loop closed: the server is gone
                 pass
-
-        backend = self._ahead
-        if backend is None:
-            outcome = loop.run_in_executor(self._executor, self._score_isolated, jobs, on_launched)
-            return _Call(batch, outcome, launched)
-        prepared: Future[Any] | None = None
-        if ahead and self._preparer is not None:
-            prepared = self._preparer.submit(backend.prepare_jobs, jobs)
-            self.stats.prepared_ahead += 1
-        result: asyncio.Future[list[list[float] | Exception]] = loop.create_future()
 
         def settle(done: Future[Any]) -> None:  # any thread: the outcome goes to the event loop
             try:
@@ -361,11 +408,24 @@ class RequestBatcher(ScoringBackend):
                 launching.result().add_done_callback(settle)
 
         assert self._executor is not None
-        self._executor.submit(self._launch_call, jobs, prepared, on_launched).add_done_callback(on_queued)
-        return _Call(batch, result, launched)
+        self._executor.submit(self._launch_call, jobs, prepared, on_launched, tokens).add_done_callback(
+            on_queued
+        )
+        return call
+
+    def _lay_out(self, backend: PrepareAhead, jobs: list[ScoringJob]) -> Any:
+        """On the preparing thread: the call laid out, its time noted (the pace's lead)."""
+        started = time.perf_counter()
+        prepared = backend.prepare_jobs(jobs)
+        self.pace.laid_out(time.perf_counter() - started)
+        return prepared
 
     def _launch_call(
-        self, jobs: list[ScoringJob], prepared: Future[Any] | None, on_launched: Callable[[], None]
+        self,
+        jobs: list[ScoringJob],
+        prepared: Future[Any] | None,
+        on_launched: Callable[[float], None],
+        tokens: int,
     ) -> Future[list[list[float] | Exception]]:
         """On the engine's thread: queue the call's work on the device and hand its collection to
         the collecting thread, so this thread is free to launch the next call at once. A launch
@@ -377,11 +437,11 @@ class RequestBatcher(ScoringBackend):
         except Exception as error:
             call = error.with_traceback(None)  # its frames would hold the call's activations
         finally:
-            on_launched()
+            on_launched(started)
         collector = self._collector
         if collector is None:
             raise ServerBusyError("the server is shutting down")
-        return collector.submit(self._collect_isolated, jobs, call, started)
+        return collector.submit(self._collect_isolated, jobs, call, started, tokens)
 
     def _launch(self, jobs: list[ScoringJob], prepared: Future[Any] | None) -> Any:
         ahead = self._ahead
@@ -398,35 +458,34 @@ class RequestBatcher(ScoringBackend):
         return ahead.launch_prepared(layout)
 
     def _collect_isolated(
-        self, jobs: list[ScoringJob], call: LaunchedCall | Exception, started: float
+        self, jobs: list[ScoringJob], call: LaunchedCall | Exception, started: float, tokens: int
     ) -> list[list[float] | Exception]:
         """On the collecting thread: the launched call's scores; if it failed (launching, or a bad
-        score), the jobs again one by one (launched and collected here), so one bad job fails alone."""
+        score), the jobs again one by one (launched and collected here), so one bad job fails alone.
+        Its device time goes to ``engine_seconds`` and, when it succeeded, to the pace."""
         ahead = self._ahead
         assert ahead is not None
+        collected = False
         try:
             if isinstance(call, Exception):
                 raise call
-            return list(ahead.collect_launched(call))
+            scores: list[list[float] | Exception] = list(ahead.collect_launched(call))
+            collected = True
+            return scores
         except Exception as error:
             if len(jobs) == 1:
                 return [error]
             logger.warning("a batch of %d jobs failed (%s); scoring them one by one", len(jobs), error)
         finally:
-            self._count_engine_time(started)
+            # Calls that overlap (the next launching while this one runs) count once.
+            span = self.pace.collected(tokens if collected else 0, started, time.perf_counter())
+            self.stats.engine_seconds += span
         return _each_alone(
             jobs,
             lambda job: ahead.collect_launched(
                 ahead.launch_prepared(ahead.prepare_jobs([job], lay_out=False))
             )[0],
         )
-
-    def _count_engine_time(self, started: float) -> None:
-        """Add a collected call's time since its launch began, less what the call collected before
-        it already counted (the two overlap while this one launches behind it)."""
-        ended = time.perf_counter()
-        self.stats.engine_seconds += max(0.0, ended - max(started, self._busy_until))
-        self._busy_until = ended
 
     async def _next_batch(self) -> list[_Entry]:
         assert self._wakeup is not None
