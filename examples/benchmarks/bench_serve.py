@@ -150,13 +150,12 @@ def window(
     before = httpx.get(f"{url}/stats").json()
     gpu = GpuBusy()
     with gpu:
-        latencies = asyncio.run(client_load(url, bodies, clients, warmup_s, measure_s, client_kind))
+        load = asyncio.run(client_load(url, bodies, clients, warmup_s, measure_s, client_kind))
     after = httpx.get(f"{url}/stats").json()
-    latencies.sort()
+    latencies = load.latencies
     if not latencies:
         return {"clients": clients, "client": client_kind, "error": "no request finished inside the window"}
-    p50 = latencies[len(latencies) // 2]
-    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    p50, p99 = load.quantile(0.5), load.quantile(0.99)
     waited = diff(after, before, "waited_batches") or {}
     batches = after["batches"] - before["batches"]
     requests = after["requests"] - before["requests"]
@@ -164,7 +163,7 @@ def window(
     return {
         "clients": clients,
         "client": client_kind,
-        "pairs_per_s": 20 * len(latencies) / measure_s,
+        "pairs_per_s": load.pairs_per_s,
         "p50_ms": p50 * 1e3,
         "p99_ms": p99 * 1e3,
         "requests_per_call": requests / max(batches, 1),

@@ -21,6 +21,7 @@ than ``--atol``. ``--dry-run`` runs on the CPU only (no move; the swap after two
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -70,10 +71,16 @@ def main() -> None:
     pairs = pairs_of(tokenizer)
     rows: list[tuple[str, float, float]] = []
 
-    fresh_model = build_model(shape, gpu, torch.bfloat16, seed=0)
+    # Every model is initialised on the CPU and copied: the CPU and CUDA generators draw other
+    # numbers from the same seed, so "the same weights" must be the same tensors, moved.
+    def weights(seed: int) -> Any:
+        return build_model(shape, torch.device("cpu"), torch.bfloat16, seed=seed)
+
+    first, second = weights(0), weights(1)
+    fresh_model = copy.deepcopy(first).to(gpu)
     fresh = three_calls(GenerativeScorer.from_model(fresh_model, tokenizer), pairs)
     if not args.dry_run:
-        moved_model = build_model(shape, torch.device("cpu"), torch.bfloat16, seed=0)
+        moved_model = copy.deepcopy(first)
         scorer = GenerativeScorer.from_model(moved_model, tokenizer)
         scorer.score_pairs(pairs[:4])
         moved_model.to(gpu)
@@ -84,11 +91,8 @@ def main() -> None:
 
     swapped_scorer = GenerativeScorer.from_model(fresh_model, tokenizer)
     three_calls(swapped_scorer, pairs)  # graphs captured on the first weights
-    other_model = build_model(shape, gpu, torch.bfloat16, seed=1)
-    fresh_other = three_calls(
-        GenerativeScorer.from_model(build_model(shape, gpu, torch.bfloat16, seed=1), tokenizer), pairs
-    )
-    fresh_model.load_state_dict(other_model.state_dict(), assign=True)
+    fresh_other = three_calls(GenerativeScorer.from_model(copy.deepcopy(second).to(gpu), tokenizer), pairs)
+    fresh_model.load_state_dict(copy.deepcopy(second).to(gpu).state_dict(), assign=True)
     swapped = three_calls(swapped_scorer, pairs)
     official = OfficialRecipe(fresh_model, tokenizer)(pairs)
     rows.append(("other weights assigned after graphs vs fresh other", largest_difference(swapped, fresh_other),

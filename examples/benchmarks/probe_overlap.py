@@ -401,15 +401,14 @@ def serve(folder: Path, words: list[str], interval: float, args: argparse.Namesp
         bodies = [{"query": q, "documents": d} for q, d in zip(work.queries, work.documents)]
         asyncio.run(client_load(url, bodies, 32, 0.0, args.server_warmup))
         before = httpx.get(f"{url}/stats").json()
-        latencies = sorted(asyncio.run(client_load(url, bodies, 32, 1.0, args.server_seconds)))
+        load = asyncio.run(client_load(url, bodies, 32, 1.0, args.server_seconds))
         after = httpx.get(f"{url}/stats").json()
     finally:
         stop_server(proc)
-    p50 = latencies[len(latencies) // 2]
-    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    p50, p99 = load.quantile(0.5), load.quantile(0.99)
     calls = after["batches"] - before["batches"]
     result = {
-        "pairs_per_s": 20 * len(latencies) / args.server_seconds,
+        "pairs_per_s": load.pairs_per_s,
         "p50_ms": p50 * 1e3,
         "p99_ms": p99 * 1e3,
         "requests_a_call": (after["requests"] - before["requests"]) / max(calls, 1),

@@ -629,7 +629,7 @@ def steady_server(folder: Path, words: list[str], seconds: float, flags: list[st
                     client.post("/v1/rerank", json=body).raise_for_status()
                     warm[-1].append((time.perf_counter() - t0) * 1e3)
         before = httpx.get(f"{url}/stats").json()
-        latencies = sorted(x * 1e3 for x in asyncio.run(client_load(url, bodies, 1, 0.0, seconds)))
+        latencies = [x * 1e3 for x in asyncio.run(client_load(url, bodies, 1, 0.0, seconds)).latencies]
         after = httpx.get(f"{url}/stats").json()
     finally:
         stop_server(proc)
