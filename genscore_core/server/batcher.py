@@ -51,6 +51,7 @@ differences are below 1e-6).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -371,13 +372,7 @@ class RequestBatcher(ScoringBackend):
 
         backend = self._ahead
         if backend is None:
-
-            def on_run() -> None:
-                try:
-                    loop.call_soon_threadsafe(launched.set)
-                except RuntimeError:  # the loop closed: the server is gone
-                    pass
-
+            on_run = functools.partial(_set_from_thread, loop, launched)
             outcome = loop.run_in_executor(self._executor, self._score_isolated, jobs, on_run)
             return _Call(batch, outcome, launched, tokens)
         prepared: Future[Any] | None = None
@@ -389,10 +384,7 @@ class RequestBatcher(ScoringBackend):
 
         def on_launched(started: float) -> None:
             call.launch_started = started  # read on the loop once `launched` is set
-            try:
-                loop.call_soon_threadsafe(launched.set)
-            except RuntimeError:  # the loop closed: the server is gone
-                pass
+            _set_from_thread(loop, launched)
 
         def settle(done: Future[Any]) -> None:  # any thread: the outcome goes to the event loop
             try:
@@ -578,6 +570,15 @@ def _settle(outcome: asyncio.Future[Any], done: Future[Any]) -> None:
         outcome.set_exception(error)
     else:
         outcome.set_result(done.result())
+
+
+def _set_from_thread(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+    """Set ``event`` on ``loop`` from another thread; nothing once the loop is closed (the server is
+    gone)."""
+    try:
+        loop.call_soon_threadsafe(event.set)
+    except RuntimeError:
+        pass
 
 
 def _each_alone(

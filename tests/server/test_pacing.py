@@ -89,8 +89,7 @@ async def test_requests_arriving_before_the_take_point_join_the_call_laid_out_ah
     batcher.start()
     try:
         tasks = await queue(batcher, [job(1)])
-        await backend.running()
-        backend.launch()  # call 1 has queued its work; the take point has not come
+        await backend.launch_next()  # call 1 has queued its work; the take point has not come
         await backend.launched_calls(1)
         tasks += await queue(batcher, [job(2)])
         tasks += await queue(batcher, [job(3)])
@@ -99,8 +98,7 @@ async def test_requests_arriving_before_the_take_point_join_the_call_laid_out_ah
         pace.at = 0.0  # the take point passes; the next arrival wakes the worker
         tasks += await queue(batcher, [job(4)])
         await backend.laid_out_calls(1)
-        await backend.running()
-        backend.launch()  # launched behind call 1, which is still not collected
+        await backend.launch_next()  # launched behind call 1, which is still not collected
         await backend.launched_calls(2)
         assert backend.calls == []
         backend.step()
@@ -124,20 +122,17 @@ async def test_a_queue_that_fills_the_budget_is_taken_before_the_take_point() ->
     batcher.start()
     try:
         tasks = await queue(batcher, [job(1)])
-        await backend.running()
-        backend.launch()
+        await backend.launch_next()
         await backend.launched_calls(1)
         tasks += await queue(batcher, [job(2)])
         await asyncio.sleep(0.05)
         assert backend.laid_out == []
         tasks += await queue(batcher, [job(3), job(4)])  # 12 tokens queued: the budget of 8 is full
         await backend.laid_out_calls(1)
-        await backend.running()
-        backend.launch()
+        await backend.launch_next()
         backend.step()
         backend.step()  # calls 1 and 2 answered; job 4 alone is under the budget: taken after them
-        await backend.running()
-        backend.launch()
+        await backend.launch_next()
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
     finally:
@@ -155,13 +150,11 @@ async def test_a_running_call_answered_before_the_take_point_lets_the_queue_go_n
     batcher.start()
     try:
         tasks = await queue(batcher, [job(1)])
-        await backend.running()
-        backend.launch()
+        await backend.launch_next()
         await backend.launched_calls(1)
         tasks += await queue(batcher, [job(2), job(3)])
         backend.step()  # call 1 answered: jobs 2 and 3 are the next call, taken after it
-        await backend.running()
-        backend.launch()
+        await backend.launch_next()
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
     finally:

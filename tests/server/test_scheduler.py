@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import httpx
 import pytest
@@ -194,19 +194,27 @@ class SteppedAheadBackend(SteppedBackend):
     def launch(self) -> None:
         self._launch.release()
 
+    async def launch_next(self) -> None:
+        """Until the engine's thread is launching a call, then let that launch finish."""
+        await self.running()
+        self.launch()
+
     async def launched_calls(self, count: int) -> None:
-        for _ in range(3000):
-            if len(self.launched) >= count:
-                return
-            await asyncio.sleep(0.01)
-        pytest.fail(f"{count} calls were never launched: {self.launched}")
+        await _until(lambda: len(self.launched) >= count, f"{count} calls were never launched", self.launched)
 
     async def laid_out_calls(self, count: int) -> None:
-        for _ in range(3000):
-            if len(self.laid_out) >= count:
-                return
-            await asyncio.sleep(0.01)
-        pytest.fail(f"{count} calls were never laid out ahead: {self.laid_out}")
+        await _until(
+            lambda: len(self.laid_out) >= count, f"{count} calls were never laid out ahead", self.laid_out
+        )
+
+
+async def _until(condition: Callable[[], bool], failure: str, seen: object) -> None:
+    """Poll ``condition`` for up to 30 s; fail with ``failure`` and what was ``seen`` otherwise."""
+    for _ in range(3000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"{failure}: {seen}")
 
 
 async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> None:
@@ -225,8 +233,7 @@ async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> Non
         backend.launch()
         await backend.laid_out_calls(2)
         backend.step()
-        await backend.running()
-        backend.launch()
+        await backend.launch_next()
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
     finally:
@@ -286,8 +293,7 @@ async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
         backend.launch()
         await backend.laid_out_calls(1)
         backend.step()
-        await backend.running()
-        backend.launch()
+        await backend.launch_next()
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
     finally:
@@ -316,8 +322,7 @@ async def test_the_next_call_launches_before_the_running_one_is_collected() -> N
         backend.step()
         await asyncio.wait_for(tasks[0], 30)
         assert not any(t.done() for t in tasks[1:])  # call 2's scores are not collected yet
-        await backend.running()
-        backend.launch()  # call 3 ([4, 5]) launches behind call 2, still uncollected
+        await backend.launch_next()  # call 3 ([4, 5]) launches behind call 2, still uncollected
         await backend.launched_calls(3)
         assert backend.calls == [[1]]
         backend.step()
@@ -361,12 +366,10 @@ async def test_a_failing_call_is_answered_job_by_job_and_the_next_call_is_not_br
         await backend.running()
         tasks += await queue(batcher, [job(2), job(13), job(4), job(66), job(6)])
         backend.launch()
-        await backend.running()
-        backend.launch()  # call 2 ([2, 13]) launched, its collect to fail
+        await backend.launch_next()  # call 2 ([2, 13]) launched, its collect to fail
         backend.step()
         await asyncio.wait_for(tasks[0], 30)
-        await backend.running()
-        backend.launch()  # call 3 ([4, 66]) fails to launch, behind call 2's collect
+        await backend.launch_next()  # call 3 ([4, 66]) fails to launch, behind call 2's collect
         await backend.launched_calls(3)
         for _ in range(20):  # enough for the retries and the last call
             backend.launch()
@@ -394,8 +397,7 @@ async def test_stopping_answers_launched_and_queued_calls() -> None:
         await backend.running()
         tasks += await queue(batcher, [job(2), job(3), job(4)])
         backend.launch()
-        await backend.running()
-        backend.launch()  # call 1 collecting, call 2 launched behind it, job 4 queued
+        await backend.launch_next()  # call 1 collecting, call 2 launched behind it, job 4 queued
         await backend.launched_calls(2)
         await batcher.stop()
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
