@@ -1,11 +1,16 @@
-"""The residual stream in the model's dtype (bf16) against float32: engine speed and scores, one process.
+"""Two ways of keeping the residual stream, side by side: engine speed and scores, one process.
 
-    PYTHONPATH=. python examples/benchmarks/bench_residual.py [--dry-run]
+    PYTHONPATH=. python examples/benchmarks/bench_residual.py [--variants float32,model] [--dry-run]
+
+The variants (``VARIANTS``; the first named is the baseline): "float32", a float32 stream to which the
+norm kernels add the products; "model", the stream in the model's dtype (``residual_dtype="model"``);
+"matmul", the o and down products added into the float32 stream by the product itself
+(``residual_add="matmul"``).
 
 A random-init Qwen3-Reranker-0.6B shape in bf16 and the real Qwen3 tokenizer, with bench_text.py's
 text workloads drawn the same way (seed 0: W1 = one query and 256 documents of 128-512 words, W4 = four
-sets of one query and 20 documents). Two engines over the same weights, built alike but for
-``PackedOptions.residual_dtype``: "float32" and "model" (bf16 here). In one process:
+sets of one query and 20 documents). Two engines over the same weights, built alike but for the two
+variants' options. In one process:
 
 * **scores**: W1 and each W4 set through ``rerank`` with each engine, and through the official
   Qwen3-Reranker recipe in bf16, each against the official recipe in float32 arithmetic on the same
@@ -61,7 +66,11 @@ from bench_workloads import errors, peak_beyond  # noqa: E402
 from genscore_core import GenerativeScorer, ScoringEngine  # noqa: E402
 from genscore_core.packed import PackedForward, PackedOptions  # noqa: E402
 
-RESIDUALS = ("float32", "model")
+VARIANTS: dict[str, dict[str, str]] = {
+    "float32": {"residual_dtype": "float32", "residual_add": "norm"},
+    "model": {"residual_dtype": "model", "residual_add": "norm"},
+    "matmul": {"residual_dtype": "float32", "residual_add": "matmul"},
+}
 
 
 def sync() -> None:
@@ -132,7 +141,13 @@ def main() -> None:
     parser.add_argument("--w1-pairs", type=int, default=16, help="alternating pairs of W1 calls")
     parser.add_argument("--w4-pairs", type=int, default=60, help="alternating pairs of W4 calls")
     parser.add_argument("--label", default="", help="what is measured (a commit), printed in the header")
+    parser.add_argument(
+        "--variants", default="float32,model", help=f"baseline,candidate among {', '.join(VARIANTS)}"
+    )
     args = parser.parse_args()
+    variants = args.variants.split(",")
+    if len(variants) != 2 or not set(variants) <= set(VARIANTS):
+        parser.error(f"--variants: two of {', '.join(VARIANTS)}, comma-separated")
     device = torch.device("cpu" if DRY else "cuda")
     w1_pairs, w4_pairs = (2, 4) if DRY else (args.w1_pairs, args.w4_pairs)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -166,14 +181,20 @@ def main() -> None:
     scorers: dict[str, GenerativeScorer] = {}
     engines: dict[str, ScoringEngine] = {}
     reserved: dict[str, float] = {}
-    for residual in RESIDUALS:
+    report["variants"] = {}
+    for residual in variants:
         sync()
         if not DRY:  # cached blocks of earlier work (the official recipe's logits) would be counted
             torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved() if not DRY else 0
-        forward = PackedForward(model, options=PackedOptions(residual_dtype=residual))  # type: ignore[arg-type]
-        want = torch.float32 if residual == "float32" else torch.bfloat16
-        assert forward.decoder.residual_dtype == want, (residual, forward.decoder.residual_dtype)
+        forward = PackedForward(model, options=PackedOptions(**VARIANTS[residual]))  # type: ignore[arg-type]
+        decoder = forward.decoder
+        report["variants"][residual] = {
+            "options": VARIANTS[residual],
+            "residual_dtype": str(decoder.residual_dtype),
+            "add_in_matmul": decoder.add_in_matmul,
+        }
+        print(residual, report["variants"][residual], flush=True)
         engine = ScoringEngine(model, forward, base.engine.head)
         scorer = GenerativeScorer(front_end=base.front_end, backend=engine)
         for _ in range(3):  # compile, then each shape's capture on its second sight
@@ -190,16 +211,17 @@ def main() -> None:
     accuracy: dict[str, dict[str, tuple[float, float]]] = {
         who: {name: errors(got[name], reference[name]) for name in sets} for who, got in scores.items()
     }
-    accuracy["model vs float32 residual (score diff)"] = {
-        name: errors(scores["model"][name], scores["float32"][name]) for name in sets
+    base_name, candidate = variants
+    accuracy["candidate vs baseline (score diff)"] = {
+        name: errors(scores[candidate][name], scores[base_name][name]) for name in sets
     }
     report["accuracy"] = accuracy
     print(json.dumps({"accuracy": accuracy}), flush=True)
 
     # The same prompts as token-id jobs (eager batches, not streamed) score as rerank did (streamed,
     # the graphs of large and small batches on CUDA), with either residual.
-    w1_jobs = scorers["float32"].prepare_pairs(w1.pairs).jobs
-    w4_jobs = [scorers["float32"].prepare_pairs(w.pairs).jobs for w in w4]
+    w1_jobs = scorers[base_name].prepare_pairs(w1.pairs).jobs
+    w4_jobs = [scorers[base_name].prepare_pairs(w.pairs).jobs for w in w4]
     report["rerank_vs_score_jobs_max_diff"] = {
         r: max(
             max(abs(a - b) for a, b in zip(e.score_jobs(jobs)[0], scores[r][name]))
@@ -237,20 +259,22 @@ def main() -> None:
         report["w1_engine_kernels_ms"] = {
             r: kernel_times(lambda e=e: e.score_jobs(w1_jobs)) for r, e in engines.items()
         }
-    report["rule"] = rule(report, list(sets))
+    report["rule"] = rule(report, list(sets), candidate)
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_residual.json").write_text(json.dumps(report, indent=1))
-    print(tables(report, list(sets)), flush=True)
+    print(tables(report, list(sets), variants), flush=True)
 
 
-def rule(report: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """The decision rule fixed before the measurement (docs/benchmarks.md, "Residual stream in the
-    model's dtype"): the bf16 residual's max and mean error <= the official bf16 recipe's on every
-    score set, and W1 engine alone faster (median paired difference < 0, >= 2/3 of the pairs)."""
+def rule(report: dict[str, Any], names: Sequence[str], candidate: str) -> dict[str, Any]:
+    """The decision rule fixed before the measurements (docs/benchmarks.md, "Residual stream in the
+    model's dtype" and "Products added in the matmul"): the candidate's max and mean error <= the
+    official bf16 recipe's on every score set, and W1 engine alone faster (median paired difference
+    < 0, >= 2/3 of the pairs)."""
     acc = report["accuracy"]
     accuracy_ok = all(
-        acc["model"][n][0] <= acc["official bf16"][n][0] and acc["model"][n][1] <= acc["official bf16"][n][1]
+        acc[candidate][n][0] <= acc["official bf16"][n][0]
+        and acc[candidate][n][1] <= acc["official bf16"][n][1]
         for n in names
     )
     w1 = report["speed"]["W1 engine alone"]
@@ -258,29 +282,31 @@ def rule(report: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
     return {"accuracy_ok": accuracy_ok, "faster": faster, "switch_default": accuracy_ok and faster}
 
 
-def tables(report: dict[str, Any], names: Sequence[str]) -> str:
+def tables(report: dict[str, Any], names: Sequence[str], variants: Sequence[str]) -> str:
     acc = report["accuracy"]
+    a, b = variants
     lines = [
         report["header"],
+        f"variants: {report['variants']}",
         "",
-        "|score set | official bf16 max / mean | float32 residual max / mean | model (bf16) residual max / mean | "
-        "bf16 residual <= official (max, mean) | bf16 vs fp32 residual: max / mean diff |",
+        f"|score set | official bf16 max / mean | {a} max / mean | {b} max / mean | "
+        f"{b} <= official (max, mean) | {b} vs {a}: max / mean diff |",
         "|---|---|---|---|---|---|",
     ]
     for name in names:
-        o, f, m = acc["official bf16"][name], acc["float32"][name], acc["model"][name]
-        d = acc["model vs float32 residual (score diff)"][name]
+        o, f, m = acc["official bf16"][name], acc[a][name], acc[b][name]
+        d = acc["candidate vs baseline (score diff)"][name]
         lines.append(
             f"| {name} | {o[0]:.2e} / {o[1]:.2e} | {f[0]:.2e} / {f[1]:.2e} | {m[0]:.2e} / {m[1]:.2e} | "
             f"{m[0] <= o[0]}, {m[1] <= o[1]} | {d[0]:.1e} / {d[1]:.1e} |"
         )
     lines += [
         "",
-        "| workload | float32 median ms | model (bf16) median ms | bf16 / fp32 | paired diff median ms | pairs bf16 faster |",
+        f"| workload | {a} median ms | {b} median ms | {b} / {a} | paired diff median ms | pairs {b} faster |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, s in report["speed"].items():
-        f, m = s["median_ms"]["float32"], s["median_ms"]["model"]
+        f, m = s["median_ms"][a], s["median_ms"][b]
         lines.append(
             f"| {name} | {f:.2f} | {m:.2f} | {m / f:.3f} | {s['paired_diff_median_ms']:+.2f} | "
             f"{s['paired_faster']}/{s['pairs']} |"
