@@ -35,7 +35,7 @@ from genscore_core.packed import (
     supports,
     unsupported_reason,
 )
-from genscore_core.packed.decoder import DeviceBatch, StaticShape, add_matmul, adds_in_matmul, host_layout
+from genscore_core.packed.decoder import DeviceBatch, StaticShape, host_layout
 from genscore_core.packed.graphs import DecoderGraphs, static_shape
 
 ATOL = 1e-5
@@ -265,16 +265,12 @@ def test_selection(qwen3: Any) -> None:
         PackedOptions(fused_ops="torch"),
         PackedOptions(fused_projections=False),
         PackedOptions(fused_projections=False, trim_last_layer=False),
-        PackedOptions(residual_add="matmul"),
-        PackedOptions(residual_add="matmul", trim_last_layer=False, fused_ops="torch"),
     ],
 )
 def test_options_keep_the_numbers(qwen3: Any, options: PackedOptions) -> None:
     groups = _random_groups(random.Random(6), qwen3.config.vocab_size, SPEC)
     forward = PackedForward(qwen3, max_batch_tokens=30, options=options)
     assert forward.decoder.options is options
-    # A float32 model's products add into its float32 stream wherever they are asked to.
-    assert forward.decoder.add_in_matmul == (options.residual_add == "matmul")
     torch.testing.assert_close(
         forward.last_hidden_states(groups), _reference(qwen3, groups), atol=ATOL, rtol=ATOL
     )
@@ -289,47 +285,6 @@ def test_the_residual_in_the_model_dtype_is_float32_in_a_float32_model(qwen3: An
     )
     with pytest.raises(ValidationError):
         PackedOptions(residual_dtype="bfloat16")  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("kind", ["qwen2", "llama"])
-def test_products_added_in_the_matmul_on_other_architectures(kind: str) -> None:
-    """Llama's o and down products here carry biases: those layers keep the add in the norm kernel."""
-    model = _small_model(kind)
-    groups = _random_groups(random.Random(3), model.config.vocab_size, SPEC)
-    forward = PackedForward(model, max_batch_tokens=30, options=PackedOptions(residual_add="matmul"))
-    assert forward.decoder.add_in_matmul
-    got = forward.last_hidden_states(groups)
-    torch.testing.assert_close(got, _reference(model, groups), atol=ATOL, rtol=ATOL)
-
-
-def test_add_matmul_adds_the_product_into_the_stream_in_place() -> None:
-    """Against float64 arithmetic, on awkward shapes; the stream keeps its storage."""
-    gen = torch.Generator().manual_seed(0)
-    for rows, inner, cols in ((1, 3, 5), (7, 33, 17), (65, 128, 96)):
-        residual = torch.randn(rows, cols, generator=gen)
-        x = torch.randn(rows, inner, generator=gen)
-        weight = torch.randn(cols, inner, generator=gen)
-        want = residual.double() + x.double() @ weight.double().t()
-        storage = residual.data_ptr()
-        add_matmul(residual, x, weight)
-        assert residual.data_ptr() == storage
-        torch.testing.assert_close(residual.double(), want, atol=1e-4, rtol=1e-5)
-
-
-def test_a_wider_stream_adds_in_the_matmul_only_where_torch_can() -> None:
-    """bf16 products into a float32 stream need ``addmm(out_dtype=)``: whichever way the probe answers
-    on this build, the answer is the truth about ``add_matmul`` here."""
-    x = torch.ones(3, 8, dtype=torch.bfloat16)
-    weight = torch.full((5, 8), 0.5, dtype=torch.bfloat16)
-    residual = torch.full((3, 5), 1e-3)
-    if adds_in_matmul(torch.float32, torch.bfloat16, torch.device("cpu")):
-        add_matmul(residual, x, weight)
-        assert residual.dtype == torch.float32
-        torch.testing.assert_close(residual, torch.full((3, 5), 4.001), atol=0, rtol=0)
-    else:
-        with pytest.raises((RuntimeError, TypeError, NotImplementedError)):
-            add_matmul(residual, x, weight)
-    assert adds_in_matmul(torch.bfloat16, torch.bfloat16, torch.device("cpu"))
 
 
 def _bf16_copy(model: Any) -> Any:
@@ -350,20 +305,6 @@ def test_a_bf16_model_keeps_a_bf16_residual_only_when_asked(qwen3: Any) -> None:
     # Both within bf16 noise of the float32 model (final-norm rows are of order one).
     torch.testing.assert_close(a, reference, atol=0.1, rtol=0.05)
     torch.testing.assert_close(b, reference, atol=0.1, rtol=0.05)
-
-
-def test_a_bf16_stream_adds_its_products_in_the_matmul(qwen3: Any) -> None:
-    """In a bf16 model with a bf16 stream the products add into it unrounded: other rows than the
-    products rounded and added by the norm kernel, within bf16 noise of the float32 model."""
-    groups = _random_groups(random.Random(6), qwen3.config.vocab_size, SPEC)
-    reference = _reference(qwen3, groups)
-    model = _bf16_copy(qwen3)
-    in_matmul = PackedForward(model, options=PackedOptions(residual_dtype="model", residual_add="matmul"))
-    in_norm = PackedForward(model, options=PackedOptions(residual_dtype="model"))
-    assert in_matmul.decoder.add_in_matmul and not in_norm.decoder.add_in_matmul
-    a, b = in_matmul.last_hidden_states(groups), in_norm.last_hidden_states(groups)
-    assert (a - b).abs().max() > 1e-3, "the products were not rounded before the add"
-    torch.testing.assert_close(a, reference, atol=0.1, rtol=0.05)
 
 
 def test_graphs_replay_a_bf16_residual_as_the_eager_decoder_runs_it(qwen3: Any) -> None:

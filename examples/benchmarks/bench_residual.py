@@ -2,10 +2,11 @@
 
     PYTHONPATH=. python examples/benchmarks/bench_residual.py [--variants float32,model] [--dry-run]
 
-The variants (``VARIANTS``; the first named is the baseline): "float32", a float32 stream to which the
-norm kernels add the products; "model", the stream in the model's dtype (``residual_dtype="model"``);
-"matmul", the o and down products added into the float32 stream by the product itself
-(``residual_add="matmul"``).
+The variants (``VARIANTS``; the first named is the baseline): "float32", the float32 stream (the
+default); "model", the stream in the model's dtype (``residual_dtype="model"``). Until bd7b74e was
+reverted there was a third, "matmul": the o and down products added into the float32 stream by the
+product itself (``torch.addmm`` with ``out_dtype``; docs/benchmarks.md, "Products added in the
+matmul").
 
 A random-init Qwen3-Reranker-0.6B shape in bf16 and the real Qwen3 tokenizer, with bench_text.py's
 text workloads drawn the same way (seed 0: W1 = one query and 256 documents of 128-512 words, W4 = four
@@ -67,9 +68,8 @@ from genscore_core import GenerativeScorer, ScoringEngine  # noqa: E402
 from genscore_core.packed import PackedForward, PackedOptions  # noqa: E402
 
 VARIANTS: dict[str, dict[str, str]] = {
-    "float32": {"residual_dtype": "float32", "residual_add": "norm"},
-    "model": {"residual_dtype": "model", "residual_add": "norm"},
-    "matmul": {"residual_dtype": "float32", "residual_add": "matmul"},
+    "float32": {"residual_dtype": "float32"},
+    "model": {"residual_dtype": "model"},
 }
 
 
@@ -192,7 +192,6 @@ def main() -> None:
         report["variants"][residual] = {
             "options": VARIANTS[residual],
             "residual_dtype": str(decoder.residual_dtype),
-            "add_in_matmul": decoder.add_in_matmul,
         }
         print(residual, report["variants"][residual], flush=True)
         engine = ScoringEngine(model, forward, base.engine.head)

@@ -9,8 +9,6 @@ runs one q/k/v GEMM and one gate/up GEMM instead of five. One call runs one
 
 * the residual stream is float32 [T, H] (``PackedOptions.residual_dtype``); RMSNorms, Qwen3's q/k norms
   and rotary embeddings compute in float32; only the inputs of matrix products are in the model's dtype;
-  the o and down products are added to the stream by the matrix product itself where torch can
-  (``PackedOptions.residual_add``), so they are never rounded to the model's dtype;
 * K and V are written straight into the batch's key/value buffer, row ``t`` for stream token ``t``
   (with fused projections, column blocks of the one q/k/v GEMM's output, read with its row stride);
   attention reads each group's prefix keys where they were computed, once per group, never copied;
@@ -484,14 +482,6 @@ class PackedOptions(BaseModel):
     from a float32 reference than the official bf16 recipe's on two of five score sets (mean error
     2% above to 19% below the official recipe's; float32's 5-27% below): the default keeps float32
     (docs/benchmarks.md, "Residual stream in the model's dtype")."""
-    residual_add: Literal["matmul", "norm"] = "norm"
-    """Where the attention output (o) and MLP output (down) products join the residual stream.
-    "matmul": the product adds itself to the stream (``torch.addmm`` into the residual, in place:
-    cuBLAS accumulates and adds in float32 and rounds once, to the stream's dtype), and the RMSNorm
-    after it only normalises; the products are never rounded to the model's dtype. Needs torch's
-    ``addmm(..., out_dtype=)`` for a stream wider than the model's dtype (CUDA), and products without
-    a bias; elsewhere "norm" runs (``PackedDecoder.add_in_matmul`` says which). "norm": the product
-    is written in the model's dtype and the add+RMSNorm kernel adds it."""
     trim_last_layer: bool = True
     """Compute the last layer's queries, attention and MLP only where the output is read."""
     graph_tokens: int = Field(default=16384, ge=0)
@@ -544,9 +534,6 @@ class PackedDecoder:
         self._cos = torch.empty(0, self.head_dim, device=self.device)
         self._sin = torch.empty(0, self.head_dim, device=self.device)
         self.residual_dtype = torch.float32 if options.residual_dtype == "float32" else self.dtype
-        self.add_in_matmul = options.residual_add == "matmul" and adds_in_matmul(
-            self.residual_dtype, self.dtype, self.device
-        )
         # Resolved once, so that a Triton request the model cannot meet fails here, not mid-batch.
         probe_q = torch.empty(0, self.num_heads, self.head_dim, device="meta")
         probe_k = torch.empty(0, self.num_kv_heads, self.head_dim, device="meta")
@@ -688,7 +675,7 @@ class PackedDecoder:
             if last:
                 attn = attn.index_select(0, dev.prompt_segments)
                 residual = residual.index_select(0, dev.prompt_segments)
-            attn_out = self._into_residual(residual, attn.view(attn.shape[0], -1), layer.o)
+            attn_out = F.linear(attn.view(attn.shape[0], -1), *layer.o)
             del attn
             h = fused_ops.add_rmsnorm(residual, attn_out, layer.ln2, self.eps, self.dtype, impl=impl)
             del attn_out
@@ -703,13 +690,13 @@ class PackedDecoder:
                 del gate_up
             else:
                 act = fused_ops.silu_mul(F.linear(h, *layer.gate), F.linear(h, *layer.up), impl=impl)
-            mlp_out = self._into_residual(residual, act, layer.down)
+            mlp_out = F.linear(act, *layer.down)
             del act
             if index == n_layers - 1:
                 if not last:
                     rows = dev.segment_last.index_select(0, dev.prompt_segments)
                     residual = residual.index_select(0, rows)
-                    mlp_out = None if mlp_out is None else mlp_out.index_select(0, rows)
+                    mlp_out = mlp_out.index_select(0, rows)
                 h = fused_ops.add_rmsnorm(
                     residual, mlp_out, self.final_norm, self.eps, torch.float32, impl=impl
                 )
@@ -719,43 +706,6 @@ class PackedDecoder:
                 )
             del mlp_out
         return h, saved
-
-    def _into_residual(self, residual: torch.Tensor, x: torch.Tensor, linear: Linear) -> torch.Tensor | None:
-        """``x @ weight.T (+ bias)`` for the stream: added into ``residual`` by the product itself
-        (returns None), or returned in the model's dtype for the add+RMSNorm kernel to add."""
-        weight, bias = linear
-        if self.add_in_matmul and bias is None:
-            add_matmul(residual, x, weight)
-            return None
-        return F.linear(x, weight, bias)
-
-
-def add_matmul(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
-    """``residual += x @ weight.T`` in one matrix product, in place: accumulated and added in float32,
-    rounded once to ``residual``'s dtype (which may be wider than ``x``'s)."""
-    if residual.dtype == x.dtype:
-        torch.addmm(residual, x, weight.t(), out=residual)
-    else:
-        torch.addmm(residual, x, weight.t(), out_dtype=residual.dtype, out=residual)
-
-
-def adds_in_matmul(residual_dtype: torch.dtype, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether :func:`add_matmul` runs here for a ``residual_dtype`` stream and ``dtype`` products.
-
-    A wider stream needs ``addmm``'s ``out_dtype`` (CUDA builds of recent torch), which is tried once
-    on a small product whose answer is known, so that a build that lacks it, or writes the aliased
-    output wrong, keeps the products rounded and added by the norm kernel instead.
-    """
-    if residual_dtype == dtype:
-        return True
-    x = torch.ones(4, 16, dtype=dtype, device=device)
-    weight = torch.ones(8, 16, dtype=dtype, device=device)
-    residual = torch.full((4, 8), 0.25, dtype=residual_dtype, device=device)
-    try:
-        add_matmul(residual, x, weight)
-    except (RuntimeError, TypeError, NotImplementedError):
-        return False
-    return bool((residual == 16.25).all())
 
 
 def _linear_into(x: torch.Tensor, linear: Linear, out: torch.Tensor) -> None:
