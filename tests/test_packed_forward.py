@@ -265,7 +265,6 @@ def test_selection(qwen3: Any) -> None:
         PackedOptions(fused_ops="torch"),
         PackedOptions(fused_projections=False),
         PackedOptions(fused_projections=False, trim_last_layer=False),
-        PackedOptions(rope_in_attention=False),
     ],
 )
 def test_options_keep_the_numbers(qwen3: Any, options: PackedOptions) -> None:

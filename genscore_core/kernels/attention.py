@@ -23,7 +23,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from genscore_core.kernels import fused_ops
 from genscore_core.kernels.dispatch import KernelImpl, use_triton
 
 SEGMENT_FIELDS = ("q_start", "q_len", "k_start", "k_len", "prefix_start", "prefix_len")
@@ -52,24 +51,6 @@ class AttentionTiling:
         while n * 2 <= self.heads and group % (n * 2) == 0:
             n *= 2
         return n
-
-
-@dataclass(frozen=True)
-class QueryRope:
-    """Qwen3's per-head q norm (when ``norm_weight`` is given) and the rotary embedding, for
-    :func:`segment_attention` to apply to the queries itself: the Triton kernel as it loads them, so
-    that the roped queries are never written out and read back; the torch path first runs
-    :func:`~genscore_core.kernels.fused_ops.rope` with ``impl``. Same arguments as that function."""
-
-    norm_weight: torch.Tensor | None
-    eps: float
-    cos: torch.Tensor
-    """[max position, D] float32."""
-    sin: torch.Tensor
-    positions: torch.Tensor
-    """[Tq] int64: the position of each row of q."""
-    impl: KernelImpl = "auto"
-    """The rope kernel's implementation where the attention runs in torch."""
 
 
 DEFAULT_TILING = AttentionTiling(block_m=32, block_n=32, heads=2, num_warps=4, num_stages=3, tma=True)
@@ -165,27 +146,18 @@ def segment_attention(
     segments: Segments,
     scale: float,
     *,
-    q_rope: QueryRope | None = None,
     impl: KernelImpl = "auto",
 ) -> torch.Tensor:
     """q [Tq, Hq, D], k/v [Tk, Hkv, D] -> [Tq, Hq, D] (contiguous): each segment's causal attention over
     its prefix and its own keys. Rows of ``q``, ``k`` and ``v`` may have a stride (column blocks of one
-    q/k/v product). Rows of ``q`` outside every segment come back unspecified. With ``q_rope`` the
-    queries are normed and rotated first (``q`` itself is not written).
+    q/k/v product). Rows of ``q`` outside every segment come back unspecified.
 
     ``impl`` picks the Triton kernel or the torch reference (:mod:`genscore_core.kernels.dispatch`).
     """
     if use_triton(impl, q.device, kernel="segment_attention", unsupported=unsupported_reason(q, k)):
         from genscore_core.kernels import attention_triton
 
-        return attention_triton.segment_attention(q, k, v, segments, scale, q_rope)
-    if q_rope is not None:
-        roped = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        fused_ops.rope(
-            q, q.shape[1], q_rope.norm_weight, q_rope.eps, q_rope.cos, q_rope.sin, q_rope.positions, roped,
-            impl=q_rope.impl,
-        )  # fmt: skip
-        q = roped
+        return attention_triton.segment_attention(q, k, v, segments, scale)
     return segment_attention_reference(q, k, v, segments.host, scale)
 
 

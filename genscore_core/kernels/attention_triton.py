@@ -8,10 +8,7 @@ One program computes one block of ``BLOCK_M`` queries of one segment for ``HEADS
 share a key/value head (grouped-query attention), so each K/V tile is loaded once for all of them.
 Softmax is the streaming (online) form, in float32, with ``exp2``, over one loop of key tiles
 (prefix, then own keys) masked per query. The host orders blocks so the longest run first, which
-keeps the last wave of the grid short. With a :class:`~genscore_core.kernels.attention.QueryRope`,
-the program applies Qwen3's per-head q norm and the rotary embedding to its queries as it loads them
-(in float32, then rounded to q's dtype, as the separate rope kernel would store them), so the roped
-queries never make a round trip through memory.
+keeps the last wave of the grid short.
 
 This module imports triton at the top; ``attention.py`` imports it only when it is needed.
 """
@@ -25,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from genscore_core.kernels.attention import QueryRope, Segments
+from genscore_core.kernels.attention import Segments
 
 LOG2E = 1.4426950408889634
 
@@ -65,11 +62,6 @@ def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads a
     o_ptr,  # [Tq, Hq, D]
     seg_ptr,  # [S, 6] int64: q_start, q_len, k_start, k_len, prefix_start, prefix_len
     blocks_ptr,  # [NB, 2] int64: segment, first query (within the segment) of the block
-    pos_ptr,  # [Tq] int64 positions of the queries (ROPE)
-    cos_ptr,  # [P, D] float32 (ROPE)
-    sin_ptr,  # [P, D] float32 (ROPE)
-    qw_ptr,  # [D] q norm weight (Q_NORM)
-    eps,
     scale_log2e,
     stride_qt,
     stride_qh,
@@ -86,8 +78,6 @@ def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads a
     D: tl.constexpr,
     TMA: tl.constexpr,
     PRECISION: tl.constexpr,
-    ROPE: tl.constexpr,
-    Q_NORM: tl.constexpr,
 ):
     pack = tl.program_id(0)
     block = tl.program_id(1)
@@ -110,21 +100,7 @@ def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads a
     valid = qi < q_len
     d = tl.arange(0, D)
     q_rows = q_ptr + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh
-    if ROPE:
-        # The rope kernel's arithmetic on the [ROWS, D] tile: column c rotates with column c +- D/2.
-        HALF: tl.constexpr = D // 2
-        partner = (d + HALF) % D
-        x = tl.load(q_rows + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        xp = tl.load(q_rows + partner[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        if Q_NORM:
-            rstd = (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps))[:, None]
-            x = x * rstd * tl.load(qw_ptr + d).to(tl.float32)[None, :]
-            xp = xp * rstd * tl.load(qw_ptr + partner).to(tl.float32)[None, :]
-        at = tl.load(pos_ptr + q_start + qi, mask=valid, other=0)[:, None] * D + d[None, :]
-        sign = tl.where(d < HALF, -1.0, 1.0)[None, :]
-        q = (x * tl.load(cos_ptr + at) + sign * xp * tl.load(sin_ptr + at)).to(q_ptr.dtype.element_ty)
-    else:
-        q = tl.load(q_rows + d[None, :], mask=valid[:, None], other=0.0)
+    q = tl.load(q_rows + d[None, :], mask=valid[:, None], other=0.0)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D], tl.float32)
@@ -171,10 +147,8 @@ def segment_attention(
     v: torch.Tensor,
     segments: Segments,
     scale: float,
-    q_rope: QueryRope | None = None,
 ) -> torch.Tensor:
-    """q [Tq, Hq, D], k/v [Tk, Hkv, D] -> [Tq, Hq, D]; ``segments`` on q's device; ``q_rope``: applied
-    to the queries as they are loaded (q itself is left as it is)."""
+    """q [Tq, Hq, D], k/v [Tk, Hkv, D] -> [Tq, Hq, D]; ``segments`` on q's device."""
     heads, dim = q.shape[1], q.shape[2]
     group = heads // k.shape[1]
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and dim & (dim - 1) == 0
@@ -197,11 +171,6 @@ def segment_attention(
         out,
         segments.table,
         segments.blocks,
-        q_rope.positions if q_rope is not None else segments.table,
-        q_rope.cos if q_rope is not None else segments.table,
-        q_rope.sin if q_rope is not None else segments.table,
-        q_rope.norm_weight if q_rope is not None and q_rope.norm_weight is not None else segments.table,
-        q_rope.eps if q_rope is not None else 0.0,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -218,8 +187,6 @@ def segment_attention(
         D=dim,
         TMA=tma,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        ROPE=q_rope is not None,
-        Q_NORM=q_rope is not None and q_rope.norm_weight is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

@@ -33,7 +33,6 @@ from genscore_core.kernels import fused_ops
 from genscore_core.kernels.attention import (
     DEFAULT_TILING,
     LAST_TOKEN_TILING,
-    QueryRope,
     Segments,
     check_table,
     plan_blocks,
@@ -483,10 +482,6 @@ class PackedOptions(BaseModel):
     from a float32 reference than the official bf16 recipe's on two of five score sets (mean error
     2% above to 19% below the official recipe's; float32's 5-27% below): the default keeps float32
     (docs/benchmarks.md, "Residual stream in the model's dtype")."""
-    rope_in_attention: bool = True
-    """The queries' norm and rotary embedding are applied by the attention as it loads them
-    (:class:`~genscore_core.kernels.attention.QueryRope`) instead of by a kernel of their own that
-    writes them back: the same arithmetic, one read and one write of every query fewer."""
     trim_last_layer: bool = True
     """Compute the last layer's queries, attention and MLP only where the output is read."""
     graph_tokens: int = Field(default=16384, ge=0)
@@ -671,16 +666,11 @@ class PackedDecoder:
             if q is None:
                 # With fused projections, layer.q is the q rows of the fused weight (a view).
                 q = F.linear(h, *layer.q).view(h.shape[0], self.num_heads, self.head_dim)
-            q_rope: QueryRope | None = QueryRope(
-                layer.q_norm, self.eps, cos, sin, positions_q, self.rope_impl
+            fused_ops.rope(
+                q, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q, impl=self.rope_impl
             )
-            if not self.options.rope_in_attention:
-                fused_ops.rope(
-                    q, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q, impl=self.rope_impl
-                )
-                q_rope = None
             segments = dev.last_segments if last else dev.segments
-            attn = segment_attention(q, k, v, segments, self.scale, q_rope=q_rope, impl=self.attention_impl)
+            attn = segment_attention(q, k, v, segments, self.scale, impl=self.attention_impl)
             del q, k, v
             if last:
                 attn = attn.index_select(0, dev.prompt_segments)

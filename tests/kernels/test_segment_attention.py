@@ -11,12 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from genscore_core.kernels import fused_ops
 from genscore_core.kernels.attention import (
     DEFAULT_TILING,
     LAST_TOKEN_TILING,
     AttentionTiling,
-    QueryRope,
     Segments,
     segment_attention,
     segment_attention_reference,
@@ -133,51 +131,6 @@ def test_kernel_matches_reference(
     want = segment_attention_reference(q.float(), k.float(), v.float(), table, scale)
     tol = 1e-5 if dtype == torch.float32 else 4e-3
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
-
-
-@pytest.mark.parametrize(
-    ("config", "dtype", "q_norm", "last_only", "seed"),
-    [
-        (AttentionTiling(block_m=16, block_n=16, heads=2), torch.float32, True, False, 0),
-        (AttentionTiling(block_m=32, block_n=16, heads=1, tma=True), torch.float32, False, False, 1),
-        (AttentionTiling(block_m=16, block_n=32, heads=2, tma=True), torch.float32, True, True, 2),
-        (AttentionTiling(block_m=16, block_n=16, heads=2), torch.float16, True, False, 3),
-    ],
-)
-def test_queries_roped_in_the_kernel_as_the_rope_kernel_ropes_them(
-    config: AttentionTiling, dtype: torch.dtype, q_norm: bool, last_only: bool, seed: int
-) -> None:
-    """q normed and rotated as the kernel loads it == the rope op first, then the attention; q is read
-    from a column block of a wider product (a row stride), at scattered positions, and left as it was."""
-    rng = random.Random(seed)
-    table, tq, tk = random_layout(rng, rng.randint(3, 9), last_only)
-    heads, kv_heads, dim = 4, 2, 32
-    torch.manual_seed(seed)
-    product = torch.randn(tq, (heads + 2 * kv_heads) * dim).to(dtype)
-    q = product[:, : heads * dim].view(tq, heads, dim)
-    before = q.clone()
-    k = torch.randn(tk, kv_heads, dim).to(dtype)
-    v = torch.randn(tk, kv_heads, dim).to(dtype)
-    cos, sin = torch.randn(300, dim), torch.randn(300, dim)
-    positions = torch.tensor([rng.randrange(300) for _ in range(tq)])
-    weight = (1 + 0.3 * torch.randn(dim)).to(dtype) if q_norm else None
-    scale = 1 / math.sqrt(dim)
-    roped = torch.empty(q.shape, dtype=dtype)
-    fused_ops.rope(q, heads, weight, 1e-6, cos, sin, positions, roped, impl="torch")
-    want = segment_attention_reference(roped.float(), k.float(), v.float(), table, scale)
-    segments = Segments.build(table, torch.device("cpu"), config)
-    q_rope = QueryRope(weight, 1e-6, cos, sin, positions, impl="torch")
-    got = segment_attention(q, k, v, segments, scale, q_rope=q_rope, impl="triton")
-    tol = 1e-5 if dtype == torch.float32 else 4e-3
-    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
-    # The torch path: the same rope op, then the reference.
-    torch.testing.assert_close(
-        segment_attention(q, k, v, segments, scale, q_rope=q_rope, impl="torch").float(),
-        want,
-        atol=tol,
-        rtol=tol,
-    )
-    assert torch.equal(q, before)
 
 
 @pytest.mark.parametrize("by_segment", [True, False])
