@@ -114,11 +114,15 @@ async def test_requests_arriving_before_the_take_point_join_the_call_laid_out_ah
     assert batcher.stats.waited_batches == {0: 1, 1: 3}
 
 
+def _taking_an_hour_late(backend: SteppedAheadBackend, max_batch_tokens: int) -> RequestBatcher:
+    """A batcher whose take point is an hour away: only the budget or an answer lets the next call go."""
+    pace = FixedPace(time.perf_counter() + 3600)
+    return RequestBatcher(backend, max_batch_tokens=max_batch_tokens, max_wait_ms=0, pace=pace)
+
+
 async def test_a_queue_that_fills_the_budget_is_taken_before_the_take_point() -> None:
     backend = SteppedAheadBackend()
-    batcher = RequestBatcher(
-        backend, max_batch_tokens=8, max_wait_ms=0, pace=FixedPace(time.perf_counter() + 3600)
-    )
+    batcher = _taking_an_hour_late(backend, max_batch_tokens=8)
     batcher.start()
     try:
         tasks = await queue(batcher, [job(1)])
@@ -144,9 +148,7 @@ async def test_a_queue_that_fills_the_budget_is_taken_before_the_take_point() ->
 
 async def test_a_running_call_answered_before_the_take_point_lets_the_queue_go_next() -> None:
     backend = SteppedAheadBackend()
-    batcher = RequestBatcher(
-        backend, max_batch_tokens=100, max_wait_ms=0, pace=FixedPace(time.perf_counter() + 3600)
-    )
+    batcher = _taking_an_hour_late(backend, max_batch_tokens=100)
     batcher.start()
     try:
         tasks = await queue(batcher, [job(1)])
