@@ -7,8 +7,13 @@ command line can list ``serve``.)
 Example:
     >>> from genscore_core import GenerativeScorer  # doctest: +SKIP
     >>> from genscore_core.server import ServerLimits, create_app  # doctest: +SKIP
-    >>> app = create_app(GenerativeScorer("Qwen/Qwen3-Reranker-0.6B"), ServerLimits(max_items_per_request=256))  # doctest: +SKIP
-    >>> import uvicorn; uvicorn.run(app, host="127.0.0.1", port=8000)  # doctest: +SKIP
+    >>> limits = ServerLimits(max_items_per_request=256)  # doctest: +SKIP
+    >>> app = create_app(GenerativeScorer("Qwen/Qwen3-Reranker-0.6B"), limits)  # doctest: +SKIP
+    >>> from genscore_core.server.connections import uvicorn_options  # doctest: +SKIP
+    >>> import uvicorn; uvicorn.run(app, host="127.0.0.1", port=8000, **uvicorn_options(limits))  # doctest: +SKIP
+
+``uvicorn_options`` applies the limits' connection settings as ``genscore serve`` does (the
+connection limit, the header and keep-alive timeouts); without it uvicorn's defaults apply.
 """
 
 from __future__ import annotations

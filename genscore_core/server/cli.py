@@ -137,14 +137,15 @@ def add_serve_command(
         "--header-timeout",
         type=positive_float,
         default=defaults.header_timeout_s,
-        help="seconds a client may take to send a request's headers; slower ones are disconnected "
-        "(default %(default)s)",
+        help="seconds a client may take to send a request's headers, from connecting or from the "
+        "request's first byte; slower ones are disconnected (default %(default)s)",
     )
     connections.add_argument(
         "--keep-alive-timeout",
         type=positive_int,
         default=defaults.keep_alive_timeout_s,
-        help="seconds an idle keep-alive connection stays open (default %(default)s)",
+        help="seconds an idle keep-alive connection stays open; keep it above the idle expiry of "
+        "clients' and proxies' pools (default %(default)s)",
     )
     serve.add_argument(
         "--log-level",

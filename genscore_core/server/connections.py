@@ -6,7 +6,8 @@
 * :func:`uvicorn_options` turns :class:`~genscore_core.server.ServerLimits` into uvicorn's settings:
   the connection limit (``limit_concurrency``), the keep-alive timeout and an HTTP protocol with a
   header-read timeout, which uvicorn's h11 protocol lacks: a connection that has not sent a whole
-  request head within ``header_timeout_s`` of opening (or of its previous answer) is closed.
+  request head within ``header_timeout_s`` of opening (or of the first byte of a later request) is
+  closed. An idle kept-alive connection is closed by the keep-alive timeout alone.
 """
 
 from __future__ import annotations
@@ -94,13 +95,26 @@ def header_timeout_protocol(seconds: float) -> type[H11Protocol]:
     """uvicorn's h11 protocol, closing a connection whose request head is not complete in ``seconds``."""
 
     class HeaderTimeoutProtocol(H11Protocol):
+        # True once an answer is complete: the next request head's clock starts at its first byte.
+        # Until then the connection is idle, and how long it may stay idle is the keep-alive
+        # timeout's business: a deadline counted from the answer would close idle connections at
+        # ``seconds`` whatever the keep-alive timeout says, under clients that may reuse them.
+        _head_clock_pending = False
+
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm_header_timer()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._arm_header_timer()
+            self._head_clock_pending = True
+
+        def data_received(self, data: bytes) -> None:
+            # A cycle still answering (a pipelined request) is not waiting for a head.
+            if self._head_clock_pending and (self.cycle is None or self.cycle.response_complete):
+                self._head_clock_pending = False
+                self._arm_header_timer()
+            super().data_received(data)
 
         def _arm_header_timer(self) -> None:
             cycle = self.cycle

@@ -44,7 +44,11 @@ class ServerLimits(BaseModel):
     """Open connections served at once; beyond this new requests get a 503. Keeps slow or idle clients
     from holding every file descriptor the process has (commonly 1,024)."""
     header_timeout_s: float = Field(default=10.0, gt=0)
-    """Seconds a connection may take to send a whole request head, from opening or from its previous
-    answer; slower ones are closed (a client trickling headers holds a connection otherwise forever)."""
-    keep_alive_timeout_s: int = Field(default=5, gt=0)
-    """Seconds an idle keep-alive connection is kept open between requests."""
+    """Seconds a connection may take to send a whole request head, from opening or from the first byte
+    of a later request; slower ones are closed (a client trickling headers holds a connection
+    otherwise forever)."""
+    keep_alive_timeout_s: int = Field(default=75, gt=0)
+    """Seconds an idle keep-alive connection is kept open between requests. Longer than the idle
+    expiry of the usual clients' connection pools (httpx and the OpenAI SDK 5 s, aiohttp 15 s, an
+    nginx upstream pool 60 s), so that the client drops an idle connection first: a server that closes
+    it first races the client's next request on it, which then fails with a reset connection."""

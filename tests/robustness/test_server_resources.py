@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +164,62 @@ def test_a_client_that_never_finishes_its_headers_is_disconnected(limited: Serve
     assert httpx.get(f"{limited.url}/health", timeout=30).status_code == 200
 
 
+def _health_exchange(sock: socket.socket) -> bytes:
+    """One ``GET /health`` on a kept-alive connection; the whole answer, or b"" if the server closed it."""
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return answer
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))  # fmt: skip
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+@pytest.mark.slow
+def test_an_idle_connection_outlives_the_header_timeout_until_its_keep_alive(limited: Served) -> None:
+    """A pooled connection idle past --header-timeout (1 s) but within --keep-alive-timeout (60 s) is
+    still open: the server closes an idle connection on its keep-alive alone, later than clients'
+    pools drop it, so a client never sends a request into a connection the server is closing."""
+    host, port = limited.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.settimeout(GUARD_S)
+        assert _health_exchange(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(2.0)  # twice the header timeout, idle
+        assert _health_exchange(sock).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.slow
+def test_a_stalled_second_request_head_is_disconnected(limited: Served) -> None:
+    """After an answer, the next head's clock starts at its first byte: trickling it still gets cut."""
+    host, port = limited.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.settimeout(GUARD_S)
+        assert _health_exchange(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(1.5)  # idle past the header timeout: not cut, the head has not started
+        sock.sendall(b"POST /v1/rerank HTTP/1.1\r\nHost: localhost\r\nContent-Type: appl")
+        assert sock.recv(1024) == b""  # closed by the server
+
+
+def test_an_idle_connection_is_closed_at_its_keep_alive(scorer: GenerativeScorer) -> None:
+    limits = ServerLimits(keep_alive_timeout_s=1, header_timeout_s=60.0)
+    with serve_in_thread(create_app(scorer, limits), limits) as live:
+        host, port = live.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.settimeout(GUARD_S)
+            assert _health_exchange(sock).startswith(b"HTTP/1.1 200")
+            opened = time.monotonic()
+            assert sock.recv(1024) == b""  # closed by the server, idle
+            assert time.monotonic() - opened < 30.0  # at the keep-alive, not the header timeout (60 s)
+
+
 @pytest.mark.slow
 def test_connections_beyond_the_limit_get_503(limited: Served) -> None:
     clients = [httpx.Client(base_url=limited.url, timeout=30) for _ in range(3)]
@@ -179,9 +236,15 @@ def test_serve_flags_default_to_safe_limits() -> None:
     from genscore_core.cli import build_parser
 
     args = build_parser().parse_args(["serve", "--model", "m"])
-    assert (args.max_connections, args.header_timeout, args.keep_alive_timeout) == (512, 10.0, 5)
+    assert (args.max_connections, args.header_timeout, args.keep_alive_timeout) == (512, 10.0, 75)
     limits = ServerLimits(max_connections=args.max_connections, header_timeout_s=args.header_timeout)
     assert uvicorn_options(limits)["limit_concurrency"] == 513
+    # Idle connections outlive the pools of httpx (and so the OpenAI SDK): the client drops them first.
+    default_pool_expiry = httpx.Limits().keepalive_expiry
+    assert (
+        default_pool_expiry is not None
+        and uvicorn_options(limits)["timeout_keep_alive"] > default_pool_expiry
+    )
 
 
 # -- invalid text -----------------------------------------------------------------------------------------

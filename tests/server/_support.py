@@ -16,6 +16,7 @@ import httpx
 import uvicorn
 
 from genscore_core.server import ServerLimits
+from genscore_core.server.connections import uvicorn_options
 
 # Limits small enough that tests can cross them cheaply.
 TEST_LIMITS = ServerLimits(
@@ -84,13 +85,17 @@ def wait_healthy(url: str, timeout: float = 60.0, alive: Any = None) -> None:
 
 
 @contextmanager
-def serve_in_thread(app: Any) -> Iterator[LiveServer]:
-    """Run ``app`` on uvicorn in a background thread, on a socket bound to a free loopback port."""
+def serve_in_thread(app: Any, connections: ServerLimits | None = None) -> Iterator[LiveServer]:
+    """Run ``app`` on uvicorn in a background thread, on a socket bound to a free loopback port.
+
+    ``connections``: serve with the connection handling ``genscore serve`` derives from these limits
+    (its keep-alive and header timeouts, its connection limit); uvicorn's defaults otherwise."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    options = uvicorn_options(connections) if connections is not None else {}
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
