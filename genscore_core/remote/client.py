@@ -35,6 +35,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+IDLE_CONNECTION_EXPIRY_S = 4.0
+"""Seconds a pooled connection may stay idle before the client drops it: under the 5 s keep-alive
+vLLM and SGLang servers have by default (uvicorn's; ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``,
+``SGLANG_TIMEOUT_KEEP_ALIVE``). A client that kept it longer could send a request on
+it just as the server closes it, and get a reset connection for an answer (then retried)."""
 # Answers about the client's own settings (credentials, address), not about the request it sent.
 CONFIGURATION_STATUSES = {
     401: "check server_api_key",
@@ -74,6 +79,8 @@ class HttpTransport:
         max_retries: Retries after a connection error, a timeout or a 429/5xx answer.
         backoff: First wait between attempts, in seconds; doubles each retry.
         max_backoff: Longest wait between attempts.
+        idle_expiry: Seconds an idle pooled connection is kept (:data:`IDLE_CONNECTION_EXPIRY_S`);
+            keep it below the server's keep-alive timeout.
         api_key: Sent as ``Authorization: Bearer <api_key>``.
         transport, async_transport: httpx transports to use instead of the network (for tests).
     """
@@ -86,12 +93,13 @@ class HttpTransport:
         max_retries: int = 3,
         backoff: float = 0.25,
         max_backoff: float = 8.0,
+        idle_expiry: float = IDLE_CONNECTION_EXPIRY_S,
         api_key: str | None = None,
         transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        if max_retries < 0 or timeout <= 0 or backoff < 0:
-            raise ValueError("timeout must be positive, max_retries and backoff non-negative")
+        if max_retries < 0 or timeout <= 0 or backoff < 0 or idle_expiry < 0:
+            raise ValueError("timeout must be positive, max_retries, backoff and idle_expiry non-negative")
         self.base_url = base_url.rstrip("/")
         self.max_retries = max_retries
         self.backoff = backoff
@@ -99,6 +107,10 @@ class HttpTransport:
         self._options: dict[str, Any] = {
             "base_url": self.base_url,
             "timeout": httpx.Timeout(timeout),
+            # httpx's default pool sizes, with the idle expiry changed.
+            "limits": httpx.Limits(
+                max_connections=100, max_keepalive_connections=20, keepalive_expiry=idle_expiry
+            ),
             "headers": {"Authorization": f"Bearer {api_key}"} if api_key else {},
         }
         self._client = httpx.Client(transport=transport, **self._options)

@@ -3,12 +3,16 @@ HTTP client's retries, timeouts and errors against scripted transports."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
+from fastapi import FastAPI, Request
 
 from genscore_core import (
     GenerativeScorer,
@@ -17,10 +21,17 @@ from genscore_core import (
     RemoteScoringError,
     ScoringJob,
 )
-from genscore_core.remote.client import HttpTransport
+from genscore_core.remote.client import IDLE_CONNECTION_EXPIRY_S, HttpTransport
 from genscore_core.remote.generative import GenerativeScoringClient
 
-from ._support import SEED_TEXT_REQUEST, SEED_TOKEN_REQUEST, TEST_LIMITS, LiveServer, free_port
+from ._support import (
+    SEED_TEXT_REQUEST,
+    SEED_TOKEN_REQUEST,
+    TEST_LIMITS,
+    LiveServer,
+    free_port,
+    serve_in_thread,
+)
 
 QUERY = "What is the capital of France?"
 DOCUMENTS = [
@@ -260,6 +271,34 @@ def test_timeout_setting_reaches_the_client(tiny_model_dir: Path, live_server: L
         str(tiny_model_dir), server_url=live_server.url, max_length=512, server_timeout=3.5
     )
     assert remote.backend.http._client.timeout.read == 3.5  # type: ignore[attr-defined]
+
+
+def test_idle_connections_are_dropped_before_the_servers_keep_alive_ends() -> None:
+    """The client, not the server, closes an idle connection: reused while fresh, a new one after
+    the client's idle expiry, which is under the 5 s keep-alive vLLM and SGLang keep from uvicorn."""
+    app = FastAPI()
+    app.get("/health")(lambda: {})
+
+    @app.api_route("/port", methods=["GET", "POST"])
+    def port(request: Request) -> dict[str, int]:
+        assert request.client is not None
+        return {"port": request.client.port}  # one per connection
+
+    async def ports(http: HttpTransport) -> list[int]:
+        first = (await http.apost_json("/port", {}))["port"]
+        again = (await http.apost_json("/port", {}))["port"]
+        await asyncio.sleep(0.6)
+        return [first, again, (await http.apost_json("/port", {}))["port"]]
+
+    assert IDLE_CONNECTION_EXPIRY_S < uvicorn.Config(app).timeout_keep_alive
+    with serve_in_thread(app) as live:  # uvicorn's default keep-alive, as vLLM's and SGLang's
+        http = HttpTransport(live.url, idle_expiry=0.3)
+        first = http.get_json("/port")["port"]
+        assert http.get_json("/port")["port"] == first
+        time.sleep(0.6)
+        assert http.get_json("/port")["port"] != first
+        first, again, later = asyncio.run(ports(http))
+        assert again == first and later != first
 
 
 def test_server_url_must_be_http(tiny_model_dir: Path) -> None:
