@@ -210,7 +210,7 @@ def test_a_stalled_second_request_head_is_disconnected(limited: Served) -> None:
 
 def test_an_idle_connection_is_closed_at_its_keep_alive(scorer: GenerativeScorer) -> None:
     limits = ServerLimits(keep_alive_timeout_s=1, header_timeout_s=60.0)
-    with serve_in_thread(create_app(scorer, limits), limits) as live:
+    with serve_in_thread(create_app(scorer, limits)) as live:
         host, port = live.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as sock:
             sock.settimeout(GUARD_S)

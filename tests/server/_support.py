@@ -85,16 +85,18 @@ def wait_healthy(url: str, timeout: float = 60.0, alive: Any = None) -> None:
 
 
 @contextmanager
-def serve_in_thread(app: Any, connections: ServerLimits | None = None) -> Iterator[LiveServer]:
+def serve_in_thread(app: Any) -> Iterator[LiveServer]:
     """Run ``app`` on uvicorn in a background thread, on a socket bound to a free loopback port.
 
-    ``connections``: serve with the connection handling ``genscore serve`` derives from these limits
-    (its keep-alive and header timeouts, its connection limit); uvicorn's defaults otherwise."""
+    An app of :func:`~genscore_core.server.create_app` is served as ``genscore serve`` serves it, with
+    the connection handling its limits give (keep-alive and header timeouts, connection limit); any
+    other app (a scripted stand-in for another server) with uvicorn's defaults."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    options = uvicorn_options(connections) if connections is not None else {}
+    limits = getattr(getattr(app, "state", None), "limits", None)
+    options = uvicorn_options(limits) if isinstance(limits, ServerLimits) else {}
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

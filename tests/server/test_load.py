@@ -31,9 +31,7 @@ WORDS = "paris london capital france river city museum tower bridge history art 
 @pytest.fixture(scope="module")
 def batching_server(scorer: GenerativeScorer) -> Iterator[LiveServer]:
     limits = ServerLimits(batch_max_tokens=4096, batch_max_wait_ms=5.0, max_queued_requests=CLIENTS * 2)
-    # genscore serve's connection handling: with uvicorn's default keep-alive (5 s, httpx's pool
-    # expiry too) a pooled connection idle for 5 s could be closed as a client reused it.
-    with serve_in_thread(create_app(scorer, limits), limits) as live:
+    with serve_in_thread(create_app(scorer, limits)) as live:
         yield live
 
 
