@@ -143,6 +143,19 @@ class ScoringEngine(ScoringBackend):
         with self._lock:
             return self._follow_model()
 
+    def vocab_rows(self) -> int:
+        """Token ids the model reads and scores as it is now: the rows of its input embeddings and of
+        its LM head, whichever are fewer. Read off the model at each call (microseconds), since
+        ``resize_token_embeddings`` after the build changes them; the front end checks every
+        prompt and label id against it, so that no id reaches an embedding lookup out of range."""
+        model = self.model
+        rows = [int(model.get_output_embeddings().weight.shape[0])]
+        try:
+            rows.append(int(model.get_input_embeddings().weight.shape[0]))
+        except (AttributeError, NotImplementedError):
+            pass  # no accessor: the head's rows stand for both, as they do in every decoder we run
+        return min(rows)
+
     def _follow_model(self) -> bool:
         """:meth:`follow_model`, the caller holding the lock."""
         if self._seen.current():

@@ -9,14 +9,14 @@ machine, from a server, or from ``genscore serve``'s batcher.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from genscore_core.backend import JobTexts, ScoringJob
 from genscore_core.config import ScorerConfig
 from genscore_core.engine import StreamedJob
 from genscore_core.errors import InvalidRequestError
-from genscore_core.loading import check_label_ids, load_tokenizer
+from genscore_core.loading import check_label_ids, check_template_ids, load_tokenizer
 from genscore_core.long_documents import WindowedPairs, cap_to_tokens, token_spans, window_spans
 from genscore_core.prepared import PreparedPairs, PreparedScore, scores_in_input_order
 from genscore_core.prompts import (
@@ -49,19 +49,23 @@ class ScoringFrontEnd:
         tokenizer: A fast (Rust) Hugging Face tokenizer.
         config: The scorer's settings (``template``, ``instruction``, ``query_share``, ``model``...).
         max_length: Longest prompt in tokens (``config.max_length`` or what the model supports).
-        vocab_size: Rows of the model's LM head; protocol requests may not name label ids beyond it.
+        vocab_size: Token ids the model reads and scores (its embedding and LM head rows), or a
+            function giving them at each call (a local model may be resized after the build): no
+            prompt or label may hold an id beyond them.
     """
 
-    def __init__(self, tokenizer: Any, config: ScorerConfig, *, max_length: int, vocab_size: int) -> None:
+    def __init__(
+        self, tokenizer: Any, config: ScorerConfig, *, max_length: int, vocab_size: int | Callable[[], int]
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
+        self._vocab_size: Callable[[], int] = vocab_size if callable(vocab_size) else lambda: vocab_size
         self.recipe: Recipe = resolve_recipe(config.template, config.model, tokenizer)
         """The template in use and why it was picked (``recipe.source``, also logged)."""
         self.template = self.recipe.template
         self.label_token_ids = resolve_label_ids(tokenizer, self.template)
         check_label_ids(
-            tokenizer, [str(label) for label in self.template.labels], self.label_token_ids, vocab_size
+            tokenizer, [str(label) for label in self.template.labels], self.label_token_ids, self.vocab_size
         )
         self.score_mode: ScoreMode = resolve_score_mode(
             config.score_mode, self.template.score_mode, len(self.label_token_ids)
@@ -79,7 +83,20 @@ class ScoringFrontEnd:
             instruction=config.instruction,
             query_share=config.query_share,
             tokenizer_lock=self._tokenizer_lock,
+            vocab_size=self._vocab_size,
         )
+        builder = self._builder
+        check_template_ids(
+            tokenizer,
+            self.template.name,
+            builder.bos_ids + builder.prefix_ids + builder.suffix_ids,
+            self.vocab_size,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model reads and scores now."""
+        return self._vocab_size()
 
     @property
     def tokenizer_waiting(self) -> int:
@@ -184,7 +201,7 @@ class ScoringFrontEnd:
         for index, ((query, _), document, doc_offsets) in enumerate(zip(pairs, documents, offsets)):
             if query not in room:
                 # What the prompt leaves for the document: the prompt with an empty one is all the rest.
-                [empty] = self._builder.build(query, [""])
+                [empty] = self._builder.build(query, [""], indices=[index])
                 room[query] = self.max_length - len(empty.token_ids)
             if room[query] < 1:
                 raise InvalidRequestError(
@@ -198,7 +215,7 @@ class ScoringFrontEnd:
                 owners.append(index)
                 spans.append(span)
         return WindowedPairs(
-            **vars(self._prepare_whole(windowed)),
+            **vars(self._prepare_whole(windowed, owners)),
             owners=owners,
             spans=spans,
             pair_count=len(pairs),
@@ -206,7 +223,11 @@ class ScoringFrontEnd:
             capped=capped,
         )
 
-    def _prepare_whole(self, pairs: Sequence[tuple[str, str]]) -> PreparedPairs:
+    def _prepare_whole(
+        self, pairs: Sequence[tuple[str, str]], owners: Sequence[int] | None = None
+    ) -> PreparedPairs:
+        """One job per distinct query; errors name a pair by its position in ``pairs``, or by
+        ``owners[position]`` (the caller's pair a window was cut from)."""
         by_query: dict[str, list[int]] = {}
         for position, (query, _) in enumerate(pairs):
             by_query.setdefault(query, []).append(position)
@@ -214,7 +235,8 @@ class ScoringFrontEnd:
         jobs = []
         for query, positions in by_query.items():
             documents = tuple(pairs[p][1] for p in positions)
-            prompts = self.encode(query, documents)
+            names = positions if owners is None else [owners[p] for p in positions]
+            prompts = self._builder.build(query, documents, indices=names)
             encoded.update(zip(positions, prompts))
             jobs.append(
                 ScoringJob(
@@ -306,14 +328,14 @@ class PairStream:
 
     def parts(self) -> Iterator[JobPart]:
         """Each query's prompts in parts, in order; a document that cannot fit raises
-        :class:`~genscore_core.errors.PromptTooLongError` with its index among the query's documents,
-        as :meth:`ScoringFrontEnd.prepare_pairs` does."""
+        :class:`~genscore_core.errors.PromptTooLongError` with its pair's index, as
+        :meth:`ScoringFrontEnd.prepare_pairs` does."""
         builder = self._front_end._builder
         for job, (query, documents, positions) in enumerate(
             zip(self._queries, self._documents, self.positions)
         ):
             for start, stop in text_parts(documents, *self._part_chars):
-                prompts = builder.build(query, documents[start:stop], first_index=start)
+                prompts = builder.build(query, documents[start:stop], indices=positions[start:stop])
                 for position, prompt in zip(positions[start:stop], prompts):
                     self.prompts[position] = PromptSummary.of(prompt)
                 # The part holds the only reference to the ids left: whoever takes the parts (the

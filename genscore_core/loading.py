@@ -154,6 +154,18 @@ def check_label_ids(tokenizer: Any, words: Sequence[str], ids: Sequence[int], vo
         )
 
 
+def check_template_ids(tokenizer: Any, template: str, ids: Sequence[int], vocab_size: int) -> None:
+    """Refuse a template whose own tokens (every prompt holds them) lie beyond the model's vocabulary."""
+    beyond = [token_id for token_id in ids if not 0 <= token_id < vocab_size]
+    if beyond:
+        shown = ", ".join(f"{tokenizer.decode([token_id])!r} (id {token_id})" for token_id in beyond[:3])
+        raise NotARerankerError(
+            f"template {template!r} holds token(s) {shown}, outside the model's vocabulary of {vocab_size} "
+            f"ids; the tokenizer ({len(tokenizer)} tokens) does not belong to this model. Pass the model's "
+            "own tokenizer, or resize the model's embeddings to this one (model.resize_token_embeddings)"
+        )
+
+
 def load_causal_lm(
     name_or_path: str,
     *,

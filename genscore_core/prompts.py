@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from genscore_core.errors import PromptTooLongError
+from genscore_core.errors import InvalidRequestError, PromptTooLongError
 from genscore_core.protocol import GenerativeScoringRequest
 from genscore_core.templates import PromptTemplate, RenderedBody
 from genscore_core.token_pieces import PIECE_CHARS, joined, pieces_of, splits_exactly, worth_cutting
@@ -208,9 +208,11 @@ class TemplatePromptBuilder:
         instruction: str | None = None,
         query_share: float = 0.75,
         tokenizer_lock: threading.Lock | None = None,
+        vocab_size: Callable[[], int] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.template = template
+        self._vocab_size = vocab_size
         self.instruction = instruction
         self.query_share = query_share
         self._lock = tokenizer_lock or threading.Lock()
@@ -240,16 +242,48 @@ class TemplatePromptBuilder:
         # Fail early, not on the first request, if the template cannot take the instruction.
         template.render_body("", "", instruction)
 
-    def build(self, query: str, documents: Sequence[str], *, first_index: int = 0) -> list[EncodedPrompt]:
-        """The prompts of ``documents`` for ``query``; errors name a document by its index plus
-        ``first_index`` (the position of ``documents[0]`` in the caller's list)."""
+    def build(
+        self, query: str, documents: Sequence[str], *, indices: Sequence[int] | None = None
+    ) -> list[EncodedPrompt]:
+        """The prompts of ``documents`` for ``query``; errors name ``documents[i]`` by ``indices[i]``
+        (its position in the caller's list; ``i`` when not given)."""
+        names = range(len(documents)) if indices is None else indices
         query, *documents = bounded_texts(self.tokenizer, [query, *documents], self.body_budget)
         bodies = [self.template.render_body(query, doc, self.instruction) for doc in documents]
         prompts = []
         for index, (body, (ids, offsets)) in enumerate(zip(bodies, self._encode(bodies))):
-            body_ids, truncated = self._fit(query, documents[index], body, ids, offsets, first_index + index)
+            body_ids, truncated = self._fit(query, documents[index], body, ids, offsets, names[index])
             prompts.append(EncodedPrompt(self.prefix_ids + body_ids + self.suffix_ids, truncated))
+        if self._vocab_size is not None:
+            self._check_readable(prompts, self._vocab_size(), names)
         return prompts
+
+    def _check_readable(self, prompts: list[EncodedPrompt], vocab_size: int, names: Sequence[int]) -> None:
+        """Refuse a prompt holding a token id the model has no row for, naming its document.
+
+        Only a tokenizer with more tokens than the model's vocabulary (not the model's own, or a
+        model resized smaller after the scorer was built) can produce one; otherwise this costs a
+        length comparison. Unchecked, such an id fails deep in the forward with an index error
+        (on CUDA, a device-side assert that breaks every later call of the process).
+        """
+        tokenizer_size = len(self.tokenizer)
+        if tokenizer_size <= vocab_size:
+            return
+        for index, prompt in enumerate(prompts):
+            ids = prompt.token_ids
+            if not ids or max(ids) < vocab_size:
+                continue
+            token_id = next(token for token in ids if token >= vocab_size)
+            token = self.tokenizer.decode([token_id])
+            where = f"documents[{names[index]}]"
+            raise InvalidRequestError(
+                f"{where}: its prompt holds token {token!r} (id {token_id}), outside the model's vocabulary "
+                f"of {vocab_size} ids. The tokenizer has {tokenizer_size} tokens, more than the model reads: "
+                "pass the model's own tokenizer, or resize the model's embeddings to this tokenizer "
+                "(model.resize_token_embeddings(len(tokenizer)))",
+                param="documents",
+                index=names[index],
+            )
 
     def _encode(self, bodies: list[RenderedBody]) -> list[tuple[list[int], Offsets]]:
         """Ids and offsets of each body; offsets only where :meth:`_fit` reads them.

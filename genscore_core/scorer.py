@@ -366,7 +366,7 @@ def _local_parts(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = ScoringEngine.for_model(causal_lm, config, pad_token_id=pad_id or 0)
     max_length = config.max_length or model_max_length(causal_lm, tokenizer)
-    front_end = ScoringFrontEnd(tokenizer, config, max_length=max_length, vocab_size=engine.head.vocab_size)
+    front_end = ScoringFrontEnd(tokenizer, config, max_length=max_length, vocab_size=engine.vocab_rows)
     return front_end, engine
 
 

@@ -252,7 +252,7 @@ def warm_up_model(causal_lm: Any, config: ScorerConfig) -> None:
     total += budget
     count = max(2, total // length)
     generator = np.random.default_rng(0)
-    vocab = engine.head.vocab_size
+    vocab = engine.vocab_rows()
     shared = generator.integers(0, vocab, length // 4).tolist()
     prompts = [shared + generator.integers(0, vocab, length - len(shared)).tolist() for _ in range(count)]
     labels = [0, 1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +103,21 @@ def test_template_that_cannot_fit_names_the_document(scorer: GenerativeScorer) -
     with pytest.raises(PromptTooLongError, match="document 0 cannot fit") as caught:
         builder.build("why " * 100, ["ok", "fine"])
     assert caught.value.index == 0
+
+
+def test_a_pair_that_cannot_fit_is_named_by_its_position_among_all_pairs(tiny_model_dir: Path) -> None:
+    # Pairs are grouped by query; the error still names the pair's place in the caller's list.
+    scorer = GenerativeScorer(str(tiny_model_dir), device="cpu", max_length=80, query_share=0.9)
+    pairs = [("short", "ok"), ("why " * 100, "ok"), ("short", "fine"), ("why " * 100, "fine")]
+    with pytest.raises(PromptTooLongError, match="document 1 cannot fit") as caught:
+        scorer.score_pairs(pairs)
+    assert caught.value.index == 1
+    chunking = GenerativeScorer.from_model(
+        scorer.model, scorer.tokenizer, max_length=80, query_share=0.9, long_documents="chunk"
+    )
+    with pytest.raises(PromptTooLongError, match="document 1 cannot fit") as caught:
+        chunking.score_pairs(pairs)
+    assert caught.value.index == 1
 
 
 def test_max_length_smaller_than_template(scorer: GenerativeScorer) -> None:

@@ -66,9 +66,9 @@ def _overlapping(scorer: GenerativeScorer, events: list[str]) -> GenerativeScore
     )
     build = front_end._builder.build
 
-    def noting(query: str, documents: Sequence[str], *, first_index: int = 0) -> Any:
+    def noting(query: str, documents: Sequence[str], *, indices: Sequence[int] | None = None) -> Any:
         events.append(f"tokenize {len(documents)}")
-        return build(query, documents, first_index=first_index)
+        return build(query, documents, indices=indices)
 
     front_end._builder.build = noting  # type: ignore[method-assign]
     return GenerativeScorer(front_end=front_end, backend=engine)
