@@ -226,7 +226,7 @@ class HttpTransport:
             )
         try:
             return response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: arrays nested deeper than the parser goes
             raise RemoteScoringError(
                 f"{self.base_url}{path} answered with a body that is not JSON", status=200
             ) from None
@@ -293,6 +293,8 @@ class _Call:
     """Index of the job the call scores part of."""
     count: int
     """Number of items (prompts) sent."""
+    start: int
+    """Place of the first item sent among the job's items."""
     payload: dict[str, Any]
 
 
@@ -348,7 +350,8 @@ class TokenScoringClient(HttpBackend):
             "apply_softmax": job.apply_softmax,
         }
 
-    def _parse(self, body: Any, count: int) -> list[float]:
+    def _parse(self, body: Any, count: int, offset: int = 0) -> list[float]:
+        """The scores of a request for ``count`` items, the first being item ``offset`` of its job."""
         raise NotImplementedError
 
     def _plan(self, jobs: Sequence[ScoringJob]) -> list[_Call]:
@@ -367,7 +370,7 @@ class TokenScoringClient(HttpBackend):
                 payload = self._payload(group.prefix_ids, items, job)
                 if self.model is not None:
                     payload["model"] = self.model
-                calls.append(_Call(index, len(items), payload))
+                calls.append(_Call(index, len(items), start, payload))
         return calls
 
     def _collect(
@@ -375,7 +378,7 @@ class TokenScoringClient(HttpBackend):
     ) -> list[list[float]]:
         results: list[list[float]] = [[] for _ in jobs]
         for call, body in zip(calls, answers):
-            results[call.job].extend(self._parse(body, call.count))
+            results[call.job].extend(self._parse(body, call.count, call.start))
         return results
 
     def score_jobs(
@@ -422,28 +425,60 @@ def as_probability(value: Any) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"score {value!r} is not a number")
-    score = float(value)
+    try:
+        score = float(value)
+    except OverflowError:  # an integer beyond float's range (JSON allows any number of digits)
+        raise ValueError(f"score {_short(value)} is not a probability in [0, 1]") from None
     if not math.isfinite(score) or not -PROBABILITY_ROUNDING <= score <= 1.0 + PROBABILITY_ROUNDING:
         raise ValueError(f"score {value!r} is not a probability in [0, 1]")
     return min(max(score, 0.0), 1.0)
 
 
-def scores_by_index(entries: list[Any], count: int, score_of: Callable[[Any], Any]) -> list[float]:
+def scores_by_index(
+    entries: list[Any], count: int, score_of: Callable[[Any], Any], offset: int = 0
+) -> list[float]:
     """The scores of ``count`` items from answer entries that each carry an ``index``, in item order.
 
-    ``score_of`` reads an entry's score. Raises:
-        KeyError, TypeError, ValueError: An entry is malformed, or an index is bad or repeated.
+    ``score_of`` reads an entry's score; ``offset`` is the place of the request's first item in its
+    job (a job split into several requests), used to name the item a bad score belongs to.
+
+    Raises:
+        ValueError: An entry is malformed, or an index is bad or repeated (the message names the
+            entry, or the item once its index is known).
     """
     scores: list[float | None] = [None] * count
-    for entry in entries:
-        index = as_index(entry["index"], count)
+    for position, entry in enumerate(entries):
+        try:
+            index = as_index(entry["index"], count)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"entry {position}: {_describe(error)}") from None
         if scores[index] is not None:
             raise ValueError(f"index {index} appears twice")
-        scores[index] = as_probability(score_of(entry))
+        try:
+            scores[index] = as_probability(score_of(entry))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{item_name(index, count, offset)}: {_describe(error)}") from None
     missing = [index for index, score in enumerate(scores) if score is None]
     if missing:
         raise ValueError(f"no score for index {missing[0]}")
     return [score for score in scores if score is not None]
+
+
+def item_name(index: int, count: int, offset: int) -> str:
+    """Names item ``index`` of a request of ``count`` items starting at item ``offset`` of its job."""
+    if offset == 0:
+        return f"item {index}"
+    return f"item {offset + index} (index {index} of the request for items {offset} to {offset + count - 1})"
+
+
+def _describe(error: Exception) -> str:
+    # A KeyError's text is the bare key, which says nothing on its own.
+    return f"no {error.args[0]!r} field" if isinstance(error, KeyError) else str(error)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def as_index(value: Any, count: int) -> int:

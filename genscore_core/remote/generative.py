@@ -22,12 +22,12 @@ class GenerativeScoringClient(TokenScoringClient):
         super().__init__(http, **options)
         self.kind = kind
 
-    def _parse(self, body: Any, count: int) -> list[float]:
+    def _parse(self, body: Any, count: int, offset: int = 0) -> list[float]:
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list) or len(data) != count:
             got = len(data) if isinstance(data, list) else "no"
             raise self._bad_answer(f"{got} scores for {count} items")
         try:
-            return scores_by_index(data, count, lambda entry: entry["score"])
-        except (KeyError, TypeError, ValueError) as error:
+            return scores_by_index(data, count, lambda entry: entry["score"], offset)
+        except ValueError as error:
             raise self._bad_answer(f"a malformed score entry ({error})") from None

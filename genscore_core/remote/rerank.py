@@ -28,9 +28,9 @@ class RerankClient(HttpBackend):
         results = []
         for job in jobs:
             scores: list[float] = []
-            for payload in self._payloads(_texts_of(job)):
+            for start, payload in self._payloads(_texts_of(job)):
                 count = len(payload["documents"])
-                scores.extend(self._parse(self.http.post_json(self.path, payload), count))
+                scores.extend(self._parse(self.http.post_json(self.path, payload), count, start))
                 if on_progress is not None:
                     on_progress(count)
             results.append(scores)
@@ -42,31 +42,32 @@ class RerankClient(HttpBackend):
         limit = asyncio.Semaphore(self.max_concurrency)
         plans = [self._payloads(_texts_of(job)) for job in jobs]
 
-        async def send(payload: dict[str, Any]) -> list[float]:
+        async def send(start: int, payload: dict[str, Any]) -> list[float]:
             async with limit:
                 body = await self.http.apost_json(self.path, payload)
             count = len(payload["documents"])
             if on_progress is not None:
                 on_progress(count)
-            return self._parse(body, count)
+            return self._parse(body, count, start)
 
-        async def score(payloads: list[dict[str, Any]]) -> list[float]:
-            chunks = await asyncio.gather(*(send(payload) for payload in payloads))
+        async def score(payloads: list[tuple[int, dict[str, Any]]]) -> list[float]:
+            chunks = await asyncio.gather(*(send(start, payload) for start, payload in payloads))
             return [value for chunk in chunks for value in chunk]
 
         return list(await asyncio.gather(*(score(payloads) for payloads in plans)))
 
-    def _payloads(self, texts: JobTexts) -> list[dict[str, Any]]:
+    def _payloads(self, texts: JobTexts) -> list[tuple[int, dict[str, Any]]]:
+        """The requests of one job, each with the place of its first document in the job."""
         payloads = []
         for start in range(0, len(texts.documents), self.batch_size):
             chunk = list(texts.documents[start : start + self.batch_size])
             payload: dict[str, Any] = {"query": texts.query, "documents": chunk, "top_n": len(chunk)}
             if self.model is not None:
                 payload["model"] = self.model
-            payloads.append(payload)
+            payloads.append((start, payload))
         return payloads
 
-    def _parse(self, body: Any, count: int) -> list[float]:
+    def _parse(self, body: Any, count: int, offset: int = 0) -> list[float]:
         """Scores by input index from ``{"results": [{"index", "relevance_score"}]}``.
 
         SGLang's own ``/v1/rerank`` answers a bare list of ``{"index", "score"}``; that is read too.
@@ -80,8 +81,9 @@ class RerankClient(HttpBackend):
                 entries,
                 count,
                 lambda entry: entry["relevance_score"] if "relevance_score" in entry else entry["score"],
+                offset,
             )
-        except (KeyError, TypeError, ValueError) as error:
+        except ValueError as error:
             raise self._bad_answer(f"a malformed result ({error})") from None
 
 

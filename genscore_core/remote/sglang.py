@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from genscore_core.backend import ScoringJob
-from genscore_core.remote.client import TokenScoringClient, as_probability
+from genscore_core.remote.client import TokenScoringClient, as_probability, item_name
 
 
 class SGLangScoreClient(TokenScoringClient):
@@ -22,15 +22,20 @@ class SGLangScoreClient(TokenScoringClient):
     def _payload(self, query: list[int], items: list[list[int]], job: ScoringJob) -> dict[str, Any]:
         return {**super()._payload(query, items, job), "item_first": False}
 
-    def _parse(self, body: Any, count: int) -> list[float]:
+    def _parse(self, body: Any, count: int, offset: int = 0) -> list[float]:
         rows = body.get("scores") if isinstance(body, dict) else None
         if not isinstance(rows, list) or len(rows) != count:
             got = len(rows) if isinstance(rows, list) else "no"
             raise self._bad_answer(f"{got} score rows for {count} items")
-        try:
-            return [_first_probability(row) for row in rows]
-        except ValueError as error:
-            raise self._bad_answer(f"a malformed score row ({error})") from None
+        scores = []
+        for index, row in enumerate(rows):
+            try:
+                scores.append(_first_probability(row))
+            except ValueError as error:
+                raise self._bad_answer(
+                    f"a malformed score row for {item_name(index, count, offset)} ({error})"
+                ) from None
+        return scores
 
 
 def _first_probability(row: Any) -> float:

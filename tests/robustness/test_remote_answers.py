@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,13 @@ DOCUMENTS = ["Paris is the capital of France.", "Berlin is in Germany.", "Lyon h
 
 
 class Faults:
-    """What the faulty server puts in its next answers: JSON text for entry 1's score and index."""
+    """What the faulty server puts in its next answers: JSON text for the score and index of the
+    entries ``at(count, entry)`` picks (entry 1 of each answer), or a whole ``body`` instead."""
 
     score = "0.5"
     index: str | None = None
+    body: str | None = None
+    at: Callable[[int, int], bool] = staticmethod(lambda count, entry: entry == 1)
 
 
 def faulty_app(faults: Faults) -> FastAPI:
@@ -40,14 +43,15 @@ def faulty_app(faults: Faults) -> FastAPI:
     def entries(count: int, score_key: str) -> str:
         parts = []
         for i in range(count):
-            score = faults.score if i == 1 else str(0.1 + 0.2 * i)
-            index = faults.index if i == 1 and faults.index is not None else str(i)
+            faulty = faults.at(count, i)
+            score = faults.score if faulty else str(0.1 + 0.2 * i)
+            index = faults.index if faulty and faults.index is not None else str(i)
             parts.append(f'{{"index": {index}, "{score_key}": {score}}}')
         return "[" + ", ".join(parts) + "]"
 
     def answer(text: str) -> Response:
         # Raw text: JSON encoders refuse NaN and Infinity, which some servers still send.
-        return Response(text, media_type="application/json")
+        return Response(faults.body if faults.body is not None else text, media_type="application/json")
 
     @app.post("/generative_scoring")
     async def generative(request: Request) -> Response:
@@ -57,7 +61,7 @@ def faulty_app(faults: Faults) -> FastAPI:
     @app.post("/v1/score")
     async def sglang(request: Request) -> Response:
         count = len((await request.json())["items"])
-        rows = [f"[{faults.score if i == 1 else 0.1 + 0.2 * i}, 0.5]" for i in range(count)]
+        rows = [f"[{faults.score if faults.at(count, i) else 0.1 + 0.2 * i}, 0.5]" for i in range(count)]
         return answer(f'{{"object": "scoring", "scores": [{", ".join(rows)}]}}')
 
     @app.post("/v1/rerank")
@@ -99,7 +103,8 @@ def remotes(tiny_model_dir: Path, faulty_server: LiveServer) -> Iterator[dict[st
 @pytest.fixture
 def fault(faults: Faults) -> Iterator[Faults]:
     yield faults
-    faults.score, faults.index = "0.5", None
+    faults.score, faults.index, faults.body = "0.5", None, None
+    faults.at = Faults.at
 
 
 def _calls(scorer: GenerativeScorer, kind: str) -> list[Any]:
@@ -160,6 +165,74 @@ def test_bad_indices_are_refused(
             call()
         assert faulty_server.url in str(caught.value)
         assert f"index {shown} " in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_integers_beyond_float_range_are_refused_as_scores(
+    remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, kind: str
+) -> None:
+    # JSON numbers have no size limit; float() of a 401-digit integer overflows.
+    fault.score = "1" + "0" * 400
+    for call in _calls(remotes[kind], kind):
+        with pytest.raises(RemoteScoringError) as caught:
+            call()
+        message = str(caught.value)
+        assert faulty_server.url in message
+        assert "score 10000000000000000000...(401 characters) is not a probability" in message
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_deeply_nested_bodies_are_refused_as_not_json(
+    remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, kind: str
+) -> None:
+    # Deeper than Python's JSON parser recurses.
+    fault.body = "[" * 100_000 + "]" * 100_000
+    for call in _calls(remotes[kind], kind):
+        with pytest.raises(RemoteScoringError) as caught:
+            call()
+        assert f"{faulty_server.url}" in str(caught.value)
+        assert "not JSON" in str(caught.value)
+
+
+@pytest.fixture(scope="module")
+def split_remotes(tiny_model_dir: Path, faulty_server: LiveServer) -> Iterator[dict[str, GenerativeScorer]]:
+    """Scorers sending at most two items per request."""
+    scorers = {
+        kind: GenerativeScorer(
+            str(tiny_model_dir),
+            server_url=faulty_server.url,
+            server_kind=kind,
+            server_max_retries=0,
+            server_batch_size=2,
+            max_length=512,
+        )
+        for kind in KINDS
+    }
+    yield scorers
+    for scorer in scorers.values():
+        scorer.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_scores_name_their_item(
+    remotes: dict[str, GenerativeScorer],
+    split_remotes: dict[str, GenerativeScorer],
+    fault: Faults,
+    kind: str,
+) -> None:
+    fault.score = "NaN"
+    with pytest.raises(RemoteScoringError, match=r"item 1\b.*score nan "):
+        remotes[kind].rerank(QUERY, DOCUMENTS)
+    # Five documents, two a request: the third request's only entry is document 4.
+    fault.at = lambda count, entry: count == 1
+    documents = [f"document {i}" for i in range(5)]
+    expected = r"item 4 \(index 0 of the request for items 4 to 4\).*score nan "
+    for call in (
+        lambda: split_remotes[kind].rerank(QUERY, documents),
+        lambda: asyncio.run(split_remotes[kind].arerank(QUERY, documents)),
+    ):
+        with pytest.raises(RemoteScoringError, match=expected):
+            call()
 
 
 @pytest.mark.parametrize("kind", KINDS)
