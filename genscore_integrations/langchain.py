@@ -20,8 +20,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from copy import Error as CopyError
-from copy import deepcopy
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
@@ -102,7 +100,7 @@ class GenerativeReranker(BaseDocumentCompressor):
     ``GenerativeReranker(**data, scorer=scorer)`` reuses a loaded scorer whose settings agree.
 
     The returned documents are copies, best first (ties keep input order). Each keeps its ``id``
-    and a deep copy of its metadata, plus ``metadata["relevance_score"]`` (a probability in [0, 1])
+    and a new metadata dict holding the input's entries (the values themselves are shared), plus ``metadata["relevance_score"]`` (a probability in [0, 1])
     and ``metadata["genscore_truncated"]`` (whether the document was shortened to fit
     ``max_length``). The input documents are never changed.
 
@@ -211,15 +209,13 @@ def _ranked_documents(documents: list[Document], ranked: RankedResults) -> list[
 
 
 def _with_score(document: Document, result: RankedResult) -> Document:
-    """A copy of ``document`` (same class, ``id`` and fields) with deep-copied, annotated metadata.
+    """A copy of ``document`` (same class, ``id`` and fields) with a new, annotated metadata dict.
 
-    Metadata that cannot be deep-copied (a lock, a generator, an open file) is copied shallowly: the
-    new dict still leaves the input's untouched, and the scored document is not lost over it.
+    The dict is copied one level deep: the input's dict is left as it was, and its values are shared,
+    never copied, so no value (a tensor in a graph, a lock, a deeply nested tree, a large payload) can
+    fail or slow the call after the scoring is done.
     """
-    try:
-        metadata = deepcopy(document.metadata)
-    except (TypeError, CopyError):
-        metadata = dict(document.metadata)
+    metadata = dict(document.metadata)
     metadata[RELEVANCE_SCORE_KEY] = result.score
     metadata[TRUNCATED_KEY] = result.truncated
     if result.window is not None:

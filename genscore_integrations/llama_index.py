@@ -11,7 +11,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -294,18 +293,18 @@ class GenerativeRerank(BaseNodePostprocessor):
 
 
 def _copy_node(node: Any) -> Any:
-    """A deep copy of ``node``; shallow (with its own metadata dict and key lists) when something in it
-    cannot be deep-copied (a lock, a generator, an open file), so that the scored node is not lost."""
-    try:
-        return node.model_copy(deep=True)
-    except (TypeError, copy.Error):
-        return node.model_copy(
-            update={
-                "metadata": dict(node.metadata),
-                "excluded_embed_metadata_keys": list(node.excluded_embed_metadata_keys),
-                "excluded_llm_metadata_keys": list(node.excluded_llm_metadata_keys),
-            }
-        )
+    """A shallow copy of ``node`` with its own metadata dict and excluded-key lists: the only parts the
+    adapter writes to. Everything else (text, relationships, an ``IndexNode``'s ``obj``, the metadata
+    values) is shared with the input, as LlamaIndex's own rerankers return the node itself: copying an
+    ``obj`` would clone an index or a query engine, and a value that refuses to be copied must not cost
+    the caller a scored node."""
+    return node.model_copy(
+        update={
+            "metadata": dict(node.metadata),
+            "excluded_embed_metadata_keys": list(node.excluded_embed_metadata_keys),
+            "excluded_llm_metadata_keys": list(node.excluded_llm_metadata_keys),
+        }
+    )
 
 
 def _hide_from_models(node: Any, key: str) -> None:

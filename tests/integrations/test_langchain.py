@@ -265,11 +265,39 @@ def test_metadata_and_ids_kept_inputs_untouched(scorer: GenerativeScorer, docs: 
             "relevance_score": result.metadata["relevance_score"],
             "genscore_truncated": False,
         }
-        assert result.metadata["nested"] is not original.metadata["nested"]  # deep copy
-        assert result.metadata["tags"] is not original.metadata["tags"]
-    out[0].metadata["nested"]["rank"] = -1
-    out[0].metadata["tags"].append("changed")
+        # A new dict, one level deep: the values are the input's own, as LangChain's CrossEncoderReranker
+        # returns the input documents themselves.
+        assert result.metadata is not original.metadata
+        assert result.metadata["nested"] is original.metadata["nested"]
+    out[0].metadata["source"] = "edited"
+    del out[0].metadata["tags"]
     assert docs == snapshot
+
+
+async def test_metadata_values_are_never_copied(scorer: GenerativeScorer) -> None:
+    import torch
+
+    # deepcopy refuses a tensor that is not a graph leaf (RuntimeError) and a very deep tree
+    # (RecursionError); neither may cost the caller the scored document.
+    not_a_leaf = torch.ones(3, requires_grad=True) * 2
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(5000):
+        node["next"] = {}
+        node = node["next"]
+    payload = list(range(10**5))
+    docs = [
+        Document(page_content=TEXTS[0], id="tensor", metadata={"emb": not_a_leaf}),
+        Document(page_content=TEXTS[1], id="deep", metadata={"tree": deep, "payload": payload}),
+    ]
+    want = {docs[r.index].id: r.score for r in expected(scorer, docs)}
+    reranker = GenerativeReranker(scorer=scorer, top_n=None)
+    for out in (reranker.compress_documents(docs, QUERY), await reranker.acompress_documents(docs, QUERY)):
+        assert {d.id: d.metadata["relevance_score"] for d in out} == want
+        by_id = {d.id: d for d in out}
+        assert by_id["tensor"].metadata["emb"] is not_a_leaf
+        assert by_id["deep"].metadata["tree"] is deep and by_id["deep"].metadata["payload"] is payload
+    assert all(set(d.metadata) <= {"emb", "tree", "payload"} for d in docs)
 
 
 def test_document_subclass_and_existing_score_are_handled(scorer: GenerativeScorer) -> None:

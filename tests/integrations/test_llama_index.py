@@ -26,7 +26,7 @@ from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.llms import MockLLM
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
-from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
+from llama_index.core.schema import IndexNode, MetadataMode, NodeWithScore, QueryBundle, TextNode
 from pydantic import Field, ValidationError
 
 import genscore_integrations.llama_index as li
@@ -329,6 +329,50 @@ async def test_inputs_are_never_mutated(scorer: GenerativeScorer) -> None:
             assert {k: v for k, v in n.node.metadata.items() if k != RETRIEVAL_SCORE_KEY} == source.metadata
             n.node.metadata["edited"] = True
     assert [n.model_dump() for n in nodes] == [n.model_dump() for n in before]
+
+
+async def test_node_objects_and_metadata_values_are_shared_not_copied(scorer: GenerativeScorer) -> None:
+    import torch
+
+    # An IndexNode's obj is what the node points to (here a whole index): LlamaIndex's own rerankers
+    # return it as it is, and so must this one. Metadata values that deepcopy refuses (a tensor that is
+    # not a graph leaf, a very deep tree) must not cost the caller the scored node either.
+    index = VectorStoreIndex([TextNode(text=t) for t in TEXTS], embed_model=MockEmbedding(embed_dim=8))
+    not_a_leaf = torch.ones(3, requires_grad=True) * 2
+    deep: dict[str, Any] = {}
+    level = deep
+    for _ in range(5000):
+        level["next"] = {}
+        level = level["next"]
+    nodes = [
+        NodeWithScore(node=IndexNode(text=TEXTS[0], id_="index", index_id="i", obj=index), score=0.3),
+        NodeWithScore(node=TextNode(text=TEXTS[1], id_="tensor", metadata={"emb": not_a_leaf}), score=0.2),
+        NodeWithScore(
+            node=TextNode(
+                text=TEXTS[2],
+                id_="deep",
+                metadata={"tree": deep},
+                excluded_embed_metadata_keys=["tree"],
+                excluded_llm_metadata_keys=["tree"],
+            ),
+            score=0.1,
+        ),
+    ]
+    want = expected(scorer, nodes)
+    rerank = GenerativeRerank(scorer=scorer, top_n=None, keep_retrieval_score=True)
+    for out in (
+        rerank.postprocess_nodes(nodes, query_str=QUERY),
+        await rerank.apostprocess_nodes(nodes, query_str=QUERY),
+    ):
+        assert_same_ranking(out, want)
+        by_id = {n.node.node_id: n.node for n in out}
+        assert isinstance(by_id["index"], IndexNode) and by_id["index"].obj is index
+        assert by_id["tensor"].metadata["emb"] is not_a_leaf
+        assert by_id["deep"].metadata["tree"] is deep
+        for n in nodes:  # the inputs' own dict and lists were left alone
+            assert n.node is not by_id[n.node.node_id]
+            assert RETRIEVAL_SCORE_KEY not in n.node.metadata
+            assert RETRIEVAL_SCORE_KEY not in n.node.excluded_llm_metadata_keys
 
 
 async def test_empty_input_gives_empty_output(collector: Collector) -> None:
