@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -85,6 +85,38 @@ def _saved(
     return {**saved_settings(adapter.scorer), **handler(adapter)}
 
 
+_Adapter = TypeVar("_Adapter", bound="GenerativeReranker | GenerativeCrossEncoder")
+
+# The key under which a pickle holds the scorer's settings in place of the scorer.
+_SCORER_SETTINGS_STATE = "genscore_scorer_settings"
+
+
+def _pickled(adapter: GenerativeReranker | GenerativeCrossEncoder) -> dict[str, Any]:
+    """The pickle state of an adapter: pydantic's, with the scorer's settings in place of the scorer
+    (a loaded model with its locks and threads does not pickle), as ``GenerativeRerank`` does."""
+    state: dict[str, Any] = BaseModel.__getstate__(adapter)
+    state["__dict__"] = {key: value for key, value in state["__dict__"].items() if key != "scorer"}
+    state[_SCORER_SETTINGS_STATE] = saved_settings(adapter.scorer)
+    return state
+
+
+def _unpickled(adapter: GenerativeReranker | GenerativeCrossEncoder, state: dict[str, Any]) -> None:
+    """Restore a pickle state, loading a scorer with the saved settings (the model is loaded again)."""
+    state = dict(state)
+    settings = state.pop(_SCORER_SETTINGS_STATE)
+    scorer = scorer_for(type(adapter).__name__, None, settings, build=GenerativeScorer)
+    state["__dict__"] = {**state["__dict__"], "scorer": scorer}
+    BaseModel.__setstate__(adapter, state)
+
+
+def _deep_copied(adapter: _Adapter, memo: dict[int, Any] | None) -> _Adapter:
+    """A deep copy of an adapter that shares its scorer: the options are copied, the loaded model is
+    not (a scorer serves any number of adapters at once, and its locks cannot be copied)."""
+    memo = {} if memo is None else memo
+    memo[id(adapter.scorer)] = adapter.scorer
+    return BaseModel.__deepcopy__(adapter, memo)
+
+
 class GenerativeReranker(BaseDocumentCompressor):
     """Reranks documents by a causal LM's probability of the "yes" label (Qwen3-Reranker style).
 
@@ -97,12 +129,14 @@ class GenerativeReranker(BaseDocumentCompressor):
 
     ``model_dump()`` records the options and every setting of the scorer (not the weights), so
     ``GenerativeReranker(**reranker.model_dump())`` scores as ``reranker`` does;
-    ``GenerativeReranker(**data, scorer=scorer)`` reuses a loaded scorer whose settings agree.
+    ``GenerativeReranker(**data, scorer=scorer)`` reuses a loaded scorer whose settings agree. A
+    pickle holds the same (unpickling loads the model again); ``copy.deepcopy`` shares the scorer.
 
     The returned documents are copies, best first (ties keep input order). Each keeps its ``id``
-    and a new metadata dict holding the input's entries (the values themselves are shared), plus ``metadata["relevance_score"]`` (a probability in [0, 1])
-    and ``metadata["genscore_truncated"]`` (whether the document was shortened to fit
-    ``max_length``). The input documents are never changed.
+    and gets a new metadata dict holding the input's entries (their values are the input's own
+    objects, never copied), plus ``metadata["relevance_score"]`` (a probability in [0, 1]) and
+    ``metadata["genscore_truncated"]`` (whether the document was shortened to fit ``max_length``).
+    The input documents are never changed.
 
     Example:
         >>> from genscore_core import GenerativeScorer  # doctest: +SKIP
@@ -156,6 +190,17 @@ class GenerativeReranker(BaseDocumentCompressor):
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _saved(self, handler)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the options and the scorer's settings, not the scorer: unpickling loads a scorer
+        that scores the same. ``copy.deepcopy`` shares the scorer instead."""
+        return _pickled(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _unpickled(self, state)
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> GenerativeReranker:
+        return _deep_copied(self, memo)
 
     def compress_documents(
         self,
@@ -269,6 +314,17 @@ class GenerativeCrossEncoder(BaseCrossEncoder, BaseModel):
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _saved(self, handler)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the options and the scorer's settings, not the scorer: unpickling loads a scorer
+        that scores the same. ``copy.deepcopy`` shares the scorer instead."""
+        return _pickled(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _unpickled(self, state)
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> GenerativeCrossEncoder:
+        return _deep_copied(self, memo)
 
     def score(self, text_pairs: list[tuple[str, str]]) -> list[float]:
         """Probability in [0, 1] that each (query, document) pair is relevant, in input order."""

@@ -188,6 +188,13 @@ class GenerativeRerank(BaseNodePostprocessor):
         state["__dict__"] = {**settings, **state["__dict__"]}
         return state
 
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> GenerativeRerank:
+        """A copy with copied options that shares the scorer: a scorer serves any number of adapters at
+        once, and its loaded model and locks are not to be copied (pickling reloads it instead)."""
+        memo = {} if memo is None else memo
+        memo[id(self._scorer)] = self._scorer
+        return BaseModel.__deepcopy__(self, memo)
+
     @classmethod
     def class_name(cls) -> str:
         return "GenerativeRerank"

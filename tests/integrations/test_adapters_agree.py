@@ -7,7 +7,9 @@ that it scores exactly as the original on the tiny model.
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -190,13 +192,34 @@ def test_settings_given_as_config_are_saved_too(tiny_model_dir: Path) -> None:
     assert GenerativeRerank(config=config).to_dict()["max_length"] == 100
 
 
-def test_a_pickled_postprocessor_scores_the_same(tiny_model_dir: Path) -> None:
-    import pickle
+def _scores(adapter: Any) -> Any:
+    if isinstance(adapter, GenerativeRerank):
+        return _node_scores(adapter)
+    if isinstance(adapter, GenerativeReranker):
+        documents = [Document(page_content=text, id=f"d{i}") for i, text in enumerate(TEXTS)]
+        return [(d.id, d.metadata["relevance_score"]) for d in adapter.compress_documents(documents, QUERY)]
+    return adapter.score([(QUERY, text) for text in TEXTS])
 
-    original = GenerativeRerank(
-        str(tiny_model_dir), top_n=None, device="cpu", dtype="float32", max_length=90, score_mode="logit"
+
+def _saved(adapter: Any) -> dict[str, Any]:
+    return adapter.to_dict() if isinstance(adapter, GenerativeRerank) else adapter.model_dump()
+
+
+@pytest.mark.parametrize("cls", ADAPTERS)
+def test_pickle_reloads_the_scorer_and_deepcopy_shares_it(cls: Any, tiny_model_dir: Path) -> None:
+    options = {} if cls is GenerativeCrossEncoder else {"top_n": 4, "score_threshold": 0.0}
+    original = cls(
+        str(tiny_model_dir), device="cpu", dtype="float32", max_length=90, score_mode="logit", **options
     )
+    want = _scores(original)
+    # A pickle holds the options and the scorer's settings; loading it loads a scorer like the original.
     reloaded = pickle.loads(pickle.dumps(original))
+    assert type(reloaded) is cls and _saved(reloaded) == _saved(original)
     assert reloaded.scorer is not original.scorer
     assert reloaded.scorer.config == original.scorer.config
-    assert _node_scores(reloaded) == _node_scores(original)
+    assert _scores(reloaded) == want
+    # A deep copy copies the options and shares the loaded scorer.
+    copied = copy.deepcopy(original)
+    assert type(copied) is cls and copied is not original and _saved(copied) == _saved(original)
+    assert copied.scorer is original.scorer
+    assert _scores(copied) == want
