@@ -31,7 +31,14 @@ from pydantic import (
     model_validator,
 )
 
-from genscore_core import GenerativeScorer, RankedResult, RankedResults, ScorerConfig, check_rank_options
+from genscore_core import (
+    GenerativeScorer,
+    InvalidRequestError,
+    RankedResult,
+    RankedResults,
+    ScorerConfig,
+    check_rank_options,
+)
 from genscore_integrations._scorer_args import SCORER_SETTINGS, check_names, saved_settings, scorer_for
 
 try:
@@ -218,8 +225,12 @@ class GenerativeReranker(BaseDocumentCompressor):
 
         Returns:
             Copies of at most ``top_n`` documents scoring at least ``score_threshold``, best first.
+
+        Raises:
+            InvalidRequestError: An item is not a ``Document`` (``param`` ``"documents"``, ``index``
+                its place), before anything is scored.
         """
-        documents = list(documents)
+        documents = _checked_documents(documents)
         if not documents:
             return []
         ranked = self.scorer.rerank(
@@ -237,7 +248,7 @@ class GenerativeReranker(BaseDocumentCompressor):
         callbacks: Callbacks | None = None,
     ) -> list[Document]:
         """Async :meth:`compress_documents`: scoring runs off the event loop, which keeps running."""
-        documents = list(documents)
+        documents = _checked_documents(documents)
         if not documents:
             return []
         ranked = await self.scorer.arerank(
@@ -247,6 +258,21 @@ class GenerativeReranker(BaseDocumentCompressor):
             score_threshold=self.score_threshold,
         )
         return _ranked_documents(documents, ranked)
+
+
+def _checked_documents(documents: Sequence[Document]) -> list[Document]:
+    """The documents as a list, each checked to be a ``Document`` before anything is scored: another
+    item would otherwise fail as a bare ``AttributeError`` that names neither it nor its place."""
+    documents = list(documents)
+    for index, document in enumerate(documents):
+        if not isinstance(document, Document):
+            raise InvalidRequestError(
+                f"documents[{index}] must be a langchain_core.documents.Document, got "
+                f"{type(document).__name__}",
+                param="documents",
+                index=index,
+            )
+    return documents
 
 
 def _ranked_documents(documents: list[Document], ranked: RankedResults) -> list[Document]:

@@ -20,7 +20,7 @@ try:
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
     from llama_index.core.postprocessor.types import BaseNodePostprocessor
-    from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+    from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
 except ImportError as exc:
     raise ImportError(
         "genscore_integrations.llama_index needs llama-index-core; install it with: "
@@ -220,9 +220,11 @@ class GenerativeRerank(BaseNodePostprocessor):
             ``score`` set to the generative score.
 
         Raises:
-            InvalidRequestError: No query was given (raised before any event is emitted).
+            InvalidRequestError: No query was given, or an item is not a ``NodeWithScore`` (``param``
+                ``"nodes"``, ``index`` its place); raised before any event is emitted.
         """
         query = _require_query(query_bundle)
+        _check_nodes(nodes)
         if not nodes:
             return []
         texts = self._texts(nodes)
@@ -242,6 +244,7 @@ class GenerativeRerank(BaseNodePostprocessor):
     ) -> list[NodeWithScore]:
         """Async :meth:`_postprocess_nodes`: scoring runs in a worker thread, the event loop keeps running."""
         query = _require_query(query_bundle)
+        _check_nodes(nodes)
         if not nodes:
             return []
         texts = self._texts(nodes)
@@ -319,6 +322,19 @@ def _hide_from_models(node: Any, key: str) -> None:
     for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
         if key not in excluded:
             excluded.append(key)
+
+
+def _check_nodes(nodes: Sequence[Any]) -> None:
+    """Each item must be a ``NodeWithScore``, checked before any event or scoring: another item would
+    otherwise fail as a bare ``AttributeError`` that names neither it nor its place."""
+    for index, item in enumerate(nodes):
+        if not isinstance(item, NodeWithScore):
+            hint = "; wrap it: NodeWithScore(node=node)" if isinstance(item, BaseNode) else ""
+            raise InvalidRequestError(
+                f"nodes[{index}] must be a llama_index NodeWithScore, got {type(item).__name__}{hint}",
+                param="nodes",
+                index=index,
+            )
 
 
 def _require_query(query_bundle: QueryBundle | None) -> str:

@@ -359,6 +359,21 @@ def test_options_and_texts_are_forwarded() -> None:
     assert [(d.id, d.metadata) for d in out] == [("b", {"relevance_score": 0.9, "genscore_truncated": True})]
 
 
+async def test_an_item_that_is_not_a_document_is_named_before_scoring(scorer: GenerativeScorer) -> None:
+    reranker = GenerativeReranker(scorer=scorer, top_n=None)
+    bad = [Document(page_content=TEXTS[0]), TEXTS[1], Document(page_content=TEXTS[2])]
+    with ModelGate(scorer) as gate:
+        for call in (reranker.compress_documents, reranker.acompress_documents):
+            with pytest.raises(
+                InvalidRequestError, match=r"documents\[1\] must be a .*Document, got str"
+            ) as raised:
+                out = call(bad, QUERY)  # type: ignore[arg-type]
+                if asyncio.iscoroutine(out):
+                    await out
+            assert (raised.value.param, raised.value.index) == ("documents", 1)
+    assert not gate.thread_ids  # nothing reached the model
+
+
 def test_engine_errors_reach_the_caller(scorer: GenerativeScorer, docs: list[Document]) -> None:
     with pytest.raises(InvalidRequestError, match="query must be a string"):
         GenerativeReranker(scorer=scorer).compress_documents(docs, 123)  # type: ignore[arg-type]

@@ -375,6 +375,26 @@ async def test_node_objects_and_metadata_values_are_shared_not_copied(scorer: Ge
             assert RETRIEVAL_SCORE_KEY not in n.node.excluded_llm_metadata_keys
 
 
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_an_item_that_is_not_a_node_with_score_is_named(
+    use_async: bool, scorer: GenerativeScorer, collector: Collector
+) -> None:
+    nodes = make_nodes()
+    bad: list[Any] = [nodes[0], nodes[1].node, nodes[2]]  # a bare TextNode where a NodeWithScore goes
+    rerank = GenerativeRerank(scorer=scorer, top_n=None)
+    with pytest.raises(
+        InvalidRequestError, match=r"nodes\[1\] must be a .*NodeWithScore, got TextNode.*wrap"
+    ) as raised:
+        if use_async:
+            await rerank.apostprocess_nodes(bad, query_str=QUERY)
+        else:
+            rerank.postprocess_nodes(bad, query_str=QUERY)
+    assert (raised.value.param, raised.value.index) == ("nodes", 1)
+    assert collector.events == []  # raised before the start event, so before any scoring
+    with pytest.raises(InvalidRequestError, match=r"nodes\[0\] must be a .*NodeWithScore, got str$"):
+        rerank.postprocess_nodes(["raw text"], query_str=QUERY)  # type: ignore[list-item]
+
+
 async def test_empty_input_gives_empty_output(collector: Collector) -> None:
     fake = FakeScorer()
     rerank = fake_rerank(fake, top_n=3)
