@@ -81,7 +81,8 @@ class ScorerConfig(BaseModel):
     server_api_key: SecretStr | None = None
     """Sent as ``Authorization: Bearer ...`` (the ``--api-key`` of vLLM and SGLang)."""
     server_timeout: float = Field(default=60.0, gt=0)
-    """Seconds allowed for one HTTP request."""
+    """Seconds allowed for one HTTP request, from connecting to the answer's last byte; a slower attempt
+    fails and is retried like a timeout."""
     server_max_retries: int = Field(default=3, ge=0)
     """Retries after a connection error, a timeout or a 429/5xx answer, with exponential backoff."""
     server_batch_size: int = Field(default=256, gt=0)

@@ -65,12 +65,14 @@ class RemoteConfigurationError(ConfigurationError):
 class RemoteScoringError(GenScoreError):
     """A scoring server could not be reached, or kept failing, or answered something unreadable.
 
-    ``status`` is the last HTTP status received, ``None`` when no answer came at all.
+    ``status`` is the last HTTP status received, ``None`` when no answer came at all; ``timed_out``
+    says that the last attempt ran out of ``server_timeout``.
     """
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, timed_out: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.timed_out = timed_out
 
 
 class ServerBusyError(GenScoreError):

@@ -75,7 +75,8 @@ class HttpTransport:
 
     Args:
         base_url: ``http://host:port`` of the server (or of the load balancer in front of a fleet).
-        timeout: Seconds allowed for one HTTP request (connect, write, read).
+        timeout: Seconds allowed for one HTTP request, from connecting to the answer's last byte
+            (an attempt that takes longer fails, and is retried like a timeout).
         max_retries: Retries after a connection error, a timeout or a 429/5xx answer.
         backoff: First wait between attempts, in seconds; doubles each retry.
         max_backoff: Longest wait between attempts.
@@ -104,6 +105,7 @@ class HttpTransport:
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.timeout = timeout
         self._options: dict[str, Any] = {
             "base_url": self.base_url,
             "timeout": httpx.Timeout(timeout),
@@ -123,10 +125,32 @@ class HttpTransport:
     # -- sync ---------------------------------------------------------------------------------------
 
     def post_json(self, path: str, payload: dict[str, Any]) -> Any:
-        return self._with_retries(lambda: self._client.post(path, json=payload), path, time.sleep)
+        return self._with_retries(lambda: self._send("POST", path, payload), path, time.sleep)
 
     def get_json(self, path: str) -> Any:
-        return self._with_retries(lambda: self._client.get(path), path, time.sleep)
+        return self._with_retries(lambda: self._send("GET", path, None), path, time.sleep)
+
+    def _send(self, method: str, path: str, payload: dict[str, Any] | None) -> httpx.Response:
+        # httpx's timeouts bound each network operation, not the request: a server sending its
+        # answer a byte at a time would never trip them. The body is read in chunks against a
+        # deadline instead (one silent wait is still bounded by the read timeout, at most
+        # ``timeout`` past the deadline).
+        deadline = time.monotonic() + self.timeout
+        with self._client.stream(method, path, json=payload) as response:
+            chunks = []
+            for chunk in response.iter_bytes():
+                if time.monotonic() > deadline:
+                    raise _AttemptTooLong(self.timeout)
+                chunks.append(chunk)
+            if time.monotonic() > deadline:
+                raise _AttemptTooLong(self.timeout)
+        # The chunks are decoded already: the answer they make must not be decoded again.
+        headers = response.headers.copy()
+        for name in ("content-encoding", "content-length"):
+            headers.pop(name, None)
+        return httpx.Response(
+            response.status_code, headers=headers, content=b"".join(chunks), request=response.request
+        )
 
     def _with_retries(
         self, send: Callable[[], httpx.Response], path: str, sleep: Callable[[float], None]
@@ -138,7 +162,10 @@ class HttpTransport:
             try:
                 response = send()
             except httpx.TransportError as error:
-                failure = _Failure(_describe_transport_error(error))
+                failure = self._transport_failure(error)
+                continue
+            except _AttemptTooLong as error:
+                failure = _Failure(str(error), timed_out=True)
                 continue
             if response.status_code in RETRY_STATUSES:
                 failure = _Failure.of(response)
@@ -155,9 +182,13 @@ class HttpTransport:
             if attempt:
                 await asyncio.sleep(self._delay(attempt, failure.response))
             try:
-                response = await client.post(path, json=payload)
+                # Bounds the whole attempt; httpx's own timeouts bound each network operation only.
+                response = await asyncio.wait_for(client.post(path, json=payload), self.timeout)
             except httpx.TransportError as error:
-                failure = _Failure(_describe_transport_error(error))
+                failure = self._transport_failure(error)
+                continue
+            except asyncio.TimeoutError:
+                failure = _Failure(str(_AttemptTooLong(self.timeout)), timed_out=True)
                 continue
             if response.status_code in RETRY_STATUSES:
                 failure = _Failure.of(response)
@@ -231,12 +262,18 @@ class HttpTransport:
                 f"{self.base_url}{path} answered with a body that is not JSON", status=200
             ) from None
 
+    def _transport_failure(self, error: httpx.TransportError) -> _Failure:
+        if isinstance(error, httpx.TimeoutException):
+            return _Failure(f"{type(error).__name__} after the {self.timeout:g} s timeout", timed_out=True)
+        return _Failure(_describe_transport_error(error))
+
     def _gave_up(self, path: str, failure: _Failure) -> RemoteScoringError:
         attempts = self.max_retries + 1
         plural = "s" if attempts > 1 else ""
         return RemoteScoringError(
             f"{self.base_url}{path} failed after {attempts} attempt{plural}: {failure.message}",
             status=failure.response.status_code if failure.response is not None else None,
+            timed_out=failure.timed_out,
         )
 
     def close(self) -> None:
@@ -262,6 +299,11 @@ class HttpTransport:
             await entry.client.aclose()
 
 
+class _AttemptTooLong(Exception):
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"no complete answer within the {timeout:g} s timeout")
+
+
 @dataclass(frozen=True)
 class _LoopClient:
     client: httpx.AsyncClient
@@ -275,6 +317,7 @@ class _Failure:
 
     message: str
     response: httpx.Response | None = None
+    timed_out: bool = False
 
     @classmethod
     def of(cls, response: httpx.Response) -> _Failure:

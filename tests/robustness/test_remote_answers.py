@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from genscore_core import GenerativeScorer
 from genscore_core.errors import RemoteScoringError
@@ -30,6 +32,8 @@ class Faults:
     score = "0.5"
     index: str | None = None
     body: str | None = None
+    trickle: float = 0.0
+    """Seconds between the bytes of an answer (0: sent at once)."""
     at: Callable[[int, int], bool] = staticmethod(lambda count, entry: entry == 1)
 
 
@@ -51,7 +55,14 @@ def faulty_app(faults: Faults) -> FastAPI:
 
     def answer(text: str) -> Response:
         # Raw text: JSON encoders refuse NaN and Infinity, which some servers still send.
-        return Response(faults.body if faults.body is not None else text, media_type="application/json")
+        body = (faults.body if faults.body is not None else text).encode()
+        if faults.trickle:
+            return StreamingResponse(
+                _trickled(body, faults.trickle),
+                media_type="application/json",
+                headers={"Content-Length": str(len(body))},
+            )
+        return Response(body, media_type="application/json")
 
     @app.post("/generative_scoring")
     async def generative(request: Request) -> Response:
@@ -70,6 +81,12 @@ def faulty_app(faults: Faults) -> FastAPI:
         return answer(f'{{"results": {entries(count, "relevance_score")}}}')
 
     return app
+
+
+async def _trickled(body: bytes, pause: float) -> AsyncIterator[bytes]:
+    for i in range(len(body)):
+        yield body[i : i + 1]
+        await asyncio.sleep(pause)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +120,7 @@ def remotes(tiny_model_dir: Path, faulty_server: LiveServer) -> Iterator[dict[st
 @pytest.fixture
 def fault(faults: Faults) -> Iterator[Faults]:
     yield faults
-    faults.score, faults.index, faults.body = "0.5", None, None
+    faults.score, faults.index, faults.body, faults.trickle = "0.5", None, None, 0.0
     faults.at = Faults.at
 
 
@@ -194,23 +211,26 @@ def test_deeply_nested_bodies_are_refused_as_not_json(
         assert "not JSON" in str(caught.value)
 
 
-@pytest.fixture(scope="module")
-def split_remotes(tiny_model_dir: Path, faulty_server: LiveServer) -> Iterator[dict[str, GenerativeScorer]]:
-    """Scorers sending at most two items per request."""
+@contextmanager
+def _scorers(
+    model: Path, url: str, kinds: tuple[str, ...], **settings: Any
+) -> Iterator[dict[str, GenerativeScorer]]:
     scorers = {
         kind: GenerativeScorer(
-            str(tiny_model_dir),
-            server_url=faulty_server.url,
-            server_kind=kind,
-            server_max_retries=0,
-            server_batch_size=2,
-            max_length=512,
+            str(model), server_url=url, server_kind=kind, server_max_retries=0, max_length=512, **settings
         )
-        for kind in KINDS
+        for kind in kinds
     }
     yield scorers
     for scorer in scorers.values():
         scorer.close()
+
+
+@pytest.fixture(scope="module")
+def split_remotes(tiny_model_dir: Path, faulty_server: LiveServer) -> Iterator[dict[str, GenerativeScorer]]:
+    """Scorers sending at most two items per request."""
+    with _scorers(tiny_model_dir, faulty_server.url, KINDS, server_batch_size=2) as scorers:
+        yield scorers
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -233,6 +253,25 @@ def test_bad_scores_name_their_item(
     ):
         with pytest.raises(RemoteScoringError, match=expected):
             call()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_server_timeout_bounds_an_answer_sent_a_byte_at_a_time(
+    tiny_model_dir: Path, faulty_server: LiveServer, fault: Faults, kind: str
+) -> None:
+    # Every byte comes well within any read timeout; the whole answer takes over 5 s.
+    fault.trickle = 0.05
+    with _scorers(tiny_model_dir, faulty_server.url, (kind,), server_timeout=1.0) as scorers:
+        for call in (
+            lambda: scorers[kind].rerank(QUERY, DOCUMENTS),
+            lambda: asyncio.run(scorers[kind].arerank(QUERY, DOCUMENTS)),
+        ):
+            started = time.monotonic()
+            with pytest.raises(RemoteScoringError) as caught:
+                call()
+            assert time.monotonic() - started < 3.0
+            assert faulty_server.url in str(caught.value)
+            assert "no complete answer within the 1 s timeout" in str(caught.value)
 
 
 @pytest.mark.parametrize("kind", KINDS)
