@@ -10,14 +10,17 @@ Endpoints:
 
 Errors use the protocol's body ``{"error": {"message", "type", "param", "code"}}`` plus a top-level
 ``detail`` with the same message (what Jina-style clients read): 400 for bad requests and exceeded
-limits, 404 for a model this server does not serve (as vLLM answers), 413 for oversized bodies, 422
-for malformed ones, 503 when the queue is full (with ``Retry-After``), 500 for anything unexpected
-(logged, never a traceback in the body). The OpenAPI document (``/openapi.json``) lists each of them
-per endpoint with this body.
+limits, 404 for a model this server does not serve (as vLLM answers), 408 for a body that does not
+arrive within ``--body-timeout`` (the connection is then closed), 413 for oversized bodies, 422
+for malformed ones, 503 when the queue is full (with ``Retry-After``), 502 (504 for a timeout) when
+the server this one scores through (``--server-url``) fails, 500 for a score the model made NaN or
+out of range (naming the prompt) and for anything unexpected (logged, never a traceback in the
+body). The OpenAPI document (``/openapi.json``) lists each of them per endpoint with this body.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -35,7 +38,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from genscore_core import __version__
-from genscore_core.errors import InvalidRequestError, ServerBusyError
+from genscore_core.errors import (
+    InvalidRequestError,
+    RemoteConfigurationError,
+    RemoteScoringError,
+    ScoreRangeError,
+    ServerBusyError,
+)
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse
 from genscore_core.request_life import AbandonStats
 from genscore_core.scorer import GenerativeScorer
@@ -72,6 +81,16 @@ class BodyTooLargeError(StarletteHTTPException):
         )
 
 
+class BodyTimeoutError(StarletteHTTPException):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            408,
+            f"the request body did not arrive within {seconds:g} s of its headers (--body-timeout)",
+            # The rest of the body may still come: the connection cannot carry another request.
+            headers={"Connection": "close"},
+        )
+
+
 class UnknownModelError(StarletteHTTPException):
     def __init__(self, requested: str, served: str) -> None:
         super().__init__(
@@ -84,9 +103,13 @@ def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     reasons = {
         400: "A bad request (the message names the field and item) or an exceeded limit.",
         404: "The request names a model this server does not serve.",
+        408: "The request body did not arrive within --body-timeout (the connection is closed).",
         413: "The request body is larger than --max-body-bytes.",
         422: "The body is not valid JSON or does not have the request's shape.",
-        500: "An unexpected error (logged by the server; no traceback in the body).",
+        500: "The model produced a score that is not finite or out of range (the message names the "
+        "prompt), or an unexpected error (logged by the server; no traceback in the body).",
+        502: "The server this one scores through (--server-url) failed or answered something unreadable.",
+        504: "The server this one scores through (--server-url) did not answer within its timeout.",
         503: "The request queue is full; retry after the seconds in Retry-After.",
     }
     responses: dict[int | str, dict[str, Any]] = {}
@@ -102,16 +125,24 @@ def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return responses
 
 
-# What the scoring endpoints can answer besides 200.
-SCORING_ERRORS = _error_responses(400, 404, 413, 422, 500, 503)
+# What the scoring endpoints can answer besides 200; a server scoring through another adds the
+# gateway errors (GATEWAY_ERRORS).
+SCORING_ERRORS = _error_responses(400, 404, 408, 413, 422, 500, 503)
+GATEWAY_ERRORS = _error_responses(502, 504)
 
 
 class BodySizeLimitMiddleware:
-    """Answer 413 to a body over ``max_bytes``: at once from ``Content-Length``, else while reading it."""
+    """Answer 413 to a body over ``max_bytes``: at once from ``Content-Length``, else while reading it;
+    answer 408 to a body not complete within ``timeout`` seconds of the request's head.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    (uvicorn bounds the head, through the header timeout of :mod:`~genscore_core.server.connections`,
+    but not the body: a client that stops sending mid-body would hold its connection forever.)
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -124,11 +155,20 @@ class BodySizeLimitMiddleware:
             await response(scope, receive, send)
             return
         received = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        body_complete = False
 
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_complete
+            if body_complete:  # later calls wait for a disconnect, which has no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                raise BodyTimeoutError(self.timeout) from None
             if message["type"] == "http.request":
+                body_complete = not message.get("more_body", False)
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
                     # FastAPI re-raises HTTPExceptions from body reading; the handler answers 413.
@@ -210,7 +250,9 @@ def create_app(
     app.state.batcher = batcher
     app.state.limits = limits
     app.add_middleware(InternalErrorMiddleware)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware, max_bytes=limits.max_body_bytes, timeout=limits.body_timeout_s
+    )
     # Outermost: a request whose client left is cancelled wherever it is, and not tokenized after.
     abandon_stats = AbandonStats()
     app.state.abandon_stats = abandon_stats
@@ -230,7 +272,8 @@ def create_app(
         if requested is not None and requested != name:
             raise UnknownModelError(requested, name)
 
-    scoring: dict[str, Any] = {"response_model": GenerativeScoringResponse, "responses": SCORING_ERRORS}
+    errors = {**SCORING_ERRORS, **(GATEWAY_ERRORS if scorer.config.server_url is not None else {})}
+    scoring: dict[str, Any] = {"response_model": GenerativeScoringResponse, "responses": errors}
 
     @app.post("/generative_scoring", **scoring)
     @app.post("/generative_score", **scoring)
@@ -244,7 +287,7 @@ def create_app(
     reranking: dict[str, Any] = {
         "response_model": RerankResponse,
         "response_model_exclude_none": True,
-        "responses": SCORING_ERRORS,
+        "responses": errors,
     }
 
     @app.post("/v1/rerank", **reranking)
@@ -346,6 +389,24 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServerBusyError)
     async def busy(_: Request, error: Exception) -> JSONResponse:
         return JSONResponse(error_body(str(error), 503), status_code=503, headers={"Retry-After": "1"})
+
+    # A server scoring through another (--server-url): that server's failures are the gateway's.
+    @app.exception_handler(RemoteScoringError)
+    async def upstream_failed(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, RemoteScoringError)
+        status = 504 if error.timed_out else 502
+        return JSONResponse(error_body(str(error), status), status_code=status)
+
+    @app.exception_handler(RemoteConfigurationError)
+    async def upstream_refused(_: Request, error: Exception) -> JSONResponse:
+        # The upstream refused this server's own settings (key, URL): not the client's to fix.
+        return JSONResponse(error_body(str(error), 502), status_code=502)
+
+    @app.exception_handler(ScoreRangeError)
+    async def bad_score(_: Request, error: Exception) -> JSONResponse:
+        # Logged as well: a model producing NaN is the operator's problem (weights, precision).
+        logger.error("%s", error)
+        return JSONResponse(error_body(str(error), 500), status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: Exception) -> JSONResponse:

@@ -35,6 +35,7 @@ _LIMIT_FLAGS = {
     "max_queued_requests": "max_queued_requests",
     "max_connections": "max_connections",
     "header_timeout": "header_timeout_s",
+    "body_timeout": "body_timeout_s",
     "keep_alive_timeout": "keep_alive_timeout_s",
 }
 
@@ -139,6 +140,13 @@ def add_serve_command(
         default=defaults.header_timeout_s,
         help="seconds a client may take to send a request's headers, from connecting or from the "
         "request's first byte; slower ones are disconnected (default %(default)s)",
+    )
+    connections.add_argument(
+        "--body-timeout",
+        type=positive_float,
+        default=defaults.body_timeout_s,
+        help="seconds a client may take to send a request's body, from the end of its headers; "
+        "slower ones are answered 408 and disconnected (default %(default)s)",
     )
     connections.add_argument(
         "--keep-alive-timeout",

@@ -47,6 +47,10 @@ class ServerLimits(BaseModel):
     """Seconds a connection may take to send a whole request head, from opening or from the first byte
     of a later request; slower ones are closed (a client trickling headers holds a connection
     otherwise forever)."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """Seconds a request may take to send its whole body, from the end of its head; a slower one is
+    answered 408 and its connection closed (a client stalling mid-body holds a connection otherwise
+    forever, and enough of them take every connection the server allows)."""
     keep_alive_timeout_s: int = Field(default=75, gt=0)
     """Seconds an idle keep-alive connection is kept open between requests. Longer than the idle
     expiry of the usual clients' connection pools (httpx and the OpenAI SDK 5 s, aiohttp 15 s, an

@@ -14,9 +14,12 @@ ERROR_TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
     413: "RequestTooLargeError",
     422: "UnprocessableEntityError",
+    502: "BadGatewayError",
     503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
 }
 
 
@@ -41,8 +44,9 @@ class ErrorInfo(BaseModel):
     message: str
     """What went wrong, naming the offending field or limit."""
     type: str
-    """``BadRequestError``, ``NotFoundError``, ``RequestTooLargeError``, ``UnprocessableEntityError``,
-    ``ServiceUnavailableError`` or ``InternalServerError``."""
+    """``BadRequestError``, ``NotFoundError``, ``RequestTimeoutError``, ``RequestTooLargeError``,
+    ``UnprocessableEntityError``, ``ServiceUnavailableError``, ``BadGatewayError``,
+    ``GatewayTimeoutError`` or ``InternalServerError``."""
     param: str | None = None
     code: int
     """The HTTP status."""

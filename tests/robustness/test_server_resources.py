@@ -28,6 +28,7 @@ from tests.server._support import (
     stop_server_process,
     wait_healthy,
 )
+from tests.server.test_openapi import check_against_spec
 
 GENSCORE = shutil.which("genscore")
 
@@ -237,6 +238,7 @@ def test_serve_flags_default_to_safe_limits() -> None:
 
     args = build_parser().parse_args(["serve", "--model", "m"])
     assert (args.max_connections, args.header_timeout, args.keep_alive_timeout) == (512, 10.0, 75)
+    assert args.body_timeout == 30.0
     limits = ServerLimits(max_connections=args.max_connections, header_timeout_s=args.header_timeout)
     assert uvicorn_options(limits)["limit_concurrency"] == 513
     # Idle connections outlive the pools of httpx (and so the OpenAI SDK): the client drops them first.
@@ -281,3 +283,49 @@ def test_invalid_text_is_a_400_naming_field_and_index(
     assert answer.status_code == 400, answer.text
     message = answer.json()["error"]["message"]
     assert f"{where} is not valid text" in message and "lone surrogate" in message
+
+
+def _read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """The answer to a request and what follows it: b"" when the server then closes the connection."""
+    answer = b""
+    while True:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return answer, b""
+        answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]  # fmt: skip
+        if length and len(body) >= length[0]:
+            return answer, sock.recv(1024)
+
+
+def test_a_stalled_request_body_is_answered_408_and_its_connection_closed(scorer: GenerativeScorer) -> None:
+    limits = ServerLimits(body_timeout_s=1.0, header_timeout_s=60.0, max_connections=2)
+    body = json.dumps({"query": "q", "documents": ["a fox"]}).encode()
+    head = b"POST /v1/rerank HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+    head += b"Content-Length: %d\r\n\r\n" % len(body)
+    with serve_in_thread(create_app(scorer, limits)) as live:
+        spec = httpx.get(f"{live.url}/openapi.json", timeout=GUARD_S).json()
+        host, port = live.url.removeprefix("http://").split(":")
+        stalled = [socket.create_connection((host, int(port))) for _ in range(2)]
+        try:
+            for sock in stalled:
+                sock.settimeout(GUARD_S)  # a guard: a server without a body timeout never answers
+                sock.sendall(head + body[:5])
+            opened = time.monotonic()
+            for sock in stalled:
+                answer, after = _read_answer(sock)
+                assert answer.startswith(b"HTTP/1.1 408")
+                check_against_spec(
+                    spec, "post", "/v1/rerank", httpx.Response(408, content=answer.partition(b"\r\n\r\n")[2])
+                )
+                message = json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["message"]
+                assert "within 1 s" in message and "--body-timeout" in message
+                assert after == b""  # and the connection closed
+            assert time.monotonic() - opened < 10.0
+            # The connections they held serve others again.
+            answer = httpx.post(f"{live.url}/v1/rerank", json=json.loads(body), timeout=GUARD_S)
+            assert answer.status_code == 200
+        finally:
+            for sock in stalled:
+                sock.close()
