@@ -33,7 +33,7 @@ class SGLangScoreClient(TokenScoringClient):
                 scores.append(_first_probability(row))
             except ValueError as error:
                 raise self._bad_answer(
-                    f"a malformed score row for {item_name(index, count, offset)} ({error})"
+                    f"a malformed score row ({item_name(index, count, offset)}: {error})"
                 ) from None
         return scores
 
