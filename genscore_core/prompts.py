@@ -20,6 +20,11 @@ from genscore_core.truncation import (
     truncate_raw,
 )
 
+CUT_QUERY = 1
+"""A prompt's query was shortened to fit (``TemplatePromptBuilder._fit``)."""
+CUT_DOCUMENT = 2
+"""A prompt's document was shortened to fit."""
+
 
 @dataclass(frozen=True)
 class EncodedPrompt:
@@ -240,23 +245,72 @@ class TemplatePromptBuilder:
                 f"{len(self.prefix_ids) + len(self.suffix_ids) + len(self.bos_ids)} tokens"
             )
         # Fail early, not on the first request, if the template cannot take the instruction.
-        template.render_body("", "", instruction)
+        empty = template.render_body("", "", instruction)
+        self._query_cap = self._cap_of_query(empty)
+
+    def _cap_of_query(self, empty: RenderedBody) -> int:
+        """The most tokens the query keeps when a prompt has to be shortened.
+
+        A piece-by-piece template's cap is its reference's: ``query_share`` of the body budget for
+        the piece holding the query, instruction included. A whole-body template's query gets
+        ``query_share`` of what the instruction and the body's own text leave: of the whole budget,
+        a long instruction plus the query's share could leave no room for any document.
+        """
+        if self.tokenization.always_caps_query:
+            return query_token_cap(self.body_budget, self.query_share)
+        # The body with both placeholders empty: its text around them can count a token more than
+        # in a filled body (the space before the document merges into the document's first word).
+        [(fixed_ids, _)] = self.tokenization.encode([empty])
+        room = self.body_budget - len(self.bos_ids) - len(fixed_ids)
+        return query_token_cap(max(room, 1), self.query_share)
 
     def build(
         self, query: str, documents: Sequence[str], *, indices: Sequence[int] | None = None
     ) -> list[EncodedPrompt]:
         """The prompts of ``documents`` for ``query``; errors name ``documents[i]`` by ``indices[i]``
         (its position in the caller's list; ``i`` when not given)."""
+        return [prompt for prompt, _ in self.build_marked(query, documents, indices=indices)]
+
+    def build_marked(
+        self, query: str, documents: Sequence[str], *, indices: Sequence[int] | None = None
+    ) -> list[tuple[EncodedPrompt, bool]]:
+        """:meth:`build`'s prompts, each with whether its document lost tokens to fit (a prompt is
+        also ``truncated`` when only its query was shortened)."""
         names = range(len(documents)) if indices is None else indices
         query, *documents = bounded_texts(self.tokenizer, [query, *documents], self.body_budget)
         bodies = [self.template.render_body(query, doc, self.instruction) for doc in documents]
         prompts = []
+        cuts = []
         for index, (body, (ids, offsets)) in enumerate(zip(bodies, self._encode(bodies))):
-            body_ids, truncated = self._fit(query, documents[index], body, ids, offsets, names[index])
-            prompts.append(EncodedPrompt(self.prefix_ids + body_ids + self.suffix_ids, truncated))
+            body_ids, cut = self._fit(query, documents[index], body, ids, offsets, names[index])
+            prompts.append(EncodedPrompt(self.prefix_ids + body_ids + self.suffix_ids, cut != 0))
+            cuts.append(cut >= CUT_DOCUMENT)
         if self._vocab_size is not None:
             self._check_readable(prompts, self._vocab_size(), names)
-        return prompts
+        return list(zip(prompts, cuts))
+
+    def shortened_query(self, query: str) -> tuple[str, bool]:
+        """The query as a prompt whose document must be shortened keeps it, and whether it was cut.
+
+        ``long_documents="chunk"`` scores every window of a document that does not fit with this
+        query, as truncation would keep it. A piece-by-piece template's query comes back whole: its
+        cap is applied to the ids of every prompt (:meth:`build`)."""
+        if self.tokenization.always_caps_query:
+            return query, False
+        [query] = bounded_texts(self.tokenizer, [query], self.body_budget)
+        body = self.template.render_body(query, "", self.instruction)
+        [(ids, offsets)] = self.tokenization.encode([body])
+        capped = self.tokenization.cap_query(
+            lambda cut_at: self.template.render_body(query[:cut_at], "", self.instruction),
+            body,
+            ids,
+            offsets,
+            self._query_cap,
+        )
+        if capped is None:
+            return query, False
+        short = capped[2]
+        return short.text[short.query.start : short.query.end], True
 
     def _check_readable(self, prompts: list[EncodedPrompt], vocab_size: int, names: Sequence[int]) -> None:
         """Refuse a prompt holding a token id the model has no row for, naming its document.
@@ -311,38 +365,57 @@ class TemplatePromptBuilder:
         ids: list[int],
         offsets: Offsets,
         index: int,
-    ) -> tuple[list[int], bool]:
+    ) -> tuple[list[int], int]:
+        """The body's ids within the budget and what was shortened: 0 (nothing), :data:`CUT_QUERY`,
+        or :data:`CUT_DOCUMENT` plus, when the query was shortened too, :data:`CUT_QUERY`."""
         # The BOS id has no characters: (0, 0) never overlaps the query or the document.
         ids = self.bos_ids + ids
         offsets = [(0, 0)] * len(self.bos_ids) + offsets
         budget = self.body_budget
-        truncated = False
+        cut = 0
         if len(ids) > budget or self.tokenization.always_caps_query:
             capped = self.tokenization.cap_query(
                 lambda cut_at: self.template.render_body(query[:cut_at], document, self.instruction),
                 body,
                 ids[len(self.bos_ids) :],
                 offsets[len(self.bos_ids) :],
-                query_token_cap(budget, self.query_share),
+                self._query_cap,
             )
             if capped is not None:
                 body_ids, body_offsets, body = capped
                 ids = self.bos_ids + body_ids
                 offsets = [(0, 0)] * len(self.bos_ids) + body_offsets
-                truncated = True
+                cut = CUT_QUERY
         excess = len(ids) - budget
         if excess <= 0:
-            return ids, truncated
+            return ids, cut
         doc_tokens = token_range(offsets, body.document)
-        if excess > doc_tokens[1] - doc_tokens[0]:
-            raise PromptTooLongError(
-                f"document {index} cannot fit: without it the prompt is still "
-                f"{len(ids) - (doc_tokens[1] - doc_tokens[0]) + len(self.prefix_ids) + len(self.suffix_ids)} "
-                f"tokens, over max_length={self.max_length}; shorten the instruction or raise max_length",
-                param="documents",
+        # A document cut to no tokens at all would score the rest of the prompt alone.
+        if excess >= max(doc_tokens[1] - doc_tokens[0], 1):
+            raise self._cannot_fit(body, offsets, len(ids) - (doc_tokens[1] - doc_tokens[0]), index)
+        return drop_tail_of_range(ids, doc_tokens, excess), cut + CUT_DOCUMENT
+
+    def _cannot_fit(
+        self, body: RenderedBody, offsets: Offsets, without_document: int, index: int
+    ) -> Exception:
+        """The error for a prompt that is over budget even with no document tokens: it names the
+        query when the prompt without it would leave room, else the instruction and template."""
+        fixed = len(self.prefix_ids) + len(self.suffix_ids)
+        query_start, query_end = token_range(offsets, body.query)
+        if without_document - (query_end - query_start) < self.body_budget:
+            return PromptTooLongError(
+                f"the query cannot fit beside document {index}: cut to its share of the prompt "
+                f"(query_share={self.query_share}), it still leaves no room for the document within "
+                f"max_length={self.max_length}; shorten the query or raise max_length",
+                param="query",
                 index=index,
             )
-        return drop_tail_of_range(ids, doc_tokens, excess), True
+        return PromptTooLongError(
+            f"document {index} cannot fit: without it the prompt is still {without_document + fixed} "
+            f"tokens, over max_length={self.max_length}; shorten the instruction or raise max_length",
+            param="documents",
+            index=index,
+        )
 
 
 def token_ids(tokenizer: Any, texts: list[str], lock: threading.Lock) -> list[list[int]]:

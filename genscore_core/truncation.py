@@ -31,9 +31,11 @@ def token_range(offsets: Sequence[tuple[int, int]], span: Span) -> tuple[int, in
     return (first, last + 1)
 
 
-def query_token_cap(budget: int, query_share: float) -> int:
-    """The most tokens the query may keep when a prompt has to be shortened."""
-    return max(1, int(budget * query_share))
+def query_token_cap(room: int, query_share: float) -> int:
+    """The most tokens the query may keep when a prompt has to be shortened: ``query_share`` of
+    ``room``, the tokens left to the query and the document (what the fixed text of the prompt
+    leaves), so that the document keeps the rest."""
+    return max(1, int(room * query_share))
 
 
 def drop_tail_of_range(ids: list[int], token_span: tuple[int, int], excess: int) -> list[int]:

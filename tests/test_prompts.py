@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from genscore_core import (
     MXBAI_RERANK_V2,
@@ -98,24 +99,32 @@ def test_long_query_is_capped_at_its_share(scorer: GenerativeScorer) -> None:
 
 
 def test_template_that_cannot_fit_names_the_document(scorer: GenerativeScorer) -> None:
-    builder = TemplatePromptBuilder(scorer.tokenizer, QWEN3_RERANKER, max_length=80, query_share=0.9)
-    # The instruction and the capped query alone overflow the budget, so no document can fit.
+    builder = TemplatePromptBuilder(
+        scorer.tokenizer, QWEN3_RERANKER, max_length=80, query_share=0.9, instruction="be strict " * 20
+    )
+    # The instruction alone overflows the budget, so no document can fit.
     with pytest.raises(PromptTooLongError, match="document 0 cannot fit") as caught:
         builder.build("why " * 100, ["ok", "fine"])
-    assert caught.value.index == 0
+    assert caught.value.index == 0 and caught.value.param == "documents"
 
 
 def test_a_pair_that_cannot_fit_is_named_by_its_position_among_all_pairs(tiny_model_dir: Path) -> None:
     # Pairs are grouped by query; the error still names the pair's place in the caller's list.
-    scorer = GenerativeScorer(str(tiny_model_dir), device="cpu", max_length=80, query_share=0.9)
-    pairs = [("short", "ok"), ("why " * 100, "ok"), ("short", "fine"), ("why " * 100, "fine")]
-    with pytest.raises(PromptTooLongError, match="document 1 cannot fit") as caught:
-        scorer.score_pairs(pairs)
-    assert caught.value.index == 1
-    chunking = GenerativeScorer.from_model(
-        scorer.model, scorer.tokenizer, max_length=80, query_share=0.9, long_documents="chunk"
+    probe = TemplatePromptBuilder(
+        AutoTokenizer.from_pretrained(str(tiny_model_dir)), QWEN3_RERANKER, max_length=512
     )
-    with pytest.raises(PromptTooLongError, match="document 1 cannot fit") as caught:
+    [exact] = probe.build("", ["ok"])
+    # An empty query and "ok" fill the prompt exactly: any query token leaves "ok" no room.
+    max_length = len(exact.token_ids)
+    scorer = GenerativeScorer(str(tiny_model_dir), device="cpu", max_length=max_length, query_share=0.9)
+    pairs = [("", "ok"), ("why " * 100, "ok"), ("", "ok"), ("why " * 100, "ok")]
+    with pytest.raises(PromptTooLongError, match="the query cannot fit beside document 1") as caught:
+        scorer.score_pairs(pairs)
+    assert caught.value.index == 1 and caught.value.param == "query"
+    chunking = GenerativeScorer.from_model(
+        scorer.model, scorer.tokenizer, max_length=max_length, query_share=0.9, long_documents="chunk"
+    )
+    with pytest.raises(PromptTooLongError, match="the query cannot fit beside document 1") as caught:
         chunking.score_pairs(pairs)
     assert caught.value.index == 1
 
