@@ -15,9 +15,15 @@ from typing import Any, cast
 from genscore_core.backend import JobTexts, ScoringJob
 from genscore_core.config import ScorerConfig
 from genscore_core.engine import StreamedJob
-from genscore_core.errors import InvalidRequestError
+from genscore_core.errors import InvalidRequestError, PromptTooLongError
 from genscore_core.loading import check_label_ids, check_template_ids, load_tokenizer
-from genscore_core.long_documents import WindowedPairs, cap_to_tokens, token_spans, window_spans
+from genscore_core.long_documents import (
+    WindowedPairs,
+    cap_to_tokens,
+    refuse_by_length,
+    token_spans,
+    window_spans,
+)
 from genscore_core.prepared import PreparedPairs, PreparedScore, scores_in_input_order
 from genscore_core.prompts import (
     EncodedPrompt,
@@ -144,6 +150,7 @@ class ScoringFrontEnd:
     def encode(self, query: str, documents: Sequence[str]) -> list[EncodedPrompt]:
         """The templated, truncated prompts of ``documents`` for ``query``."""
         check_text(query, "query")
+        check_documents(documents)
         for index, document in enumerate(documents):
             check_text(document, "documents", index)
         if not documents:
@@ -151,7 +158,11 @@ class ScoringFrontEnd:
         return self._builder.build(query, documents)
 
     def prepare_pairs(
-        self, pairs: Sequence[tuple[str, str]], *, max_tokens_per_doc: int | None = None
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        max_tokens_per_doc: int | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> PreparedPairs:
         """Templated prompts of (query, document) pairs, one job per distinct query.
 
@@ -159,6 +170,12 @@ class ScoringFrontEnd:
         can score it. ``max_tokens_per_doc`` first cuts each document after that many of its own
         tokens; with ``long_documents="chunk"``, a document that does not fit is then scored as
         overlapping windows (:mod:`genscore_core.long_documents`).
+
+        ``max_prompt_tokens`` (``genscore serve``'s ``--max-prompt-tokens``) bounds what the
+        chunked documents of the call may cost: a document whose tokens take the call past it is
+        refused as soon as that is known (from its length in characters, else while it is
+        tokenized), before the rest of it is tokenized or split. Truncation needs no such bound: each
+        of its prompts holds at most ``max_length`` tokens.
         """
         check_pairs(pairs)
         if max_tokens_per_doc is not None and (
@@ -192,36 +209,144 @@ class ScoringFrontEnd:
                 aggregation=self.config.chunk_aggregation,
                 capped=capped,
             )
+        return self._prepare_chunked(pairs, documents, offsets, capped, max_prompt_tokens)
+
+    def _prepare_chunked(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        documents: list[str],
+        offsets: list[list[tuple[int, int]]] | None,
+        capped: list[bool],
+        budget: int | None,
+    ) -> WindowedPairs:
+        """``long_documents="chunk"``: a document that fits is scored whole, as truncation would
+        score it; one that does not is split into windows, each scored with the query as truncation
+        keeps it (:meth:`TemplatePromptBuilder.shortened_query`)."""
+        builder = self._builder
+        if budget is not None:
+            refuse_by_length(self.tokenizer, documents, budget)
+        by_query: dict[str, list[int]] = {}
+        for position, (query, _) in enumerate(pairs):
+            by_query.setdefault(query, []).append(position)
+        whole: dict[int, EncodedPrompt] = {}
+        for query, positions in by_query.items():
+            built = builder.build_marked(query, [documents[p] for p in positions], indices=positions)
+            whole.update((p, prompt) for p, (prompt, cut) in zip(positions, built) if not cut)
+        long = [p for p in range(len(pairs)) if p not in whole]
         if offsets is None:
-            offsets = token_spans(self.tokenizer, self._tokenizer_lock, documents)
-        windowed = []
-        owners: list[int] = []
-        spans: list[Span | None] = []
-        room: dict[str, int] = {}
-        for index, ((query, _), document, doc_offsets) in enumerate(zip(pairs, documents, offsets)):
-            if query not in room:
+            long_offsets = token_spans(
+                self.tokenizer,
+                self._tokenizer_lock,
+                [documents[p] for p in long],
+                limit=budget,
+                names=long,
+            )
+        else:
+            long_offsets = [offsets[p] for p in long]
+        windows: dict[int, tuple[str, list[Span], list[EncodedPrompt]]] = {}
+        queries: dict[str, tuple[str, bool, int]] = {}
+        total = sum(len(prompt.token_ids) for prompt in whole.values())
+        for position, doc_offsets in zip(long, long_offsets):
+            query = pairs[position][0]
+            if query not in queries:
+                short, query_cut = builder.shortened_query(query)
                 # What the prompt leaves for the document: the prompt with an empty one is all the rest.
-                [empty] = self._builder.build(query, [""], indices=[index])
-                room[query] = self.max_length - len(empty.token_ids)
-            if room[query] < 1:
-                raise InvalidRequestError(
-                    f"the query and template leave no room for documents[{index}] within "
+                [empty] = builder.build(short, [""], indices=[position])
+                queries[query] = (short, query_cut, self.max_length - len(empty.token_ids))
+            short, query_cut, room = queries[query]
+            if room < 1:
+                raise PromptTooLongError(
+                    f"the query and template leave no room for documents[{position}] within "
                     f"max_length={self.max_length}",
                     param="documents",
-                    index=index,
+                    index=position,
                 )
-            for span in window_spans(doc_offsets, room[query], self.config.chunk_overlap):
-                windowed.append((query, document[span.start : span.end]))
-                owners.append(index)
-                spans.append(span)
+            spans, prompts = self._windows(
+                short, documents[position], doc_offsets, room, position, budget, total
+            )
+            total += sum(len(prompt.token_ids) for prompt in prompts)
+            windows[position] = (short, spans, prompts)
+            capped[position] = capped[position] or query_cut
+        windowed: list[tuple[str, str]] = []
+        built_prompts: list[EncodedPrompt] = []
+        owners: list[int] = []
+        spans_of_windows: list[Span | None] = []
+        for position, document in enumerate(documents):
+            if position in whole:
+                windowed.append((pairs[position][0], document))
+                built_prompts.append(whole[position])
+                owners.append(position)
+                spans_of_windows.append(Span(0, len(document)))
+                continue
+            short, spans, prompts = windows[position]
+            windowed.extend((short, document[span.start : span.end]) for span in spans)
+            built_prompts.extend(prompts)
+            owners.extend([position] * len(spans))
+            spans_of_windows.extend(spans)
         return WindowedPairs(
-            **vars(self._prepare_whole(windowed, owners)),
+            **vars(self._assembled(windowed, built_prompts)),
             owners=owners,
-            spans=spans,
+            spans=spans_of_windows,
             pair_count=len(pairs),
             aggregation=self.config.chunk_aggregation,
             capped=capped,
         )
+
+    def _windows(
+        self,
+        query: str,
+        document: str,
+        offsets: list[tuple[int, int]],
+        room: int,
+        index: int,
+        budget: int | None,
+        spent: int,
+    ) -> tuple[list[Span], list[EncodedPrompt]]:
+        """The windows of a document that does not fit, and their prompts, each holding its window
+        whole. Windows are sized in the document's own tokens; in the prompt, a window's first token
+        can merge with the template text before it (or CJK text split differently), so a window
+        whose prompt still had to be cut makes every window smaller and the split is made again."""
+        size, shrink = room, 1
+        overhead = self.max_length - room - 1  # the empty prompt's space token can merge away
+        while True:
+            spans = window_spans(document, offsets, size, self.config.chunk_overlap)
+            if budget is not None and spent + len(offsets) + len(spans) * overhead > budget:
+                raise PromptTooLongError(
+                    f"documents[{index}] makes {len(spans)} windows of at least {len(offsets)} tokens in "
+                    f"all with their templates, more than this call's prompts may hold ({budget} tokens "
+                    "in all); shorten it or split the request",
+                    param="documents",
+                    index=index,
+                )
+            texts = [document[span.start : span.end] for span in spans]
+            built = self._builder.build_marked(query, texts, indices=[index] * len(spans))
+            if not any(cut for _, cut in built):
+                return spans, [prompt for prompt, _ in built]
+            size -= shrink
+            shrink *= 2
+            if size < 1:
+                raise PromptTooLongError(
+                    f"documents[{index}] cannot be cut into windows that fit max_length={self.max_length}",
+                    param="documents",
+                    index=index,
+                )
+
+    def _assembled(self, pairs: Sequence[tuple[str, str]], prompts: Sequence[EncodedPrompt]) -> PreparedPairs:
+        """Built prompts of ``pairs`` (in order) grouped into one job per distinct query."""
+        by_query: dict[str, list[int]] = {}
+        for position, (query, _) in enumerate(pairs):
+            by_query.setdefault(query, []).append(position)
+        jobs = [
+            ScoringJob(
+                [prompts[p].token_ids for p in positions],
+                self.label_token_ids,
+                apply_softmax=self.score_mode != "vocab-softmax",
+                texts=JobTexts(query, tuple(pairs[p][1] for p in positions)),
+                score_mode=self.score_mode,
+            )
+            for query, positions in by_query.items()
+        ]
+        return PreparedPairs(positions=list(by_query.values()), prompts=list(prompts), jobs=jobs)
 
     def _prepare_whole(
         self, pairs: Sequence[tuple[str, str]], owners: Sequence[int] | None = None
@@ -270,12 +395,21 @@ class ScoringFrontEnd:
         return PairStream(self, pairs, first_part_chars=first_part_chars, part_chars=part_chars)
 
     def prepare_rerank(
-        self, query: str, documents: Sequence[str], *, max_tokens_per_doc: int | None = None
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        max_tokens_per_doc: int | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> PreparedPairs:
-        """The one job of reranking ``documents`` for ``query``."""
+        """The one job of reranking ``documents`` for ``query`` (``max_prompt_tokens``: see
+        :meth:`prepare_pairs`)."""
         check_text(query, "query")
+        check_documents(documents)
         return self.prepare_pairs(
-            [(query, document) for document in documents], max_tokens_per_doc=max_tokens_per_doc
+            [(query, document) for document in documents],
+            max_tokens_per_doc=max_tokens_per_doc,
+            max_prompt_tokens=max_prompt_tokens,
         )
 
 
@@ -364,8 +498,22 @@ def overlap_first_chars(pairs: Sequence[tuple[str, str]], share: float) -> int |
     return max(1, int(share * sum(len(d) for _, d in pairs)))
 
 
+def check_documents(documents: Sequence[str]) -> None:
+    """``documents`` is a list of texts, not one text (whose characters would each be scored)."""
+    if isinstance(documents, (str, bytes)):
+        raise InvalidRequestError(
+            f"documents must be a list of texts, got {type(documents).__name__}; pass one document as "
+            "[document]",
+            param="documents",
+        )
+
+
 def check_pairs(pairs: Sequence[tuple[str, str]]) -> None:
     """Each pair is a (query, document) pair of texts (InvalidRequestError naming the first bad one)."""
+    if isinstance(pairs, (str, bytes)):
+        raise InvalidRequestError(
+            f"pairs must be a list of (query, document) pairs, got {type(pairs).__name__}", param="pairs"
+        )
     for position, pair in enumerate(pairs):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise InvalidRequestError(

@@ -9,51 +9,130 @@ window's text is a slice of the document and results can name it.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from genscore_core.errors import PromptTooLongError
 from genscore_core.prepared import PreparedPairs
 from genscore_core.prompts import EncodedPrompt
 from genscore_core.templates import Span
+from genscore_core.token_pieces import cut_points, splits_exactly
+from genscore_core.truncation import max_chars_per_token
 
 Aggregation = Literal["max", "mean", "first", "last"]
 """How a chunked document's score comes from its windows' scores: the best window (``"max"``), their
 mean, the first window's (the document's start, what truncation would score), or the last's."""
 AGGREGATIONS: tuple[Aggregation, ...] = ("max", "mean", "first", "last")
 
+SPAN_PIECE_CHARS = 65_536
+"""Characters tokenized at a time when a call's tokens are counted against a limit (about 15k
+English tokens): the count overshoots the limit by at most one piece's worth."""
 
-def token_spans(tokenizer: Any, lock: threading.Lock, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
-    """Character span of each token of each text, the text tokenized alone."""
+
+def token_spans(
+    tokenizer: Any,
+    lock: threading.Lock,
+    texts: Sequence[str],
+    *,
+    limit: int | None = None,
+    names: Sequence[int] | None = None,
+) -> list[list[tuple[int, int]]]:
+    """Character span of each token of each text, the text tokenized alone.
+
+    With ``limit`` (prompt tokens a call may hold: every token of a chunked document is in some
+    window's prompt), the texts' tokens are counted as they are made and the first text that takes
+    the count over ``limit`` is refused (:class:`~genscore_core.errors.PromptTooLongError` naming
+    ``documents[names[i]]``), so that a huge document costs what the limit allows, not its size.
+    Long texts are then tokenized in pieces where that gives the same tokens
+    (:mod:`genscore_core.token_pieces`); a text the tokenizer cannot cut exactly is tokenized whole.
+    """
     if not texts:
         return []
-    with lock:
-        encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
-    return [list(offsets) for offsets in encoded["offset_mapping"]]
+    if limit is None:
+        with lock:
+            encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
+        return [list(offsets) for offsets in encoded["offset_mapping"]]
+    exact = splits_exactly(tokenizer)
+    spans: list[list[tuple[int, int]]] = []
+    total = 0
+    for index, text in enumerate(texts):
+        cuts = cut_points(text, SPAN_PIECE_CHARS) if exact else []
+        offsets: list[tuple[int, int]] = []
+        for start, stop in itertools.pairwise([0, *cuts, len(text)]):
+            with lock:
+                encoded = tokenizer(text[start:stop], add_special_tokens=False, return_offsets_mapping=True)
+            offsets.extend((start + a, start + b) for a, b in encoded["offset_mapping"])
+            if total + len(offsets) > limit:
+                name = names[index] if names is not None else index
+                raise PromptTooLongError(
+                    f"documents[{name}] alone is more than {limit - total} tokens, more than this call's "
+                    f"prompts may hold ({limit} tokens in all); shorten it or split the request",
+                    param="documents",
+                    index=name,
+                )
+        total += len(offsets)
+        spans.append(offsets)
+    return spans
+
+
+def refuse_by_length(
+    tokenizer: Any, documents: Sequence[str], limit: int, names: Sequence[int] | None = None
+) -> None:
+    """Refuse, before any tokenization, the first document whose characters alone prove that the
+    documents so far make more than ``limit`` tokens (a token covers at most
+    :func:`~genscore_core.truncation.max_chars_per_token` characters); nothing when the tokenizer
+    has no such bound."""
+    chars_per_token = max_chars_per_token(tokenizer)
+    if chars_per_token is None:
+        return
+    least = 0
+    for index, document in enumerate(documents):
+        least += -(-len(document) // chars_per_token)
+        if least > limit:
+            name = names[index] if names is not None else index
+            raise PromptTooLongError(
+                f"documents[{name}] is {len(document)} characters: with the documents before it, at least "
+                f"{least} tokens, more than this call's prompts may hold ({limit} tokens in all); shorten "
+                "it or split the request",
+                param="documents",
+                index=name,
+            )
+
+
+def _token_end(text: str, offsets: Sequence[tuple[int, int]], count: int) -> int:
+    """Where the text of its first ``count`` tokens ends: where the next token starts (or the
+    text's end). A token's own end offset can fall short of that: a normalizer that composes
+    characters (Qwen's NFC) maps ``e`` + U+0301 to the base character's offset alone, and ending
+    there would drop the mark."""
+    return offsets[count][0] if count < len(offsets) else len(text)
 
 
 def cap_to_tokens(text: str, offsets: Sequence[tuple[int, int]], tokens: int) -> str:
     """``text`` cut after its first ``tokens`` tokens (whole when it has no more)."""
     if len(offsets) <= tokens:
         return text
-    return text[: offsets[tokens - 1][1]] if tokens > 0 else ""
+    return text[: _token_end(text, offsets, tokens)] if tokens > 0 else ""
 
 
-def window_spans(offsets: Sequence[tuple[int, int]], size: int, overlap: int) -> list[Span]:
-    """Character spans of windows of ``size`` tokens, each starting ``size - overlap`` tokens after the
-    previous one; the last window ends at the last token. One window when the text fits."""
+def window_spans(text: str, offsets: Sequence[tuple[int, int]], size: int, overlap: int) -> list[Span]:
+    """Character spans of windows of ``size`` tokens of ``text``, each starting ``size - overlap``
+    tokens after the previous one; the last window ends at the last token. One window when the text
+    fits. Together they cover every character: the first starts at 0, each ends where the token
+    after it starts (the last at the text's end), and the next starts at or before that."""
     if size < 1:
         raise ValueError(f"window size must be at least one token, got {size}")
     overlap = min(max(overlap, 0), size // 2)
     count = len(offsets)
     if count <= size:
-        return [Span(0, offsets[-1][1] if offsets else 0)]
+        return [Span(0, len(text))]
     spans = []
     start = 0
     while True:
         end = min(start + size, count)
-        spans.append(Span(offsets[start][0], offsets[end - 1][1]))
+        spans.append(Span(offsets[start][0] if start else 0, _token_end(text, offsets, end)))
         if end == count:
             return spans
         start += size - overlap

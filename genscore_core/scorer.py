@@ -12,7 +12,7 @@ from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn 
 from genscore_core.backend import ScoringBackend, ScoringJob
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine
-from genscore_core.frontend import ScoringFrontEnd, overlap_first_chars
+from genscore_core.frontend import ScoringFrontEnd, check_documents, overlap_first_chars
 from genscore_core.loading import (
     check_causal_lm_config,
     check_loaded_causal_lm,
@@ -195,6 +195,7 @@ class GenerativeScorer:
     def score_documents(self, query: str, documents: Sequence[str]) -> list[float]:
         """Score of each document for ``query``, in input order."""
         check_text(query, "query")
+        check_documents(documents)
         return [score for score, _ in self._score_texts([(query, document) for document in documents])]
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
@@ -227,6 +228,7 @@ class GenerativeScorer:
         """
         check_rank_options(top_n, score_threshold)
         check_text(query, "query")
+        check_documents(documents)
         scored = self._score_texts([(query, document) for document in documents], max_tokens_per_doc)
         return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
 
@@ -238,20 +240,28 @@ class GenerativeScorer:
         top_n: int | None = None,
         score_threshold: float | None = None,
         max_tokens_per_doc: int | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> RankedResults:
         """:meth:`rerank` without blocking the event loop (prompts are built on a worker thread).
 
         ``genscore serve``'s ``/v1/rerank`` answers through this very method, with the server's
-        batcher as the backend.
+        batcher as the backend. ``max_prompt_tokens`` bounds the prompt tokens of the call's chunked
+        documents (``long_documents="chunk"``), refusing a document that takes it past before the
+        rest is tokenized (:meth:`ScoringFrontEnd.prepare_pairs`).
         """
         check_rank_options(top_n, score_threshold)
+        check_text(query, "query")
+        check_documents(documents)
         if self._streams(max_tokens_per_doc):
-            check_text(query, "query")
             pairs = [(query, document) for document in documents]
             scored = await asyncio.to_thread(self._score_texts, pairs)
         else:
             prepared = await asyncio.to_thread(
-                self.front_end.prepare_rerank, query, documents, max_tokens_per_doc=max_tokens_per_doc
+                self.front_end.prepare_rerank,
+                query,
+                documents,
+                max_tokens_per_doc=max_tokens_per_doc,
+                max_prompt_tokens=max_prompt_tokens,
             )
             scored = prepared.assemble(await self.backend.ascore_jobs(prepared.jobs))
         return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)

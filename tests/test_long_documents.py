@@ -4,6 +4,8 @@ official Qwen3-Reranker recipe."""
 from __future__ import annotations
 
 import random
+import tracemalloc
+import unicodedata
 from pathlib import Path
 
 import httpx
@@ -11,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from genscore_core import GenerativeScorer
+from genscore_core import GenerativeScorer, PromptTooLongError
 from genscore_core.server import create_app
 from tests.reference_recipe import (
     QWEN3_INSTRUCTION,
@@ -48,24 +50,24 @@ def _document(rng: random.Random, words: int) -> str:
 
 
 def reference_windows(tokenizer: object, query: str, document: str) -> list[tuple[int, int]]:
-    """The documented rule, written out: the room is what the official prompt with an empty document
-    leaves of max_length; windows of that many of the document's own tokens, each starting
-    room - overlap tokens after the last, the last one ending at the document's end."""
-    empty = (
-        tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)  # type: ignore[attr-defined]
-        + tokenizer.encode(  # type: ignore[attr-defined]
-            f"<Instruct>: {QWEN3_INSTRUCTION}\n<Query>: {query}\n<Document>: ", add_special_tokens=False
-        )
-        + tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)  # type: ignore[attr-defined]
+    """The documented rule, written out: a document whose official prompt fits max_length is one
+    window; otherwise the room is what the official prompt with an empty document leaves of
+    max_length; windows of that many of the document's own tokens, each starting room - overlap
+    tokens after the last and ending where the next token starts, the last one at the document's end."""
+    body = f"<Instruct>: {QWEN3_INSTRUCTION}\n<Query>: {query}\n<Document>: "
+    fixed = tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False) + tokenizer.encode(  # type: ignore[attr-defined]
+        QWEN3_SUFFIX, add_special_tokens=False
     )
-    room = MAX_LENGTH - len(empty)
-    offsets = tokenizer(document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]  # type: ignore[operator]
-    if len(offsets) <= room:
+    if len(fixed) + len(tokenizer.encode(body + document, add_special_tokens=False)) <= MAX_LENGTH:  # type: ignore[attr-defined]
         return [(0, len(document))]
+    room = MAX_LENGTH - len(fixed) - len(tokenizer.encode(body, add_special_tokens=False))  # type: ignore[attr-defined]
+    offsets = tokenizer(document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]  # type: ignore[operator]
     windows, start = [], 0
     while True:
         end = min(start + room, len(offsets))
-        windows.append((offsets[start][0], offsets[end - 1][1]))
+        windows.append(
+            (offsets[start][0] if start else 0, offsets[end][0] if end < len(offsets) else len(document))
+        )
         if end == len(offsets):
             return windows
         start += room - OVERLAP
@@ -194,3 +196,120 @@ def test_adapters_put_the_best_window_in_metadata(chunking: GenerativeScorer) ->
         assert WINDOW_KEY in node.node.excluded_llm_metadata_keys
         assert node.score == result.score
     assert all(WINDOW_KEY not in n.node.metadata for n in nodes), "inputs stay untouched"
+
+
+def _chunker(scorer: GenerativeScorer, max_length: int, **settings: object) -> GenerativeScorer:
+    return GenerativeScorer.from_model(
+        scorer.model, scorer.tokenizer, max_length=max_length, long_documents="chunk", **settings
+    )
+
+
+def _covered(spans: list[tuple[int, int]], length: int) -> bool:
+    reach = 0
+    for start, end in spans:
+        if start > reach:
+            return False
+        reach = max(reach, end)
+    return reach == length
+
+
+def test_every_character_is_in_a_window_scored_whole(
+    scorer: GenerativeScorer, reference: tuple[object, object]
+) -> None:
+    # CJK windows cut from the document's own tokens make more tokens in the prompt than alone.
+    model, tokenizer = reference
+    chunking = _chunker(scorer, 120, chunk_overlap=0)
+    query = "what?"
+    document = "東京は日本の首都です。北京是中国的首都。서울은 한국의 수도입니다. " * 10
+    prepared = chunking.front_end.prepare_pairs([(query, document)])
+    spans = [(span.start, span.end) for span in prepared.spans]  # type: ignore[attr-defined]
+    assert len(spans) > 2 and _covered(spans, len(document))
+    assert not any(prompt.truncated for prompt in prepared.prompts)
+    for (start, end), prompt in zip(spans, prepared.prompts):
+        assert document[start:end] in tokenizer.decode(prompt.token_ids)  # type: ignore[attr-defined]
+    expected = official_qwen3_scores(
+        model, tokenizer, [(query, document[a:b]) for a, b in spans], max_length=120
+    )
+    [result] = chunking.rerank(query, [document])
+    assert result.score == pytest.approx(max(expected), abs=1e-5) and not result.truncated
+
+
+def test_windows_and_caps_keep_combining_marks(scorer: GenerativeScorer) -> None:
+    chunking = _chunker(scorer, 90, chunk_overlap=3)
+    for document in ("word " * 60 + "man\u0303", "e\u0301a\u0308o\u0302\u0323 n\u0303 " * 40):
+        prepared = chunking.front_end.prepare_pairs([("q", document)])
+        spans = [(span.start, span.end) for span in prepared.spans]  # type: ignore[attr-defined]
+        assert len(spans) > 1 and _covered(spans, len(document))
+        assert all(end == len(document) or not unicodedata.combining(document[end]) for _, end in spans)
+    # The first two tokens of "cafe\u0301 au lait" are "caf" and the composed "é": the mark stays.
+    [(_, capped)] = scorer.front_end.prepare_pairs(
+        [("q", "cafe\u0301 au lait")], max_tokens_per_doc=2
+    ).assemble([[0.5]])
+    [whole] = scorer.encode("q", ["cafe\u0301"])
+    assert capped.token_ids == whole.token_ids and capped.truncated
+
+
+def test_a_query_that_fills_the_prompt_is_cut_as_truncation_cuts_it(
+    scorer: GenerativeScorer, reference: tuple[object, object]
+) -> None:
+    model, tokenizer = reference
+    truncating = GenerativeScorer.from_model(scorer.model, scorer.tokenizer, max_length=200)
+    chunking = _chunker(scorer, 200, chunk_overlap=0)
+    [empty] = truncating.encode("", [""])
+    document = "alpha beta gamma " * 30  # 90 tokens
+    for extra in (0, 1):
+        query = "word " * (200 - len(empty.token_ids) - extra)
+        [truncated] = truncating.encode(query, [document])
+        prepared = chunking.front_end.prepare_pairs([(query, document)])
+        # Every window holds the query truncation keeps, and a share of the prompt, not one token.
+        kept = tokenizer.decode(truncated.token_ids).split("<Query>: ")[1].split("\n<Document>")[0]  # type: ignore[attr-defined]
+        for prompt in prepared.prompts:
+            assert tokenizer.decode(prompt.token_ids).split("<Query>: ")[1].startswith(kept + "\n<Document>")  # type: ignore[attr-defined]
+        spans = [(span.start, span.end) for span in prepared.spans]  # type: ignore[attr-defined]
+        assert 2 <= len(spans) <= 6 and _covered(spans, len(document))
+        [result] = chunking.rerank(query, [document])
+        expected = official_qwen3_scores(
+            model, tokenizer, [(kept, document[a:b]) for a, b in spans], max_length=200
+        )
+        assert result.truncated and result.score == pytest.approx(max(expected), abs=1e-5)
+
+
+def test_a_document_that_fits_exactly_is_one_window(scorer: GenerativeScorer) -> None:
+    truncating = GenerativeScorer.from_model(scorer.model, scorer.tokenizer, max_length=120)
+    chunking = _chunker(scorer, 120, chunk_aggregation="mean")
+    query, base = "what?", "word " * 200
+    [empty] = truncating.encode(query, [""])
+    offsets = scorer.tokenizer(base, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    # The empty document's trailing space merges into the first word: one token more fits.
+    document = base[: offsets[120 - len(empty.token_ids)][1]]
+    [prompt] = truncating.encode(query, [document])
+    assert len(prompt.token_ids) == 120 and not prompt.truncated
+    [whole] = truncating.rerank(query, [document])
+    [chunked] = chunking.rerank(query, [document])
+    assert chunked.windows == 1 and chunked.window == (0, len(document)) and not chunked.truncated
+    assert chunked.score == whole.score
+
+
+def test_a_prompt_token_budget_refuses_a_huge_document_before_tokenizing_it_all(
+    scorer: GenerativeScorer,
+) -> None:
+    front_end = _chunker(scorer, 96).front_end
+    pairs = [("q", "short"), ("q", "lorem ipsum " * 100_000)]  # 1.2M characters, about 200k tokens
+    tracemalloc.start()
+    try:
+        with pytest.raises(PromptTooLongError, match=r"documents\[1\]") as caught:
+            front_end.prepare_pairs(pairs, max_prompt_tokens=20_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert caught.value.param == "documents" and caught.value.index == 1
+    # The offsets of every token would take over 20 MB; the budget's take a tenth of that.
+    assert peak < 8_000_000, peak
+    # Its characters alone can prove it: refused without tokenizing.
+    with pytest.raises(PromptTooLongError, match=r"documents\[1\] is 1200000 characters"):
+        front_end.prepare_pairs(pairs, max_prompt_tokens=1_000)
+    # Within the budget, the same windows as without one.
+    fitting = [("q", "lorem ipsum " * 500)]
+    assert front_end.prepare_pairs(fitting, max_prompt_tokens=20_000).prompts == (
+        front_end.prepare_pairs(fitting).prompts
+    )

@@ -192,3 +192,22 @@ def test_text_check_passes_ascii_and_unicode_and_names_a_lone_surrogate() -> Non
     with pytest.raises(InvalidRequestError, match=r"documents\[2\].*U\+D800") as raised:
         check_text("ascii then \ud800", "documents", 2)
     assert raised.value.index == 2
+
+
+def test_one_text_passed_as_the_documents_is_refused(scorer: GenerativeScorer) -> None:
+    import asyncio
+
+    # A str is a sequence of one-character documents: scoring "abc" as three documents is never meant.
+    for call in (
+        lambda: scorer.rerank("q", "abc"),  # type: ignore[arg-type]
+        lambda: scorer.score_documents("q", "abc"),  # type: ignore[arg-type]
+        lambda: asyncio.run(scorer.arerank("q", "abc")),  # type: ignore[arg-type]
+        lambda: scorer.encode("q", "abc"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidRequestError, match="documents must be a list of texts") as caught:
+            call()
+        assert caught.value.param == "documents"
+    for pairs_call in (lambda: scorer.score_pairs("ab"), lambda: asyncio.run(scorer.ascore_pairs("ab"))):  # type: ignore[arg-type]
+        with pytest.raises(InvalidRequestError, match="pairs must be a list") as caught:
+            pairs_call()
+        assert caught.value.param == "pairs"
