@@ -394,17 +394,19 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RemoteScoringError)
     async def upstream_failed(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RemoteScoringError)
+        logger.warning("scoring through the upstream server failed: %s", error)
         status = 504 if error.timed_out else 502
         return JSONResponse(error_body(str(error), status), status_code=status)
 
     @app.exception_handler(RemoteConfigurationError)
     async def upstream_refused(_: Request, error: Exception) -> JSONResponse:
         # The upstream refused this server's own settings (key, URL): not the client's to fix.
+        logger.error("the upstream server refused this server's settings: %s", error)
         return JSONResponse(error_body(str(error), 502), status_code=502)
 
     @app.exception_handler(ScoreRangeError)
     async def bad_score(_: Request, error: Exception) -> JSONResponse:
-        # Logged as well: a model producing NaN is the operator's problem (weights, precision).
+        # The operator has to see it too: a model scoring NaN needs other weights or precision.
         logger.error("%s", error)
         return JSONResponse(error_body(str(error), 500), status_code=500)
 
