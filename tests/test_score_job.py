@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
-from genscore_core.jobs import JobStateError, ScoreFileOptions, score_file
+from genscore_core.jobs import InputFileError, JobStateError, ScoreFileOptions, score_file
 from tests.reference_recipe import official_qwen3_scores
 
 GENSCORE = shutil.which("genscore")
@@ -248,3 +248,76 @@ def test_a_killed_run_resumes_to_the_bytes_of_an_uninterrupted_run(
     assert "wrote 40 rows" in resumed.stderr and "18 rows kept from an interrupted run" in resumed.stderr
     assert output.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
     assert not work.exists()
+
+
+# -- input files as they come ---------------------------------------------------------------------------
+
+
+def _score(source: Path, output: Path, scorer: GenerativeScorer, **options: Any) -> Any:
+    return score_file(
+        ScoreFileOptions(input=source, output=output, show_progress=False, **options),
+        config_of(scorer),
+        scorer,
+    )
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path, scorer: GenerativeScorer) -> None:
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "pairs.csv").write_bytes(bom + b"query,document\ncapital of France,Paris\n")
+    (tmp_path / "pairs.jsonl").write_bytes(bom + b'{"query": "capital of France", "document": "Paris"}\n')
+    expected = scorer.score_pairs([("capital of France", "Paris")])
+
+    _score(tmp_path / "pairs.csv", tmp_path / "scored.csv", scorer)
+    with open(tmp_path / "scored.csv", encoding="utf-8", newline="") as scored:
+        [row] = list(csv.DictReader(scored))
+    assert list(row) == ["query", "document", "score"]
+    _score(tmp_path / "pairs.jsonl", tmp_path / "scored.jsonl", scorer)
+    [line] = read_jsonl(tmp_path / "scored.jsonl")
+    assert [float(row["score"]), line["score"]] == pytest.approx(expected * 2, abs=1e-6)
+
+
+def test_a_csv_value_over_128_kib_is_a_row_like_any_other(tmp_path: Path, scorer: GenerativeScorer) -> None:
+    document = "Paris is the capital of France. " * 10_000  # 320 KB; the scorer cuts it to --max-length
+    source = tmp_path / "pairs.csv"
+    with open(source, "w", encoding="utf-8", newline="") as out:
+        csv.writer(out).writerows([["query", "document"], ["capital of France", document], ["q", "d"]])
+
+    report = _score(source, tmp_path / "scored.csv", scorer, on_bad_row="skip")
+    assert (report.rows_written, report.bad_rows) == (2, 0)  # the merge step counts the long row too
+    assert csv.field_size_limit() == 128 * 1024  # raised only while the job reads
+    csv.field_size_limit(1 << 20)
+    try:
+        with open(tmp_path / "scored.csv", encoding="utf-8", newline="") as scored:
+            rows = list(csv.DictReader(scored))
+    finally:
+        csv.field_size_limit(128 * 1024)
+    assert rows[0]["document"] == document
+    expected = scorer.score_pairs([("capital of France", document), ("q", "d")])
+    assert [float(row["score"]) for row in rows] == pytest.approx(expected, abs=1e-6)
+
+
+def test_bytes_that_are_not_utf8_are_named_at_their_own_line(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    late = tmp_path / "late.csv"
+    body = b"".join(b"q,doc %d\r\n" % i for i in range(1500))  # lines 2-1501
+    late.write_bytes(b"query,document\r\n" + body + b'q,"two\nlines"\r\nq,bad \xff\r\n')  # 1502-3, 1504
+    with pytest.raises(InputFileError, match=r"late\.csv, line 1504: not UTF-8 text"):
+        _score(late, tmp_path / "late.out.csv", scorer)
+    early = tmp_path / "early.csv"
+    early.write_bytes(b"query,document\na,\xff\n")
+    with pytest.raises(InputFileError, match=r"early\.csv, line 2: not UTF-8 text"):
+        _score(early, tmp_path / "early.out.csv", scorer)
+
+
+@pytest.mark.parametrize(
+    ("header", "named"), [("query,document,note,note", "'note'"), ("query,document,query", "'query'")]
+)
+def test_a_csv_header_naming_a_column_twice_is_refused(
+    header: str, named: str, tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    source = tmp_path / "pairs.csv"
+    source.write_text(f"{header}\n" + ",".join(["q", "d", "first", "second"][: header.count(",") + 1]) + "\n")
+    with pytest.raises(InputFileError, match=f"more than one column is named {named}"):
+        _score(source, tmp_path / "scored.csv", scorer)
+    assert not (tmp_path / "scored.csv.partial").exists()

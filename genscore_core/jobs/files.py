@@ -14,7 +14,9 @@ import csv
 import io
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -32,6 +34,13 @@ _SUFFIXES: dict[str, FileFormat] = {
     ".pq": "parquet",
 }
 PART_SUFFIX: dict[FileFormat, str] = {"jsonl": ".jsonl", "csv": ".csv", "parquet": ".parquet"}
+_BOM = b"\xef\xbb\xbf"
+# The csv module refuses fields over 128 KiB by default; a long document is a normal row here (the
+# scorer cuts text to --max-length before tokenizing). The limit is a C long: 32 bits on Windows.
+_CSV_FIELD_LIMIT = 2**31 - 1
+# A "\r" not followed by "\n" ends a CSV line too (as in open(newline="")); reading a binary file
+# by lines splits only after "\n".
+_CSV_LONE_CR = re.compile(rb"\r(?!\n)")
 
 
 class InputFileError(InvalidRequestError):
@@ -133,6 +142,8 @@ class JsonLinesReader(RowReader):
     def __iter__(self) -> Iterator[InputRow]:
         seen = 0
         for number, line in enumerate(self._file, start=1):
+            if number == 1:
+                line = line.removeprefix(_BOM)
             if not line.strip():
                 continue
             seen += 1
@@ -166,14 +177,16 @@ class CsvReader(RowReader):
     def __init__(self, path: Path, columns: Columns, skip: int = 0) -> None:
         super().__init__(path, columns, skip)
         self._binary: BinaryIO = open(path, "rb")  # closed by close()
-        self._text = io.TextIOWrapper(self._binary, encoding="utf-8", newline="")
-        self._reader = csv.reader(self._text)
+        self._lines = 0
+        self._reader = csv.reader(self._decoded_lines())
         try:
-            self.header: list[str] = next(self._reader)
+            with _long_csv_fields():
+                self.header: list[str] = next(self._reader)
         except StopIteration:
             raise InputFileError(f"{path}: empty CSV file (no header row)") from None
-        except (csv.Error, UnicodeDecodeError) as error:
+        except csv.Error as error:
             raise InputFileError(f"{path}, line 1: cannot read the header ({error})") from None
+        _refuse_repeated_names(path, self.header)
         for name in (columns.query, columns.document):
             if name not in self.header:
                 raise InputFileError(f"{path}: no {name!r} column in the header {self.header}")
@@ -181,6 +194,26 @@ class CsvReader(RowReader):
             raise InputFileError(
                 f"{path}: column {columns.score!r} is reserved for the output score (--score-column)"
             )
+
+    def _decoded_lines(self) -> Iterator[str]:
+        """The file's lines, split as ``open(newline="")`` splits them, decoded one at a time: a text
+        wrapper decodes blocks ahead of the parser, so its error would name some earlier line."""
+        for raw in self._binary:
+            if self._lines == 0:
+                raw = raw.removeprefix(_BOM)
+            start = 0
+            for end in _CSV_LONE_CR.finditer(raw):
+                yield self._decode(raw[start : end.end()])
+                start = end.end()
+            if start < len(raw):
+                yield self._decode(raw[start:])
+
+    def _decode(self, line: bytes) -> str:
+        self._lines += 1
+        try:
+            return line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputFileError(f"{self.path}, line {self._lines}: not UTF-8 text") from None
 
     def position(self) -> int:
         return self._binary.tell()
@@ -191,11 +224,10 @@ class CsvReader(RowReader):
         while True:
             number = self._reader.line_num + 1
             try:
-                values = next(self._reader)
+                with _long_csv_fields():
+                    values = next(self._reader)
             except StopIteration:
                 return
-            except UnicodeDecodeError:
-                raise InputFileError(f"{self.path}, near line {number}: not UTF-8 text") from None
             except csv.Error as error:
                 raise InputFileError(f"{self.path}, line {number}: malformed CSV ({error})") from None
             if not values:
@@ -214,7 +246,27 @@ class CsvReader(RowReader):
             yield _check_pair(InputRow(number, dict(zip(self.header, values))), self.columns)
 
     def close(self) -> None:
-        self._text.close()
+        self._binary.close()
+
+
+@contextmanager
+def _long_csv_fields() -> Iterator[None]:
+    # The limit is global to the csv module: raised only while the job parses, then put back.
+    earlier = csv.field_size_limit(_CSV_FIELD_LIMIT)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(earlier)
+
+
+def _refuse_repeated_names(path: Path, names: Sequence[str]) -> None:
+    # Rows become dicts: a second column of the same name would overwrite the first.
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise InputFileError(
+            f"{path}: more than one column is named {', '.join(map(repr, repeated))}; "
+            "every column needs a name of its own"
+        )
 
 
 class ParquetReader(RowReader):
@@ -232,6 +284,7 @@ class ParquetReader(RowReader):
         self.total = self._file.metadata.num_rows
         self._batch_rows = batch_rows
         self._position = 0
+        _refuse_repeated_names(path, self.schema.names)
         for name in (columns.query, columns.document):
             index = self.schema.get_field_index(name)
             if index < 0:
@@ -387,7 +440,7 @@ def merge_parts(fmt: FileFormat, parts: Sequence[Path], header: Any, output: Pat
 
 def _count_text_rows(fmt: FileFormat, part: Path) -> int:
     if fmt == "csv":  # a quoted value may span lines
-        with open(part, encoding="utf-8", newline="") as source:
+        with open(part, encoding="utf-8", newline="") as source, _long_csv_fields():
             return sum(1 for _ in csv.reader(source))
     with open(part, "rb") as source:  # JSON lines never hold a raw newline
         return sum(1 for _ in source)
