@@ -310,6 +310,20 @@ def test_bytes_that_are_not_utf8_are_named_at_their_own_line(
         _score(early, tmp_path / "early.out.csv", scorer)
 
 
+def test_a_carriage_return_ends_a_csv_line_and_stays_in_a_quoted_value(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    # Lines end as open(newline="") ends them: "\r" alone too. The output must quote a value's "\r".
+    old_mac = tmp_path / "cr.csv"
+    old_mac.write_bytes(b'query,document\rq,"one\rtwo"\rq,x,extra\r')
+    with pytest.raises(InvalidRequestError, match=r"line 4: 3 fields"):
+        _score(old_mac, tmp_path / "cr.out.csv", scorer)
+    report = _score(old_mac, tmp_path / "cr.out.csv", scorer, on_bad_row="skip")
+    with open(tmp_path / "cr.out.csv", encoding="utf-8", newline="") as scored:
+        assert [row["document"] for row in csv.DictReader(scored)] == ["one\rtwo"]
+    assert report.bad_rows == 1
+
+
 @pytest.mark.parametrize(
     ("header", "named"), [("query,document,note,note", "'note'"), ("query,document,query", "'query'")]
 )
@@ -321,3 +335,20 @@ def test_a_csv_header_naming_a_column_twice_is_refused(
     with pytest.raises(InputFileError, match=f"more than one column is named {named}"):
         _score(source, tmp_path / "scored.csv", scorer)
     assert not (tmp_path / "scored.csv.partial").exists()
+
+
+def test_lone_surrogates_from_json_escapes_are_written_back_as_escapes(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    source = tmp_path / "pairs.jsonl"
+    source.write_text(
+        '{"query": "q", "document": "ok", "note": "half a pair \\ud800"}\n'
+        '{"query": "q", "document": "bad \\ud800"}\n'
+    )
+    report = _score(source, tmp_path / "scored.jsonl", scorer, on_bad_row="skip")
+    [row] = read_jsonl(tmp_path / "scored.jsonl")
+    assert row["note"] == "half a pair \ud800" and 0.0 <= row["score"] <= 1.0
+    assert report.bad_rows_file is not None
+    [bad] = read_jsonl(report.bad_rows_file)
+    assert bad["line"] == 2 and "lone surrogate" in bad["error"]
+    assert json.loads(bad["input"]) == {"query": "q", "document": "bad \ud800"}

@@ -345,9 +345,11 @@ def import_pyarrow_parquet() -> Any:
 
 
 def _csv_line(values: Sequence[str]) -> str:
+    """One CSV row, without its line end. The csv module quotes a value holding a character of the
+    line terminator: with "\r\n" that is every value holding either, as a reader needs."""
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="").writerow(values)
-    return buffer.getvalue()
+    csv.writer(buffer, lineterminator="\r\n").writerow(values)
+    return buffer.getvalue()[:-2]
 
 
 # -- writing -----------------------------------------------------------------------------------------
@@ -367,13 +369,10 @@ def output_header(reader: RowReader, columns: Columns) -> Any:
 def encode_part(fmt: FileFormat, rows: list[dict[str, Any]], header: Any) -> bytes:
     """One chunk of output rows as the bytes of a part file."""
     if fmt == "jsonl":
-        return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+        return "".join(json_line(row) for row in rows).encode("utf-8")
     if fmt == "csv":
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        for row in rows:
-            writer.writerow([_csv_value(row[name]) for name in header])
-        return buffer.getvalue().encode("utf-8")
+        lines = (_csv_line([_csv_value(row[name]) for name in header]) + "\n" for row in rows)
+        return "".join(lines).encode("utf-8")
     import pyarrow as pa
 
     pq = import_pyarrow_parquet()
@@ -381,6 +380,17 @@ def encode_part(fmt: FileFormat, rows: list[dict[str, Any]], header: Any) -> byt
     pq.write_table(pa.Table.from_pylist(rows, schema=header), sink)
     data: bytes = sink.getvalue().to_pybytes()
     return data
+
+
+def json_line(value: Any) -> str:
+    """``value`` as one line of JSON that UTF-8 can hold: text as it is, except where it holds a lone
+    surrogate (which a JSON ``\\ud800`` escape can put in a string), written as an escape again."""
+    line = json.dumps(value, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(value)
+    return line + "\n"
 
 
 def _csv_value(value: Any) -> str:

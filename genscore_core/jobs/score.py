@@ -41,6 +41,7 @@ from genscore_core.jobs.files import (
     RowReader,
     detect_format,
     encode_part,
+    json_line,
     merge_parts,
     open_reader,
     output_header,
@@ -315,8 +316,7 @@ def _describe_bad_rows(source: Path, bad: list[InputRow]) -> str:
 
 def _bad_rows_lines(bad: list[InputRow]) -> bytes:
     return "".join(
-        json.dumps({"line": row.number, "error": row.problem, "input": row.raw}, ensure_ascii=False) + "\n"
-        for row in bad
+        json_line({"line": row.number, "error": row.problem, "input": row.raw}) for row in bad
     ).encode("utf-8")
 
 
