@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 
 from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
+from genscore_core.cli import main
+from genscore_core.errors import ModelNotFoundError
 from genscore_core.jobs import InputFileError, JobStateError, ScoreFileOptions, score_file
 from tests.reference_recipe import official_qwen3_scores
 
@@ -59,6 +62,19 @@ class RecordingScorer:
 
     def prepare_pairs(self, pairs: list[tuple[str, str]]) -> Any:
         return self.scorer.prepare_pairs(pairs)
+
+
+class InterruptedScorer(RecordingScorer):
+    """The real scorer, interrupted (as by Ctrl-C) on its scoring call number ``at`` (from 0)."""
+
+    def __init__(self, scorer: GenerativeScorer, at: int) -> None:
+        super().__init__(scorer)
+        self.at = at
+
+    def score_pairs(self, pairs: list[tuple[str, str]]) -> list[float]:
+        if len(self.calls) == self.at:
+            raise KeyboardInterrupt
+        return super().score_pairs(pairs)
 
 
 def test_jsonl_rows_come_back_in_order_with_the_official_recipes_scores(
@@ -204,6 +220,7 @@ def test_a_rerun_refuses_other_settings_and_an_existing_output(
     work = tmp_path / "scored.jsonl.partial"
     work.mkdir()
     (work / "job.json").write_text(json.dumps({"version": 1, "chunk_size": 99}))
+    (work / "part-00000000.jsonl").write_text("")  # a finished chunk: something to keep or refuse
     options = ScoreFileOptions(input=source, output=output, show_progress=False)
     with pytest.raises(JobStateError, match=r"differs in: .*chunk_size.*--restart"):
         score_file(options, config_of(scorer), scorer)
@@ -352,3 +369,69 @@ def test_lone_surrogates_from_json_escapes_are_written_back_as_escapes(
     [bad] = read_jsonl(report.bad_rows_file)
     assert bad["line"] == 2 and "lone surrogate" in bad["error"]
     assert json.loads(bad["input"]) == {"query": "q", "document": "bad \ud800"}
+
+
+# -- reruns ---------------------------------------------------------------------------------------------
+
+
+def test_a_run_that_stopped_before_its_first_chunk_does_not_block_the_corrected_rerun(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    rows = make_rows(4)
+    source = write_jsonl(tmp_path / "pairs.jsonl", [*rows[:3], dict(rows[3], document=None)])
+    output = tmp_path / "scored.jsonl"
+    with pytest.raises(InvalidRequestError, match="line 4"):
+        _score(source, output, scorer)
+    write_jsonl(source, rows)
+    os.utime(source, ns=(1, 1))  # another input as the record sees it, whatever the clock's resolution
+    _score(source, output, scorer)
+    assert [row["id"] for row in read_jsonl(output)] == [0, 1, 2, 3]
+
+    # A mistyped --model fails once the work folder is there; the right one then starts afresh.
+    retyped = tmp_path / "retyped.jsonl"
+    typo = ScoreFileOptions(input=source, output=retyped, show_progress=False)
+    with pytest.raises(ModelNotFoundError):
+        score_file(typo, config_of(scorer).model_copy(update={"model": str(tmp_path / "no-such")}))
+    _score(source, retyped, scorer)
+    assert retyped.read_bytes() == output.read_bytes()
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_exit_2(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write_jsonl(tmp_path / "pairs.jsonl", make_rows(2))
+    (tmp_path / "a-file").write_text("")
+    output = tmp_path / "a-file" / "scored.jsonl"
+    argv = ["score", str(source), "-o", str(output), "--no-progress"]
+    assert main([*argv, "--model", str(tiny_model_dir)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "cannot write the work folder" in error and "Not a directory" in error
+
+
+def test_a_run_with_bad_rows_left_out_is_resumed_only_with_them_left_out(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    rows: list[Any] = make_rows(10)
+    rows[5] = dict(rows[5], document=None)  # in the second chunk of 4
+    source = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    _score(source, tmp_path / "whole.jsonl", scorer, chunk_size=4, on_bad_row="skip")
+    whole = (tmp_path / "whole.jsonl").read_bytes()
+
+    output = tmp_path / "resumed.jsonl"
+    skip = ScoreFileOptions(input=source, output=output, chunk_size=4, on_bad_row="skip", show_progress=False)
+    fail = skip.model_copy(update={"on_bad_row": "fail"})
+    with pytest.raises(KeyboardInterrupt):  # after two chunks, the second with line 6 left out
+        score_file(skip, config_of(scorer), InterruptedScorer(scorer, at=2))  # type: ignore[arg-type]
+    with pytest.raises(JobStateError, match="--on-bad-row skip that left bad rows out"):
+        score_file(fail, config_of(scorer), scorer)
+    report = score_file(skip, config_of(scorer), scorer)
+    assert (report.resumed_chunks, report.bad_rows) == (2, 1)
+    assert output.read_bytes() == whole
+
+    # The other way round is exact: a chunk that a fail run finished had no bad row to leave out.
+    output.unlink()
+    with pytest.raises(InvalidRequestError, match="line 6"):
+        score_file(fail, config_of(scorer), scorer)
+    report = score_file(skip, config_of(scorer), scorer)
+    assert (report.resumed_chunks, report.bad_rows) == (1, 1)
+    assert output.read_bytes() == whole

@@ -79,6 +79,10 @@ def run_score(args: argparse.Namespace) -> int:
     except ImportError as error:  # pyarrow, for Parquet
         print(f"genscore: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a full disk, a file that went away: one line, like every other error
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"genscore: error: {where}{error.strerror or error}", file=sys.stderr)
+        return 2
     kept = report.rows_written - report.rows_scored
     resumed = f" ({kept} rows kept from an interrupted run)" if report.resumed_chunks else ""
     print(f"genscore: wrote {report.rows_written} rows to {report.output}{resumed}", file=sys.stderr)

@@ -206,15 +206,23 @@ def _manifest(options: ScoreFileOptions, fmt: FileFormat, config: ScorerConfig) 
 
 def _prepare_work_folder(options: ScoreFileOptions, work: Path, manifest: dict[str, Any]) -> int:
     """Make the work folder ready; return how many chunks an earlier run already finished."""
-    if options.restart and work.exists():
+    suffix = PART_SUFFIX[manifest["format"]]
+    if work.is_dir() and (options.restart or not (work / f"part-{0:08d}{suffix}").exists()):
+        # Without a finished chunk there is nothing to resume, and nothing a rerun could mix with:
+        # a run that stopped early (a bad row, a mistyped --model) must not block the corrected one.
         shutil.rmtree(work)
     if not work.exists():
         if options.output.exists() and not options.overwrite:
             raise JobStateError(
                 f"{options.output} already exists; pass --overwrite to replace it", param="output"
             )
-        work.mkdir(parents=True)
-        write_atomically(work / _MANIFEST, json.dumps(manifest, indent=1).encode())
+        try:
+            work.mkdir(parents=True)
+            write_atomically(work / _MANIFEST, json.dumps(manifest, indent=1).encode())
+        except OSError as error:
+            raise JobStateError(
+                f"cannot write the work folder {work}: {error.strerror}", param="output"
+            ) from None
         return 0
     try:
         earlier = json.loads((work / _MANIFEST).read_text())
@@ -232,7 +240,6 @@ def _prepare_work_folder(options: ScoreFileOptions, work: Path, manifest: dict[s
             "or pass --restart to discard it",
             param="output",
         )
-    suffix = PART_SUFFIX[manifest["format"]]
     done = 0
     while (work / f"part-{done:08d}{suffix}").exists():
         done += 1
@@ -243,6 +250,14 @@ def _prepare_work_folder(options: ScoreFileOptions, work: Path, manifest: dict[s
         number = path.name.split(".")[0].split("-")[-1]
         if path.name.endswith(".tmp") or not number.isdigit() or int(number) >= done:
             path.unlink()
+    if options.on_bad_row == "fail" and any(work.glob("bad-*.jsonl")):
+        # Chunks finished with --on-bad-row skip left rows out; a fail run must not keep them. (The
+        # other way round is exact: a chunk finished in fail mode had no bad row to leave out.)
+        raise JobStateError(
+            f"{work} holds chunks of an unfinished run with --on-bad-row skip that left bad rows out; "
+            "rerun with --on-bad-row skip to resume it, or pass --restart to discard it",
+            param="output",
+        )
     return done
 
 
