@@ -67,9 +67,17 @@ def read_documents(stream: TextIO, source: str, input_format: str = "auto") -> l
     ``{``. Blank lines separate nothing and are skipped. A UTF-8 byte-order mark at the start is not
     part of the text.
     """
+    return _read_documents(stream, source, input_format)[0]
+
+
+def _read_documents(
+    stream: TextIO, source: str, input_format: str
+) -> tuple[list[dict[str, Any]], list[int] | None]:
+    """:func:`read_documents`, and the line of each document where each is a line of its own."""
     if input_format == "json":
-        return _json_array(stream.read().removeprefix("\ufeff"), source, detected=False)
+        return _json_array(stream.read().removeprefix("\ufeff"), source, detected=False), None
     documents: list[dict[str, Any]] = []
+    lines: list[int] = []
     json_lines: bool | None = {"text": False, "jsonl": True}.get(input_format)
     for number, raw in enumerate(stream, start=1):
         line = raw.rstrip("\r\n")
@@ -79,8 +87,9 @@ def read_documents(stream: TextIO, source: str, input_format: str = "auto") -> l
             continue
         if json_lines is None:
             if line.lstrip().startswith("["):
-                return _json_array(line + "\n" + stream.read(), source)
+                return _json_array(line + "\n" + stream.read(), source), None
             json_lines = line.lstrip().startswith("{")
+        lines.append(number)
         if not json_lines:
             documents.append({"text": line})
             continue
@@ -94,7 +103,7 @@ def read_documents(stream: TextIO, source: str, input_format: str = "auto") -> l
         documents.append(record)
     if not documents:
         raise InputError(f"{source}: no documents to rerank")
-    return documents
+    return documents, lines
 
 
 @dataclass
@@ -105,6 +114,10 @@ class QueryRecord:
     documents: list[dict[str, Any]]
     id: Any = None
     where: str = ""
+    """Where the query is (a file and line), for error messages."""
+    lines: list[int] | None = None
+    """The line of each document in ``source``, where each document is a line of its own."""
+    source: str = ""
 
 
 _QUERY_KEYS = ("query", "documents", "id")
@@ -211,7 +224,8 @@ def _rerank(args: argparse.Namespace) -> int:
         if multi:
             records = read_queries(stream, source)
         else:
-            records = [QueryRecord(args.query, read_documents(stream, source, args.format))]
+            documents, lines = _read_documents(stream, source, args.format)
+            records = [QueryRecord(args.query, documents, lines=lines, source=source)]
     except UnicodeDecodeError:
         raise InputError(f"{source}: not UTF-8 text") from None
     finally:
@@ -300,9 +314,13 @@ def _locate(
     if error.index is None or not 0 <= start + error.index < len(owners):
         return str(error)
     number, position = owners[start + error.index]
-    where = records[number].where or "input"
-    item = "the query" if error.param == "query" else f"document {position}"
-    return f"{where}: {item}: {error.message}"
+    record = records[number]
+    if error.param == "query":
+        return f"{record.where or '--query'}: the query: {error.message}"
+    if record.lines is not None:  # a document of its own line: blank lines make its index differ
+        return f"{record.source}, line {record.lines[position]}: {error.message}"
+    where = record.where or record.source or "input"
+    return f"{where}, element {position}: {error.message}"
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:

@@ -180,6 +180,24 @@ def test_a_bad_queries_file_is_one_line_naming_the_place(
     assert error.count("\n") == 1 and message in error, error
 
 
+@pytest.mark.parametrize(
+    ("content", "where"),
+    [
+        ('{"text": "ok"}\n\n{"text": "bad \\ud800"}\n', ", line 3: "),  # a blank line before it
+        ('["ok", "bad \\ud800"]', ", element 1: "),
+    ],
+)
+def test_a_document_the_scorer_refuses_is_named_by_its_line(
+    content: str, where: str, tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "documents.jsonl"
+    path.write_text(content)
+    argv = ["rerank", "--query", "q", "--documents", str(path), "--no-progress"]
+    assert main([*argv, "--model", str(tiny_model_dir)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"{path}{where}" in error and "lone surrogate" in error, error
+
+
 def test_query_and_queries_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         main(["rerank", "--query", "q", "--queries", "f.jsonl"])
