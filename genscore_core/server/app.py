@@ -303,6 +303,8 @@ def create_app(
             top_n=request.top_n or None,
             score_threshold=request.score_threshold,
             max_tokens_per_doc=request.max_tokens_per_doc,
+            # Chunk mode: a huge document is refused before it is tokenized, not after.
+            max_prompt_tokens=limits.max_prompt_tokens_per_request,
         )
         tokens = ranked.prompt_tokens
         results = [

@@ -329,3 +329,23 @@ def test_a_stalled_request_body_is_answered_408_and_its_connection_closed(scorer
         finally:
             for sock in stalled:
                 sock.close()
+
+
+def test_chunk_mode_refuses_a_document_over_max_prompt_tokens_before_tokenizing_it(
+    tiny_model_dir: Path,
+) -> None:
+    chunking = GenerativeScorer(
+        str(tiny_model_dir), device="cpu", dtype="float32", max_length=96, long_documents="chunk"
+    )
+    limits = ServerLimits(max_prompt_tokens_per_request=1_000, max_body_bytes=1024 * 1024)
+    documents = ["short", "lorem ipsum " * 20_000]  # 240,000 characters
+    with serve_in_thread(create_app(chunking, limits)) as live:
+        answer = httpx.post(f"{live.url}/v1/rerank", json={"query": "q", "documents": documents}, timeout=60)
+        assert answer.status_code == 400
+        # Refused from its length in characters, before its tokens are counted.
+        assert "documents[1] is 240000 characters" in answer.json()["detail"]
+        assert "1000 tokens" in answer.json()["detail"]
+        fitting = httpx.post(
+            f"{live.url}/v1/rerank", json={"query": "q", "documents": documents[:1]}, timeout=60
+        )
+        assert fitting.status_code == 200
