@@ -20,7 +20,7 @@ from genscore_core.prepared import PreparedPairs
 from genscore_core.prompts import EncodedPrompt
 from genscore_core.templates import Span
 from genscore_core.token_pieces import cut_points, splits_exactly
-from genscore_core.truncation import max_chars_per_token
+from genscore_core.truncation import CUT_MARGIN_CHARS, max_chars_per_token
 
 Aggregation = Literal["max", "mean", "first", "last"]
 """How a chunked document's score comes from its windows' scores: the best window (``"max"``), their
@@ -59,23 +59,46 @@ def token_spans(
     spans: list[list[tuple[int, int]]] = []
     total = 0
     for index, text in enumerate(texts):
+        name = names[index] if names is not None else index
+        too_many = PromptTooLongError(
+            f"documents[{name}] takes this call's prompts past {limit} tokens (with the documents before "
+            "it); shorten it or split the request",
+            param="documents",
+            index=name,
+        )
         cuts = cut_points(text, SPAN_PIECE_CHARS) if exact else []
+        if not cuts and _surely_more_tokens(tokenizer, lock, text, limit - total):
+            raise too_many
         offsets: list[tuple[int, int]] = []
         for start, stop in itertools.pairwise([0, *cuts, len(text)]):
             with lock:
                 encoded = tokenizer(text[start:stop], add_special_tokens=False, return_offsets_mapping=True)
             offsets.extend((start + a, start + b) for a, b in encoded["offset_mapping"])
             if total + len(offsets) > limit:
-                name = names[index] if names is not None else index
-                raise PromptTooLongError(
-                    f"documents[{name}] alone is more than {limit - total} tokens, more than this call's "
-                    f"prompts may hold ({limit} tokens in all); shorten it or split the request",
-                    param="documents",
-                    index=name,
-                )
+                raise too_many
         total += len(offsets)
         spans.append(offsets)
     return spans
+
+
+def _surely_more_tokens(tokenizer: Any, lock: threading.Lock, text: str, tokens: int) -> bool:
+    """Whether ``text`` (one that cannot be tokenized in exact pieces: CJK, no spaces) has more than
+    ``tokens`` tokens, found from prefixes of doubling length so that the work follows ``tokens``, not
+    the text. A prefix's tokens that end ``chars_per_token + CUT_MARGIN_CHARS`` characters or more
+    before its cut are the whole text's (the argument of
+    :func:`~genscore_core.truncation.cut_to_token_budget`); False when that cannot be shown."""
+    chars_per_token = max_chars_per_token(tokenizer)
+    if chars_per_token is None:
+        return False
+    length = SPAN_PIECE_CHARS
+    while length < len(text):
+        with lock:
+            encoded = tokenizer(text[:length], add_special_tokens=False, return_offsets_mapping=True)
+        settled = length - chars_per_token - CUT_MARGIN_CHARS
+        if sum(1 for _, end in encoded["offset_mapping"] if end <= settled) > tokens:
+            return True
+        length *= 2
+    return False
 
 
 def refuse_by_length(

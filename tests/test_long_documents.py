@@ -294,6 +294,11 @@ def test_a_prompt_token_budget_refuses_a_huge_document_before_tokenizing_it_all(
     scorer: GenerativeScorer,
 ) -> None:
     front_end = _chunker(scorer, 96).front_end
+    # Within the budget, the same windows as without one (and the tokenizer's bounds are computed).
+    fitting = [("q", "lorem ipsum " * 500)]
+    assert front_end.prepare_pairs(fitting, max_prompt_tokens=20_000).prompts == (
+        front_end.prepare_pairs(fitting).prompts
+    )
     pairs = [("q", "short"), ("q", "lorem ipsum " * 100_000)]  # 1.2M characters, about 200k tokens
     tracemalloc.start()
     try:
@@ -305,11 +310,16 @@ def test_a_prompt_token_budget_refuses_a_huge_document_before_tokenizing_it_all(
     assert caught.value.param == "documents" and caught.value.index == 1
     # The offsets of every token would take over 20 MB; the budget's take a tenth of that.
     assert peak < 8_000_000, peak
+    # Text without spaces cannot be tokenized in exact pieces: prefixes of growing length show it.
+    cjk = [("q", "short"), ("q", "東京は日本の首都です。" * 60_000)]  # 660k characters
+    tracemalloc.start()
+    try:
+        with pytest.raises(PromptTooLongError, match=r"documents\[1\]"):
+            front_end.prepare_pairs(cjk, max_prompt_tokens=20_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16_000_000, peak
     # Its characters alone can prove it: refused without tokenizing.
     with pytest.raises(PromptTooLongError, match=r"documents\[1\] is 1200000 characters"):
         front_end.prepare_pairs(pairs, max_prompt_tokens=1_000)
-    # Within the budget, the same windows as without one.
-    fitting = [("q", "lorem ipsum " * 500)]
-    assert front_end.prepare_pairs(fitting, max_prompt_tokens=20_000).prompts == (
-        front_end.prepare_pairs(fitting).prompts
-    )
