@@ -47,15 +47,30 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)} or 'auto'") from None
 
 
+MODEL_FOLDER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+"""Files of which a model folder holds at least one (``save_pretrained`` of a model or a tokenizer)."""
+
+
 def check_model_source(name_or_path: str) -> None:
     """Refuse a ``model`` that can only mean a local folder (``./x``, ``/x``, ``~/x``, ``a/b/c``) when
-    no such folder exists; transformers would otherwise report it as a malformed hub id.
+    no such folder exists (transformers would otherwise report it as a malformed hub id), and a
+    folder that holds no model or tokenizer files.
 
     Raises:
         ModelNotFoundError: Naming the path as given and as resolved.
     """
     path = Path(name_or_path).expanduser()
     if path.is_dir():
+        # A folder wins over the hub in transformers, so an empty or wrong one (a typo'd output folder,
+        # a download that never finished) would fail deep in loading with a message that names neither
+        # the folder nor what it lacks. A folder with only tokenizer files is fine: a scorer that
+        # scores through a server loads nothing else.
+        if not any((path / name).is_file() for name in MODEL_FOLDER_FILES):
+            raise ModelNotFoundError(
+                f"model {name_or_path!r}: the folder {path.resolve()} holds neither config.json nor "
+                "tokenizer files; expected a model saved with save_pretrained",
+                setting="model",
+            )
         return
     if path.exists():
         raise ModelNotFoundError(

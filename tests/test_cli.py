@@ -178,6 +178,16 @@ def test_a_model_path_that_does_not_exist_is_one_line_and_exit_2(tmp_path: Path)
     assert "'./typo-model': no such folder" in result.stderr
 
 
+def test_a_model_folder_without_model_files_is_named_one_line_and_exit_2(tmp_path: Path) -> None:
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    (empty / "README.md").write_text("not a model")
+    result = _run("rerank", "--model", str(empty), "--query", "q", stdin="a document\n")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert f"the folder {empty.resolve()} holds neither config.json nor tokenizer files" in result.stderr
+
+
 @pytest.mark.slow
 def test_an_unreachable_server_exits_3_not_as_bad_input(tiny_model_dir: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
