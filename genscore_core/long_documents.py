@@ -60,25 +60,28 @@ def token_spans(
     total = 0
     for index, text in enumerate(texts):
         name = names[index] if names is not None else index
-        too_many = PromptTooLongError(
-            f"documents[{name}] takes this call's prompts past {limit} tokens (with the documents before "
-            "it); shorten it or split the request",
-            param="documents",
-            index=name,
-        )
         cuts = cut_points(text, SPAN_PIECE_CHARS) if exact else []
         if not cuts and _surely_more_tokens(tokenizer, lock, text, limit - total):
-            raise too_many
+            raise _past_limit(name, limit)
         offsets: list[tuple[int, int]] = []
         for start, stop in itertools.pairwise([0, *cuts, len(text)]):
             with lock:
                 encoded = tokenizer(text[start:stop], add_special_tokens=False, return_offsets_mapping=True)
             offsets.extend((start + a, start + b) for a, b in encoded["offset_mapping"])
             if total + len(offsets) > limit:
-                raise too_many
+                raise _past_limit(name, limit)
         total += len(offsets)
         spans.append(offsets)
     return spans
+
+
+def _past_limit(name: int, limit: int) -> PromptTooLongError:
+    return PromptTooLongError(
+        f"documents[{name}] takes this call's prompts past {limit} tokens (with the documents before "
+        "it); shorten it or split the request",
+        param="documents",
+        index=name,
+    )
 
 
 def _surely_more_tokens(tokenizer: Any, lock: threading.Lock, text: str, tokens: int) -> bool:

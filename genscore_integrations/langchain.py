@@ -116,7 +116,7 @@ def _unpickled(adapter: GenerativeReranker | GenerativeCrossEncoder, state: dict
     BaseModel.__setstate__(adapter, state)
 
 
-def _deep_copied(adapter: _Adapter, memo: dict[int, Any] | None) -> _Adapter:
+def _deep_copied(adapter: _Adapter, memo: dict[int, Any] | None = None) -> _Adapter:
     """A deep copy of an adapter that shares its scorer: the options are copied, the loaded model is
     not (a scorer serves any number of adapters at once, and its locks cannot be copied)."""
     memo = {} if memo is None else memo
@@ -198,16 +198,11 @@ class GenerativeReranker(BaseDocumentCompressor):
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _saved(self, handler)
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle the options and the scorer's settings, not the scorer: unpickling loads a scorer
-        that scores the same. ``copy.deepcopy`` shares the scorer instead."""
-        return _pickled(self)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        _unpickled(self, state)
-
-    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> GenerativeReranker:
-        return _deep_copied(self, memo)
+    # A pickle holds the options and the scorer's settings (unpickling loads the model again); a deep
+    # copy shares the scorer.
+    __getstate__ = _pickled
+    __setstate__ = _unpickled
+    __deepcopy__ = _deep_copied
 
     def compress_documents(
         self,
@@ -341,16 +336,11 @@ class GenerativeCrossEncoder(BaseCrossEncoder, BaseModel):
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _saved(self, handler)
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle the options and the scorer's settings, not the scorer: unpickling loads a scorer
-        that scores the same. ``copy.deepcopy`` shares the scorer instead."""
-        return _pickled(self)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        _unpickled(self, state)
-
-    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> GenerativeCrossEncoder:
-        return _deep_copied(self, memo)
+    # A pickle holds the options and the scorer's settings (unpickling loads the model again); a deep
+    # copy shares the scorer.
+    __getstate__ = _pickled
+    __setstate__ = _unpickled
+    __deepcopy__ = _deep_copied
 
     def score(self, text_pairs: list[tuple[str, str]]) -> list[float]:
         """Probability in [0, 1] that each (query, document) pair is relevant, in input order."""
