@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn on import
@@ -12,7 +12,8 @@ from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn 
 from genscore_core.backend import ScoringBackend, ScoringJob
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine
-from genscore_core.frontend import ScoringFrontEnd, check_documents, overlap_first_chars
+from genscore_core.errors import InvalidRequestError
+from genscore_core.frontend import ScoringFrontEnd, check_documents, check_pairs, overlap_first_chars
 from genscore_core.loading import (
     check_causal_lm_config,
     check_loaded_causal_lm,
@@ -184,26 +185,28 @@ class GenerativeScorer:
 
     # -- reranking with the template ----------------------------------------------------------------
 
-    def encode(self, query: str, documents: Sequence[str]) -> list[EncodedPrompt]:
+    def encode(self, query: str, documents: Iterable[str]) -> list[EncodedPrompt]:
         """The templated, truncated prompts that :meth:`rerank` scores."""
-        return self.front_end.encode(query, documents)
+        return self.front_end.encode(query, _listed(documents, "documents"))
 
-    def prepare_pairs(self, pairs: Sequence[tuple[str, str]]) -> PreparedPairs:
+    def prepare_pairs(self, pairs: Iterable[tuple[str, str]]) -> PreparedPairs:
         """Build the templated prompts of (query, document) pairs without scoring them."""
-        return self.front_end.prepare_pairs(pairs)
+        return self.front_end.prepare_pairs(_listed(pairs, "pairs"))
 
-    def score_documents(self, query: str, documents: Sequence[str]) -> list[float]:
-        """Score of each document for ``query``, in input order."""
+    def score_documents(self, query: str, documents: Iterable[str]) -> list[float]:
+        """Score of each document for ``query``, in input order (any iterable of texts, read once)."""
         check_text(query, "query")
-        check_documents(documents)
+        documents = _listed(documents, "documents")
         return [score for score, _ in self._score_texts([(query, document) for document in documents])]
 
-    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-        """Score of each (query, document) pair, in input order; pairs may mix queries."""
-        return [score for score, _ in self._score_texts(pairs)]
+    def score_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[float]:
+        """Score of each (query, document) pair, in input order; pairs may mix queries (any iterable
+        of pairs, read once: a generator, ``zip(queries, documents)``)."""
+        return [score for score, _ in self._score_texts(_listed(pairs, "pairs"))]
 
-    async def ascore_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+    async def ascore_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[float]:
         """:meth:`score_pairs` without blocking the event loop."""
+        pairs = _listed(pairs, "pairs")
         if self._streams(None):
             return [score for score, _ in await asyncio.to_thread(self._score_texts, pairs)]
         prepared = await asyncio.to_thread(self.front_end.prepare_pairs, pairs)
@@ -212,13 +215,16 @@ class GenerativeScorer:
     def rerank(
         self,
         query: str,
-        documents: Sequence[str],
+        documents: Iterable[str],
         *,
         top_n: int | None = None,
         score_threshold: float | None = None,
         max_tokens_per_doc: int | None = None,
     ) -> RankedResults:
         """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``.
+
+        ``documents`` is any iterable of texts, read once, in iteration order: a list, a generator, a
+        pandas Series (``index`` in the results is the position, not the Series' label).
 
         ``max_tokens_per_doc`` cuts each document after that many of its own tokens first (Cohere's and
         vLLM's rerank option); ``long_documents="chunk"`` then splits what still does not fit.
@@ -228,14 +234,14 @@ class GenerativeScorer:
         """
         check_rank_options(top_n, score_threshold)
         check_text(query, "query")
-        check_documents(documents)
+        documents = _listed(documents, "documents")
         scored = self._score_texts([(query, document) for document in documents], max_tokens_per_doc)
         return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
 
     async def arerank(
         self,
         query: str,
-        documents: Sequence[str],
+        documents: Iterable[str],
         *,
         top_n: int | None = None,
         score_threshold: float | None = None,
@@ -251,7 +257,7 @@ class GenerativeScorer:
         """
         check_rank_options(top_n, score_threshold)
         check_text(query, "query")
-        check_documents(documents)
+        documents = _listed(documents, "documents")
         if self._streams(max_tokens_per_doc):
             pairs = [(query, document) for document in documents]
             scored = await asyncio.to_thread(self._score_texts, pairs)
@@ -344,6 +350,26 @@ class GenerativeScorer:
             f"GenerativeScorer(model={self.config.model!r}, template={self.template.name!r}, "
             f"max_length={self.max_length}, backend={self.backend!r})"
         )
+
+
+def _listed(items: Iterable[Any], param: str) -> list[Any]:
+    """``items`` as a list, read once. The checks, the scoring and the results each go over the
+    documents again, so a generator would reach the results empty, and a pandas Series indexed by
+    position would read its labels (``series[i]``) and pair a score with another row's text."""
+    if isinstance(items, list):
+        return items
+    if isinstance(items, (str, bytes)):  # one text, not a list of texts: refused as the checks word it
+        if param == "documents":
+            check_documents(items)  # type: ignore[arg-type]
+        check_pairs(items)  # type: ignore[arg-type]
+    try:
+        iterator = iter(items)
+    except TypeError as error:
+        raise InvalidRequestError(
+            f"{param} must be an iterable (a list, a tuple, a generator), got {type(items).__name__}",
+            param=param,
+        ) from error
+    return list(iterator)
 
 
 def _make_config(model: str | None, config: ScorerConfig | None, settings: dict[str, Any]) -> ScorerConfig:
