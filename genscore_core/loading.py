@@ -82,10 +82,43 @@ def check_model_source(name_or_path: str) -> None:
         )
 
 
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+"""Files of which a folder holding a tokenizer has at least one (fast or slow, any family)."""
+
+
+def check_tokenizer_files(name_or_path: str) -> None:
+    """Refuse a local folder that holds a model but no tokenizer.
+
+    transformers 5 then builds an empty tokenizer from config.json alone (one token), whose every
+    text encodes to nothing: the label words would be reported as "0 tokens", and a template naming
+    its labels by id would score the same empty prompt for every pair.
+
+    Raises:
+        ModelNotFoundError: Naming the folder and how to add the tokenizer.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelNotFoundError(
+            f"model {name_or_path!r}: the folder {path.resolve()} holds no tokenizer files "
+            f"({', '.join(TOKENIZER_FILES[:2])}, ...), only the model's; save the tokenizer beside it "
+            "(tokenizer.save_pretrained(folder)), or load both yourself and pass them to "
+            "GenerativeScorer.from_model(model, tokenizer)",
+            setting="model",
+        )
+
+
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
     check_model_source(name_or_path)
+    check_tokenizer_files(name_or_path)
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     if not getattr(tokenizer, "is_fast", False):
@@ -192,6 +225,15 @@ def load_causal_lm(
     """Load a causal LM, refusing checkpoints that are not one (see :class:`NotARerankerError`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        # transformers would say the config.json it did not find lacks a model_type.
+        raise ModelNotFoundError(
+            f"model {name_or_path!r}: the folder {folder.resolve()} holds no config.json, so no model "
+            "(only a tokenizer); save the model there too (model.save_pretrained(folder)), or score "
+            "through a server that has it (server_url=)",
+            setting="model",
+        )
     config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     check_causal_lm_config(config, name_or_path)
     placement: dict[str, Any] = {}
