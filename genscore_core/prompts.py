@@ -238,6 +238,8 @@ class TemplatePromptBuilder:
                 )
             self.bos_ids = [tokenizer.bos_token_id]
         self.max_length = max_length
+        self._no_fixed_tokens = not (self.prefix_ids or self.suffix_ids or self.bos_ids)
+        """Whether a prompt is only its body, so that an empty query and document leave it empty."""
         self.body_budget = max_length - len(self.prefix_ids) - len(self.suffix_ids)
         if self.body_budget - len(self.bos_ids) <= 0:
             raise ValueError(
@@ -283,6 +285,8 @@ class TemplatePromptBuilder:
         cuts = []
         for index, (body, (ids, offsets)) in enumerate(zip(bodies, self._encode(bodies))):
             body_ids, cut = self._fit(query, documents[index], body, ids, offsets, names[index])
+            if self._no_fixed_tokens and not body_ids:
+                raise self._empty_prompt(names[index])
             prompts.append(EncodedPrompt(self.prefix_ids + body_ids + self.suffix_ids, cut != 0))
             cuts.append(cut >= CUT_DOCUMENT)
         if self._vocab_size is not None:
@@ -311,6 +315,17 @@ class TemplatePromptBuilder:
             return query, False
         short = capped[2]
         return short.text[short.query.start : short.query.end], True
+
+    def _empty_prompt(self, index: int) -> InvalidRequestError:
+        # A forward over no tokens has no last position: the padded forward read a pad row and
+        # scored 0.5, the packed one failed with an IndexError.
+        return InvalidRequestError(
+            f"documents[{index}]: its prompt holds no token: the query and the document are empty (or "
+            f"whitespace the tokenizer drops) and template {self.template.name!r} adds no text of its "
+            "own; give a query or a document, or a template with a prefix or suffix",
+            param="documents",
+            index=index,
+        )
 
     def _check_readable(self, prompts: list[EncodedPrompt], vocab_size: int, names: Sequence[int]) -> None:
         """Refuse a prompt holding a token id the model has no row for, naming its document.

@@ -12,6 +12,7 @@ from genscore_core import (
     MXBAI_RERANK_V2,
     QWEN3_RERANKER,
     GenerativeScorer,
+    InvalidRequestError,
     PromptTemplate,
     PromptTooLongError,
 )
@@ -19,6 +20,7 @@ from genscore_core.engine import shared_prefix_length
 from genscore_core.prompts import TemplatePromptBuilder, build_raw_prompts
 from genscore_core.protocol import GenerativeScoringRequest
 from genscore_core.templates import get_template, resolve_label_ids
+from tests.reference_recipe import label_softmax_prob
 
 
 def test_qwen3_preset_labels_are_the_real_ids(scorer: GenerativeScorer) -> None:
@@ -230,3 +232,25 @@ def test_only_bodies_over_budget_are_tokenized_with_offsets(scorer: GenerativeSc
     assert [p.token_ids for p in prompts] == [
         reference.prefix_ids + ids + reference.suffix_ids for ids, _ in by_offsets
     ]
+
+
+@pytest.mark.parametrize("forward", ["padded", "packed"])
+def test_a_prompt_of_no_tokens_is_refused_by_name(scorer: GenerativeScorer, forward: str) -> None:
+    # A template of placeholders alone: an empty query and document leave nothing to score (the padded
+    # forward returned 0.5 for it, the packed one an IndexError).
+    bare = PromptTemplate(name="bare", body="{query}{document}", label_words=("yes", "no"))
+    bare_scorer = GenerativeScorer.from_model(
+        scorer.model, scorer.tokenizer, template=bare, max_length=64, forward=forward
+    )
+    with pytest.raises(InvalidRequestError, match=r"documents\[1\]: its prompt holds no token") as caught:
+        bare_scorer.rerank("", ["a document", ""])
+    assert (caught.value.param, caught.value.index) == ("documents", 1)
+    with pytest.raises(InvalidRequestError, match=r"documents\[2\]"):
+        bare_scorer.score_pairs([("q", ""), ("", "d"), ("", "")])
+    # Either text alone is a prompt, scored as the model scores it.
+    [only_document] = bare_scorer.encode("", ["a document"])
+    assert only_document.token_ids == scorer.tokenizer.encode("a document", add_special_tokens=False)
+    [score] = bare_scorer.score_pairs([("", "a document")])
+    assert score == pytest.approx(
+        label_softmax_prob(scorer.model, only_document.token_ids, [9693, 2152]), abs=1e-5
+    )
