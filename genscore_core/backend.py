@@ -19,11 +19,16 @@ This module imports nothing heavy (no torch, no httpx): every side can name the 
 from __future__ import annotations
 
 import asyncio
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
+from genscore_core.request_life import RequestAbandoned
 from genscore_core.templates import ScoreMode
+
+T = TypeVar("T")
 
 ProgressCallback = Callable[[int], None]
 """Called with the number of prompts just scored."""
@@ -81,8 +86,41 @@ class ScoringBackend(ABC):
     async def ascore_jobs(
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
     ) -> list[list[float]]:
-        """:meth:`score_jobs` without blocking the event loop."""
-        return await asyncio.to_thread(self.score_jobs, jobs, on_progress)
+        """:meth:`score_jobs` without blocking the event loop; cancelled, it stops at its next batch
+        (:func:`in_worker_thread`)."""
+        return await in_worker_thread(lambda progress: self.score_jobs(jobs, progress), on_progress)
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release what the backend holds (connections); the default holds nothing."""
+
+
+async def in_worker_thread(
+    work: Callable[[ProgressCallback], T], on_progress: ProgressCallback | None = None
+) -> T:
+    """``work(progress)`` on a worker thread, the event loop running meanwhile; ``work`` reports each
+    batch it finishes to ``progress``, which passes it on to ``on_progress``.
+
+    Cancelling the awaiting task (``asyncio.wait_for``'s timeout, a caller gone) cannot stop the
+    thread, which would score the rest of the call for nobody while later calls waited for the model.
+    So from then on ``progress`` raises :class:`~genscore_core.request_life.RequestAbandoned`: the
+    call ends at its next batch (a streamed call's producer thread stops and is joined) and the model
+    is free again. A call cancelled before its thread starts does not start.
+    """
+    abandoned = threading.Event()
+
+    def progress(done: int) -> None:
+        if abandoned.is_set():
+            raise RequestAbandoned("the call was cancelled; its remaining batches were dropped")
+        if on_progress is not None:
+            on_progress(done)
+
+    def run() -> T:
+        if abandoned.is_set():
+            raise RequestAbandoned("the call was cancelled before it started")
+        return work(progress)
+
+    try:
+        return await asyncio.to_thread(run)
+    except asyncio.CancelledError:
+        abandoned.set()
+        raise

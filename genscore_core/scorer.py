@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn on import
 
-from genscore_core.backend import ScoringBackend, ScoringJob
+from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob, in_worker_thread
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine
 from genscore_core.errors import InvalidRequestError
@@ -208,7 +209,8 @@ class GenerativeScorer:
         """:meth:`score_pairs` without blocking the event loop."""
         pairs = _listed(pairs, "pairs")
         if self._streams(None):
-            return [score for score, _ in await asyncio.to_thread(self._score_texts, pairs)]
+            scored = await in_worker_thread(lambda progress: self._score_texts(pairs, also=progress))
+            return [score for score, _ in scored]
         prepared = await asyncio.to_thread(self.front_end.prepare_pairs, pairs)
         return [score for score, _ in prepared.assemble(await self.backend.ascore_jobs(prepared.jobs))]
 
@@ -260,7 +262,7 @@ class GenerativeScorer:
         documents = _listed(documents, "documents")
         if self._streams(max_tokens_per_doc):
             pairs = [(query, document) for document in documents]
-            scored = await asyncio.to_thread(self._score_texts, pairs)
+            scored = await in_worker_thread(lambda progress: self._score_texts(pairs, also=progress))
         else:
             prepared = await asyncio.to_thread(
                 self.front_end.prepare_rerank,
@@ -285,9 +287,13 @@ class GenerativeScorer:
         )
 
     def _score_texts(
-        self, pairs: Sequence[tuple[str, str]], max_tokens_per_doc: int | None = None
+        self,
+        pairs: Sequence[tuple[str, str]],
+        max_tokens_per_doc: int | None = None,
+        *,
+        also: ProgressCallback | None = None,
     ) -> Sequence[tuple[float, PromptInfo]]:
-        """(score, prompt) of each pair in input order.
+        """(score, prompt) of each pair in input order; ``also`` is called with the progress too.
 
         With a local engine that streams, the documents are tokenized part by part on the engine's
         producer thread while the GPU runs the batches already laid out (:mod:`genscore_core.streaming`);
@@ -295,22 +301,26 @@ class GenerativeScorer:
         """
         if not self._streams(max_tokens_per_doc):
             prepared = self.front_end.prepare_pairs(pairs, max_tokens_per_doc=max_tokens_per_doc)
-            return prepared.assemble(self._run(prepared.jobs))
+            return prepared.assemble(self._run(prepared.jobs, also))
         engine = self.backend
         assert isinstance(engine, ScoringEngine)
         stream = self.front_end.stream_pairs(pairs)
         if not stream.streams:
             first_chars = overlap_first_chars(pairs, engine.overlap_share)
             if first_chars is not None:
-                return self._score_overlapped(engine, pairs, first_chars)
+                return self._score_overlapped(engine, pairs, first_chars, also)
             prepared = self.front_end.prepare_pairs(pairs)
-            return prepared.assemble(self._run(prepared.jobs))
-        with self._progress(len(pairs)) as bar:
-            scores = engine.score_stream(stream.jobs, stream.parts(), on_progress=bar.update)
+            return prepared.assemble(self._run(prepared.jobs, also))
+        with self._progress(len(pairs), also) as progress:
+            scores = engine.score_stream(stream.jobs, stream.parts(), on_progress=progress)
         return stream.assemble(scores)
 
     def _score_overlapped(
-        self, engine: ScoringEngine, pairs: Sequence[tuple[str, str]], first_chars: int
+        self,
+        engine: ScoringEngine,
+        pairs: Sequence[tuple[str, str]],
+        first_chars: int,
+        also: ProgressCallback | None = None,
     ) -> Sequence[tuple[float, PromptInfo]]:
         """A small single-query call in two parts: the second is tokenized while the device runs
         the first (docs/benchmarks.md, "Small calls")."""
@@ -322,18 +332,29 @@ class GenerativeScorer:
                         score_mode=job.mode)]
             for part in stream.parts()
         )  # fmt: skip
-        with self._progress(len(pairs)) as bar:
-            scores = engine.score_in_parts(parts, on_progress=bar.update)
+        with self._progress(len(pairs), also) as progress:
+            scores = engine.score_in_parts(parts, on_progress=progress)
         return stream.assemble([[score for [part] in scores for score in part]])
 
-    def _progress(self, total: int) -> tqdm[Any]:
-        return tqdm(
+    @contextmanager
+    def _progress(self, total: int, also: ProgressCallback | None = None) -> Iterator[ProgressCallback]:
+        """The callback a call reports its scored prompts to: the progress bar, then ``also``."""
+        with tqdm(
             total=total, disable=not self.config.show_progress, file=sys.stderr, desc="scoring", unit="doc"
-        )
+        ) as bar:
+            if also is None:
+                yield bar.update
+                return
 
-    def _run(self, jobs: list[ScoringJob]) -> list[list[float]]:
-        with self._progress(sum(len(job.prompts) for job in jobs)) as bar:
-            return self.backend.score_jobs(jobs, on_progress=bar.update)
+            def update(done: int) -> None:
+                bar.update(done)
+                also(done)
+
+            yield update
+
+    def _run(self, jobs: list[ScoringJob], also: ProgressCallback | None = None) -> list[list[float]]:
+        with self._progress(sum(len(job.prompts) for job in jobs), also) as progress:
+            return self.backend.score_jobs(jobs, on_progress=progress)
 
     def close(self) -> None:
         """Release what the backend holds (a server client's connections; nothing for a local model)."""

@@ -4,6 +4,10 @@ mid-way, failures mid-stream, and documents given as iterators rather than lists
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -68,3 +72,67 @@ def test_what_is_not_a_collection_of_texts_is_refused_by_name(scorer: Generative
         scorer.rerank(QUERY, "one text")
     with pytest.raises(InvalidRequestError, match="pairs must be"):
         scorer.score_pairs("query, document")  # type: ignore[arg-type]
+
+
+def _words(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    vocabulary = "paris france berlin capital river mountain city north of the and is".split()
+    return [" ".join(rng.choice(vocabulary) for _ in range(50)) + f" ({i})" for i in range(count)]
+
+
+@pytest.mark.parametrize("forward", ["packed", "padded"])
+def test_a_cancelled_call_stops_at_its_next_batch(tiny_model_dir: Path, forward: str) -> None:
+    # Small batches: the call runs as many batches, so that finishing it would show.
+    scorer = GenerativeScorer(
+        str(tiny_model_dir), device="cpu", dtype="float32", max_length=512, forward=forward,
+        max_batch_tokens=256,
+    )  # fmt: skip
+    documents = _words(24, seed=1)
+    jobs = scorer.prepare_pairs([(QUERY, d) for d in documents]).jobs
+    reported: list[int] = []
+
+    async def main() -> list[float]:
+        loop = asyncio.get_running_loop()
+        ended = threading.Event()
+
+        def on_progress(done: int) -> None:
+            reported.append(done)
+            if len(reported) == 1:  # cancel after the first batch, and go on only once it is
+                loop.call_soon_threadsafe(call.cancel)
+                assert ended.wait(30)
+
+        call = asyncio.create_task(scorer.backend.ascore_jobs(jobs, on_progress))
+        call.add_done_callback(lambda _: ended.set())
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        # The next call waits for no leftover batches and scores as the recipe does.
+        return [r.score for r in sorted(await scorer.arerank(QUERY, DOCUMENTS), key=lambda r: r.index)]
+
+    later = asyncio.run(main())
+    assert len(reported) == 1 and reported[0] < len(documents)
+    assert later == pytest.approx(_reference(scorer, QUERY, DOCUMENTS), abs=1e-5)
+
+
+def test_a_cancelled_streamed_rerank_stops_its_producer(scorer: GenerativeScorer) -> None:
+    documents = _words(2000, seed=2)  # ~0.7M characters: streamed, many seconds to score whole
+
+    def producers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
+
+    async def main() -> float:
+        call = asyncio.create_task(scorer.arerank(QUERY, documents))
+        while not producers():  # the stream has started
+            await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        cancelled = time.perf_counter()
+        while producers():
+            await asyncio.sleep(0.01)
+        return time.perf_counter() - cancelled
+
+    # Stopped at its next batch, not after the whole call (over 10 s here).
+    assert asyncio.run(main()) < 5.0
+    ranked = scorer.rerank(QUERY, DOCUMENTS)
+    expected = _reference(scorer, QUERY, DOCUMENTS)
+    assert [r.score for r in sorted(ranked, key=lambda r: r.index)] == pytest.approx(expected, abs=1e-5)
