@@ -38,10 +38,11 @@ without regard to their size and bypass the app's limits and error handling.
 from __future__ import annotations
 
 import csv
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
@@ -65,6 +66,8 @@ from genscore_core.streaming import FIRST_BATCH_TOKENS, JobPart
 from genscore_core.truncation import max_chars_per_token
 
 if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
     from ray.data import Dataset
     from ray.serve import Application
 
@@ -120,8 +123,11 @@ class ScoreBatches:
 
     Each batch is scored through the scorer's pair path, which groups the batch's rows by query so
     each query's shared prefix is computed once; rows may come in any query order. Every other
-    column (ids included) is returned unchanged, in the same row order. :attr:`startup_s` says how
-    long each start-up step took, for the actor's logs.
+    column (ids included) is returned unchanged, in the same row order, in the batch's own format
+    (``batch_format`` numpy, the default, ``"pandas"`` or ``"pyarrow"``). A row whose query or
+    document is missing or not a string stops the batch with an :class:`InvalidRequestError` naming
+    the row by its ``id`` column where the batch has one. :attr:`startup_s` says how long each
+    start-up step took, for the actor's logs.
     """
 
     def __init__(
@@ -155,32 +161,77 @@ class ScoreBatches:
             self.scorer = GenerativeScorer(config=config)
         self.startup_s["ready"] = time.perf_counter() - started
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self.score_column in batch:
+    def __call__(self, batch: Batch) -> Batch:
+        if self.score_column in _column_names(batch):
             raise InvalidRequestError(
                 f"the batch already has a {self.score_column!r} column; pick another score_column",
                 param=self.score_column,
             )
         queries = self._texts(batch, self.query_column)
         documents = self._texts(batch, self.document_column)
-        scores = self.scorer.score_pairs(list(zip(queries, documents)))
-        return {**batch, self.score_column: np.asarray(scores, dtype=np.float64)}
+        scores = np.asarray(self.scorer.score_pairs(list(zip(queries, documents))), dtype=np.float64)
+        return _with_column(batch, self.score_column, scores)
 
-    def _texts(self, batch: dict[str, np.ndarray], column: str) -> list[str]:
-        if column not in batch:
-            raise InvalidRequestError(f"no {column!r} column (columns: {sorted(batch)})", param=column)
-        values = batch[column].tolist()
+    def _texts(self, batch: Batch, column: str) -> list[str]:
+        names = _column_names(batch)
+        if column not in names:
+            raise InvalidRequestError(f"no {column!r} column (columns: {sorted(names)})", param=column)
+        values = _column_values(batch, column)
         for position, value in enumerate(values):
             if not isinstance(value, str):
-                got = "null" if value is None else type(value).__name__
-                ids = batch.get("id")
+                got = "null" if _is_missing(value) else type(value).__name__
                 where = (
-                    f"row with id {ids[position].item()!r}" if ids is not None else f"batch row {position}"
+                    f"row with id {_column_values(batch, 'id')[position]!r}"
+                    if "id" in names
+                    else f"batch row {position}"
                 )
                 raise InvalidRequestError(
                     f"{where}: {column!r} must be a string, got {got}", param=column, index=position
                 )
         return values
+
+
+Batch = Union[dict[str, np.ndarray], "pd.DataFrame", "pa.Table"]
+"""A batch as ``map_batches`` hands it over: its default (numpy), ``batch_format="pandas"`` or ``"pyarrow"``."""
+
+
+def _column_names(batch: Batch) -> list[str]:
+    table = _as_arrow(batch)
+    if table is not None:
+        return list(table.column_names)
+    return [str(name) for name in batch.keys()]
+
+
+def _column_values(batch: Batch, column: str) -> list[Any]:
+    """The column as plain Python values, by position (a pandas index plays no part)."""
+    table = _as_arrow(batch)
+    if table is not None:
+        return list(table.column(column).to_pylist())
+    return list(batch[column].tolist())
+
+
+def _with_column(batch: Batch, column: str, values: np.ndarray) -> Batch:
+    """``batch`` with one more column, in the format it came in."""
+    table = _as_arrow(batch)
+    if table is not None:
+        import pyarrow as pa
+
+        return table.append_column(column, pa.array(values, type=pa.float64()))
+    if isinstance(batch, dict):
+        return {**batch, column: values}
+    return batch.assign(**{column: values})
+
+
+def _is_missing(value: Any) -> bool:
+    # pandas (3 and later: even in a string column) holds a missing value as NaN or pd.NA, not None.
+    return (
+        value is None or (isinstance(value, float) and math.isnan(value)) or type(value).__name__ == "NAType"
+    )
+
+
+def _as_arrow(batch: Batch) -> Any | None:
+    """``batch`` if it is a pyarrow table, else None (without importing pyarrow for other batches)."""
+    return batch if type(batch).__module__.startswith("pyarrow") else None
 
 
 def _load_warmed(config: ScorerConfig, timings: dict[str, float]) -> GenerativeScorer:

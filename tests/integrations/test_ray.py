@@ -96,6 +96,55 @@ def test_score_batches_keeps_columns_ids_and_order(
         score(batch)
 
 
+@pytest.fixture(scope="module")
+def score_batches(tiny_model_dir: Path) -> Any:
+    from genscore_integrations.ray import ScoreBatches
+
+    return ScoreBatches(str(tiny_model_dir), **SETTINGS)
+
+
+def _as_format(columns: dict[str, list[Any]], fmt: str) -> Any:
+    import pandas as pd
+    import pyarrow as pa
+
+    if fmt == "pyarrow":
+        return pa.table(columns)
+    if fmt == "pandas":
+        # A filtered or concatenated frame keeps its old labels: rows are found by position, not label.
+        return pd.DataFrame(columns, index=[10, 3, 7, 0])
+    return {name: np.array(values, dtype=object) for name, values in columns.items()}
+
+
+@pytest.mark.parametrize("fmt", ["numpy", "pandas", "pyarrow"])
+def test_score_batches_takes_each_batch_format_and_names_bad_rows_by_string_id(
+    score_batches: Any, scorer: GenerativeScorer, fmt: str
+) -> None:
+    columns: dict[str, list[Any]] = {
+        "id": ["doc-a", "doc-b", "doc-c", "doc-d"],
+        "query": ["capital of France", "tallest mountain", "capital of France", "capital of France"],
+        "document": ["Paris.", "Everest is the highest.", "Paris.", "Berlin is in Germany."],
+    }
+    out = score_batches(_as_format(columns, fmt))
+    assert type(out) is type(_as_format(columns, fmt))
+    if fmt == "pyarrow":
+        out = out.to_pydict()
+    assert list(out) == ["id", "query", "document", "score"]
+    assert {name: list(out[name]) for name in columns} == columns
+    expected = official_qwen3_scores(
+        scorer.model, scorer.tokenizer, list(zip(columns["query"], columns["document"])), max_length=512
+    )
+    assert list(out["score"]) == pytest.approx(expected, abs=2e-5)
+
+    columns["document"][2] = None
+    with pytest.raises(
+        InvalidRequestError, match="row with id 'doc-c': 'document' must be a string, got null"
+    ):
+        score_batches(_as_format(columns, fmt))
+    del columns["query"]
+    with pytest.raises(InvalidRequestError, match=r"no 'query' column \(columns: \['document', 'id'\]\)"):
+        score_batches(_as_format(columns, fmt))
+
+
 def test_score_batches_warm_up_needs_a_local_model(tiny_model_dir: Path) -> None:
     from genscore_integrations.ray import ScoreBatches
 
