@@ -37,8 +37,8 @@ without regard to their size and bypass the app's limits and error handling.
 
 from __future__ import annotations
 
-import csv
 import math
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -422,16 +422,41 @@ def score_file_on_ray(
         scored.write_parquet(target)
 
 
-def _all_strings(path: str) -> Any:
-    """pyarrow CSV options that keep every column as text (ids like ``007`` stay ``007``)."""
+def _all_strings(source: str) -> Any:
+    """pyarrow CSV options that keep every column as text (ids like ``007`` stay ``007``).
+
+    ``source`` is what Ray reads: a file, a folder of files or a URL; the names are the union of
+    every file's header, read by Arrow as Ray's reader will read it (a byte-order mark dropped,
+    compression from the extension).
+    """
     import pyarrow as pa
     import pyarrow.csv as pacsv
+    from pyarrow import fs
 
-    with open(path, encoding="utf-8", newline="") as source:
-        header = next(csv.reader(source), [])
-    return pacsv.ConvertOptions(
-        column_types={name: pa.string() for name in header}, strings_can_be_null=False
-    )
+    filesystem, path = _filesystem(source)
+    if filesystem.get_file_info(path).type == fs.FileType.Directory:
+        found = filesystem.get_file_info(fs.FileSelector(path, recursive=True))
+        files = sorted(
+            info.path
+            for info in found
+            if info.type == fs.FileType.File and not info.base_name.startswith((".", "_"))
+        )
+    else:
+        files = [path]
+    names: dict[str, None] = {}
+    for file in files:
+        with filesystem.open_input_stream(file, compression="detect") as stream:
+            names.update(dict.fromkeys(pacsv.open_csv(stream).schema.names))
+    return pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=False)
+
+
+def _filesystem(location: str) -> tuple[Any, str]:
+    """The pyarrow file system holding ``location`` (a local path or a URL), and its path there."""
+    from pyarrow import fs
+
+    if "://" in location:
+        return fs.FileSystem.from_uri(location)
+    return fs.LocalFileSystem(), os.path.abspath(location)
 
 
 # -- Ray Serve ------------------------------------------------------------------------------------------

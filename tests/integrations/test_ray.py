@@ -192,6 +192,40 @@ def test_ray_data_job_equals_the_single_process_job(
     assert [row["score"] for row in got] == pytest.approx([row["score"] for row in expected], abs=1e-6)
 
 
+@pytest.mark.slow
+def test_ray_csv_job_reads_a_folder_and_keeps_every_value_as_text(
+    ray_instance: Any, tmp_path: Path, tiny_model_dir: Path, scorer: GenerativeScorer
+) -> None:
+    """A folder of CSV files, one written by a spreadsheet with a byte-order mark: ids like 007 stay
+    007 in every file (the header's first name must not carry the mark)."""
+    import csv
+
+    from genscore_integrations.ray import score_file_on_ray
+
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    rows = [
+        ["007", "capital of France", "Paris is the capital.", "0.50"],
+        ["010", "capital of France", "Berlin is in Germany.", "1e3"],
+        ["0042", "tallest mountain", "Everest.", ""],
+    ]
+    header = "id,query,document,weight\n"
+    (folder / "a.csv").write_text(header + "".join(",".join(r) + "\n" for r in rows[:2]), encoding="utf-8")
+    (folder / "b.csv").write_text(header + ",".join(rows[2]) + "\n", encoding="utf-8-sig")
+    out = tmp_path / "scored"
+    score_file_on_ray(folder, out, str(tiny_model_dir), format="csv", batch_size=2, **SETTINGS)
+    got = [
+        row
+        for path in sorted(out.iterdir())
+        for row in csv.DictReader(path.read_text(encoding="utf-8").splitlines())
+    ]
+    assert [[row[name] for name in ("id", "query", "document", "weight")] for row in got] == rows
+    expected = official_qwen3_scores(
+        scorer.model, scorer.tokenizer, [(r[1], r[2]) for r in rows], max_length=512
+    )
+    assert [float(row["score"]) for row in got] == pytest.approx(expected, abs=2e-5)
+
+
 @pytest.fixture(scope="module")
 def genscore_serve(tiny_model_dir: Path) -> Iterator[str]:
     """A real ``genscore serve`` process on loopback, the reference the Ray Serve deployment must match."""
