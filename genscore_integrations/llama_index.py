@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any
 
 try:
@@ -224,7 +224,7 @@ class GenerativeRerank(BaseNodePostprocessor):
                 ``"nodes"``, ``index`` its place); raised before any event is emitted.
         """
         query = _require_query(query_bundle)
-        _check_nodes(nodes)
+        nodes = _checked_nodes(nodes)
         if not nodes:
             return []
         texts = self._texts(nodes)
@@ -244,7 +244,7 @@ class GenerativeRerank(BaseNodePostprocessor):
     ) -> list[NodeWithScore]:
         """Async :meth:`_postprocess_nodes`: scoring runs in a worker thread, the event loop keeps running."""
         query = _require_query(query_bundle)
-        _check_nodes(nodes)
+        nodes = _checked_nodes(nodes)
         if not nodes:
             return []
         texts = self._texts(nodes)
@@ -324,9 +324,11 @@ def _hide_from_models(node: Any, key: str) -> None:
             excluded.append(key)
 
 
-def _check_nodes(nodes: Sequence[Any]) -> None:
-    """Each item must be a ``NodeWithScore``, checked before any event or scoring: another item would
-    otherwise fail as a bare ``AttributeError`` that names neither it nor its place."""
+def _checked_nodes(nodes: Iterable[Any]) -> list[NodeWithScore]:
+    """The nodes as a list, each a ``NodeWithScore``, checked before any event or scoring: another
+    item would otherwise fail as a bare ``AttributeError`` that names neither it nor its place. Read
+    once into a list: a generator of nodes, consumed by the check, reached the scorer empty."""
+    nodes = list(nodes)
     for index, item in enumerate(nodes):
         if not isinstance(item, NodeWithScore):
             hint = "; wrap it: NodeWithScore(node=node)" if isinstance(item, BaseNode) else ""
@@ -335,6 +337,7 @@ def _check_nodes(nodes: Sequence[Any]) -> None:
                 param="nodes",
                 index=index,
             )
+    return nodes
 
 
 def _require_query(query_bundle: QueryBundle | None) -> str:

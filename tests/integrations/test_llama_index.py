@@ -249,6 +249,16 @@ def test_scores_and_order_match_the_engine(scorer: GenerativeScorer) -> None:
     assert all(isinstance(n.score, float) and 0.0 <= n.score <= 1.0 for n in out)
 
 
+async def test_nodes_from_a_generator_are_all_ranked(scorer: GenerativeScorer) -> None:
+    nodes = make_nodes()
+    rerank = GenerativeRerank(scorer=scorer, top_n=None)
+    for out in (
+        rerank.postprocess_nodes((n for n in nodes), query_str=QUERY),  # type: ignore[arg-type]
+        await rerank.apostprocess_nodes((n for n in nodes), query_str=QUERY),  # type: ignore[arg-type]
+    ):
+        assert_same_ranking(out, expected(scorer, nodes))
+
+
 def test_top_n_and_score_threshold(scorer: GenerativeScorer) -> None:
     nodes = make_nodes()
     scores = sorted(score for _, score in expected(scorer, nodes))
