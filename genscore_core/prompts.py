@@ -404,11 +404,39 @@ class TemplatePromptBuilder:
         excess = len(ids) - budget
         if excess <= 0:
             return ids, cut
-        doc_tokens = token_range(offsets, body.document)
-        # A document cut to no tokens at all would score the rest of the prompt alone.
-        if excess >= max(doc_tokens[1] - doc_tokens[0], 1):
-            raise self._cannot_fit(body, offsets, len(ids) - (doc_tokens[1] - doc_tokens[0]), index)
-        return drop_tail_of_range(ids, doc_tokens, excess), cut + CUT_DOCUMENT
+        while True:
+            doc_tokens = token_range(offsets, body.document)
+            # A document cut to no tokens at all would score the rest of the prompt alone.
+            if excess >= max(doc_tokens[1] - doc_tokens[0], 1):
+                raise self._cannot_fit(body, offsets, len(ids) - (doc_tokens[1] - doc_tokens[0]), index)
+            if offsets[doc_tokens[1] - 1][1] <= body.document.end:
+                return drop_tail_of_range(ids, doc_tokens, excess), cut + CUT_DOCUMENT
+            # The document's last token runs on into the template text after it (a custom template
+            # with text after {document}, "word \n" one token): dropping it would drop that text too.
+            # Cut the document's text after the last token kept and tokenize the body again; its
+            # tokens at the new end can differ, so check the budget again.
+            keep_end = offsets[doc_tokens[1] - excess - 1][1]
+            body, ids, offsets = self._with_document(body, keep_end - body.document.start)
+            excess = len(ids) - budget
+
+    def _with_document(self, body: RenderedBody, chars: int) -> tuple[RenderedBody, list[int], Offsets]:
+        """``body`` with its document cut to its first ``chars`` characters (the query as it is),
+        tokenized: the body, its ids and offsets with the BOS in front, the query capped again."""
+        query = body.text[body.query.start : body.query.end]
+        document = body.text[body.document.start : body.document.start + chars]
+        body = self.template.render_body(query, document, self.instruction)
+        [(ids, offsets)] = self.tokenization.encode([body])
+        if self.tokenization.always_caps_query:
+            capped = self.tokenization.cap_query(
+                lambda cut_at: self.template.render_body(query[:cut_at], document, self.instruction),
+                body,
+                ids,
+                offsets,
+                self._query_cap,
+            )
+            if capped is not None:
+                ids, offsets, body = capped
+        return body, self.bos_ids + ids, [(0, 0)] * len(self.bos_ids) + offsets
 
     def _cannot_fit(
         self, body: RenderedBody, offsets: Offsets, without_document: int, index: int

@@ -254,3 +254,44 @@ def test_a_prompt_of_no_tokens_is_refused_by_name(scorer: GenerativeScorer, forw
     assert score == pytest.approx(
         label_softmax_prob(scorer.model, only_document.token_ids, [9693, 2152]), abs=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ("Document: {document}\nQuery: {query}\nRelevant?",),
+        ("Document: {document}\n", "Query: {query}\nRelevant?"),
+    ],
+    ids=["whole", "pieces"],
+)
+def test_truncation_keeps_the_template_text_after_the_document(
+    scorer: GenerativeScorer, pieces: tuple[str, ...]
+) -> None:
+    # "word " + "\n" is one token: the document's last token runs into the template's "\n", and
+    # dropping it lost that text ("...word wordQuery: ...").
+    template = PromptTemplate(
+        name="document-first",
+        prefix="<|im_start|>",
+        tokenization="pieces" if len(pieces) > 1 else "whole",
+        body="".join(pieces),
+        body_pieces=pieces if len(pieces) > 1 else (),
+        label_words=("yes", "no"),
+    )
+    tokenizer = scorer.tokenizer
+    builder = TemplatePromptBuilder(tokenizer, template, max_length=96)
+    document = "word " * 300
+    [prompt] = builder.build("capital?", [document])
+    assert prompt.truncated and 94 <= len(prompt.token_ids) <= 96
+    assert prompt.token_ids[: len(builder.prefix_ids)] == builder.prefix_ids
+    body_ids = prompt.token_ids[len(builder.prefix_ids) :]
+    body = tokenizer.decode(body_ids)
+    assert body.startswith("Document: ") and body.endswith("\nQuery: capital?\nRelevant?")
+    kept = body[len("Document: ") : -len("\nQuery: capital?\nRelevant?")]
+    assert kept and document.startswith(kept)
+    # The ids are the tokenizer's own for each piece, holding what was kept of the document.
+    filled = template.render_body("capital?", kept)
+    expected = [t for _, text in filled.pieces() for t in tokenizer.encode(text, add_special_tokens=False)]
+    assert body_ids == expected
+    bare = GenerativeScorer.from_model(scorer.model, tokenizer, template=template, max_length=96)
+    [score] = bare.score_pairs([("capital?", document)])
+    assert score == pytest.approx(label_softmax_prob(scorer.model, prompt.token_ids, [9693, 2152]), abs=1e-5)
