@@ -58,6 +58,7 @@ from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine, StreamedJob
 from genscore_core.errors import InvalidRequestError
 from genscore_core.jobs.files import detect_format
+from genscore_core.jobs.score import JobStateError
 from genscore_core.kernels.dispatch import prepare_triton
 from genscore_core.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
 from genscore_core.scorer import GenerativeScorer
@@ -367,6 +368,7 @@ def score_file_on_ray(
     score_column: str = "score",
     batch_class: type[ScoreBatches] | None = None,
     warm_up: bool | None = None,
+    overwrite: bool = False,
     **settings: Any,
 ) -> None:
     """``genscore score`` on a Ray cluster: read ``input``, score every row, write ``output``.
@@ -378,6 +380,9 @@ def score_file_on_ray(
     Args:
         num_blocks: Read the input as this many blocks, so that every actor gets work even from a
             single file (default: 4 per actor).
+        overwrite: Replace what an existing ``output`` folder holds. Without it a folder that
+            holds files is refused before anything runs: Ray would add the new files beside the
+            old ones, and the folder would hold every row twice.
         Others: as for :func:`score_dataset`.
 
     Unlike ``genscore score`` this job is not resumable and stops at the first bad row; run
@@ -386,6 +391,8 @@ def score_file_on_ray(
     import ray.data
 
     fmt = detect_format(Path(str(input)), format)
+    target = str(output)
+    _check_output(target, overwrite)
     # Ray reorders blocks for speed unless told not to; the output's order is part of its contract.
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     source = str(input)
@@ -412,14 +419,29 @@ def score_file_on_ray(
         warm_up=warm_up,
         **settings,
     )
-    target = str(output)
+    # The folder is absent or empty unless overwrite was asked for (checked above).
+    mode = ray.data.SaveMode.OVERWRITE if overwrite else ray.data.SaveMode.APPEND
     if fmt == "jsonl":
         # pandas writes 10 significant digits unless asked for more.
-        scored.write_json(target, double_precision=15, force_ascii=False)
+        scored.write_json(target, double_precision=15, force_ascii=False, mode=mode)
     elif fmt == "csv":
-        scored.write_csv(target)
+        scored.write_csv(target, mode=mode)
     else:
-        scored.write_parquet(target)
+        scored.write_parquet(target, mode=mode)
+
+
+def _check_output(target: str, overwrite: bool) -> None:
+    from pyarrow import fs
+
+    filesystem, path = _filesystem(target)
+    kind = filesystem.get_file_info(path).type
+    if kind == fs.FileType.File:
+        raise JobStateError(f"{target} is a file; the output is a folder of files", param="output")
+    if kind == fs.FileType.Directory and not overwrite:
+        if filesystem.get_file_info(fs.FileSelector(path)):
+            raise JobStateError(
+                f"{target} already holds files; pass overwrite=True to replace them", param="output"
+            )
 
 
 def _all_strings(source: str) -> Any:

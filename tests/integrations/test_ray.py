@@ -213,7 +213,11 @@ def test_ray_csv_job_reads_a_folder_and_keeps_every_value_as_text(
     (folder / "a.csv").write_text(header + "".join(",".join(r) + "\n" for r in rows[:2]), encoding="utf-8")
     (folder / "b.csv").write_text(header + ",".join(rows[2]) + "\n", encoding="utf-8-sig")
     out = tmp_path / "scored"
-    score_file_on_ray(folder, out, str(tiny_model_dir), format="csv", batch_size=2, **SETTINGS)
+    out.mkdir()
+    (out / "from-an-earlier-run.csv").write_text("id,query,document,weight,score\n1,q,d,,0.5\n")
+    score_file_on_ray(
+        folder, out, str(tiny_model_dir), format="csv", batch_size=2, overwrite=True, **SETTINGS
+    )
     got = [
         row
         for path in sorted(out.iterdir())
@@ -224,6 +228,24 @@ def test_ray_csv_job_reads_a_folder_and_keeps_every_value_as_text(
         scorer.model, scorer.tokenizer, [(r[1], r[2]) for r in rows], max_length=512
     )
     assert [float(row["score"]) for row in got] == pytest.approx(expected, abs=2e-5)
+
+
+def test_ray_file_job_refuses_an_output_that_holds_files(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Ray adds its files beside those already there: a second run into the same folder would hold
+    every row twice. Refused before Ray reads anything."""
+    from genscore_core.jobs import JobStateError
+    from genscore_integrations.ray import score_file_on_ray
+
+    source = tmp_path / "pairs.jsonl"
+    source.write_text('{"query": "q", "document": "d"}\n')
+    out = tmp_path / "scored"
+    out.mkdir()
+    (out / "part-0.jsonl").write_text('{"query": "q", "document": "d", "score": 0.5}\n')
+    with pytest.raises(JobStateError, match="scored already holds files; pass overwrite=True") as error:
+        score_file_on_ray(source, out, str(tiny_model_dir), **SETTINGS)
+    assert error.value.param == "output"
+    with pytest.raises(JobStateError, match="is a file; the output is a folder"):
+        score_file_on_ray(source, source, str(tiny_model_dir), **SETTINGS)
 
 
 @pytest.fixture(scope="module")
