@@ -383,6 +383,14 @@ def _listed(items: Iterable[Any], param: str) -> list[Any]:
         if param == "documents":
             check_documents(items)  # type: ignore[arg-type]
         check_pairs(items)  # type: ignore[arg-type]
+    if isinstance(items, (Mapping, set, frozenset)):
+        # A dict iterates its keys (ids would be scored as texts); a set has no order that ``index``
+        # in the results could refer to.
+        fix = "pass list(mapping.values())" if isinstance(items, Mapping) else "a set has no order"
+        raise InvalidRequestError(
+            f"{param} must be a list, a tuple or another ordered iterable, got {type(items).__name__}; {fix}",
+            param=param,
+        )
     try:
         iterator = iter(items)
     except TypeError as error:

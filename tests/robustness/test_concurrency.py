@@ -72,6 +72,11 @@ def test_what_is_not_a_collection_of_texts_is_refused_by_name(scorer: Generative
         scorer.rerank(QUERY, "one text")
     with pytest.raises(InvalidRequestError, match="pairs must be"):
         scorer.score_pairs("query, document")  # type: ignore[arg-type]
+    # Iterable, but not as texts in an order: a dict's keys are its ids, a set has no order.
+    with pytest.raises(InvalidRequestError, match=r"got dict; pass list\(mapping.values\(\)\)"):
+        scorer.rerank(QUERY, {"doc-1": DOCUMENTS[0], "doc-2": DOCUMENTS[1]})
+    with pytest.raises(InvalidRequestError, match="got set; a set has no order"):
+        asyncio.run(scorer.arerank(QUERY, set(DOCUMENTS)))
 
 
 def _words(count: int, seed: int) -> list[str]:
