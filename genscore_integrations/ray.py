@@ -8,7 +8,7 @@ scorer in ``__init__`` and adds a score column to every batch of (query, documen
 rows, their ids and their order; :func:`score_dataset` applies it with one actor per GPU, and
 :func:`score_file_on_ray` is ``genscore score`` on a cluster (read, score, write)::
 
-    import ray  # noqa: F401 - imported here so that a missing Ray is reported with the extra to install
+    import ray.data
     from genscore_integrations.ray import ScoreBatches
 
     ds = ray.data.read_parquet("s3://bucket/pairs/")
@@ -17,7 +17,7 @@ rows, their ids and their order; :func:`score_dataset` applies it with one actor
         fn_constructor_kwargs={"model": "Qwen/Qwen3-Reranker-0.6B", "dtype": "bfloat16"},
         batch_size=4096,
         num_gpus=1,
-        concurrency=8,  # eight actors, one GPU each
+        compute=ray.data.ActorPoolStrategy(size=8),  # eight actors, one GPU each
     )
     scored.write_parquet("s3://bucket/scored/")
 
@@ -335,6 +335,8 @@ def score_dataset(
     the forward's token budget better. ``batch_class`` replaces :class:`ScoreBatches` by a subclass
     (one that adds columns of its own, say); ``warm_up`` is :class:`ScoreBatches`' own.
     """
+    import ray.data
+
     ScorerConfig(model=model or DEFAULT_MODEL, **settings)  # reject bad settings before any actor starts
     return dataset.map_batches(
         batch_class or ScoreBatches,
@@ -348,7 +350,8 @@ def score_dataset(
         },
         batch_size=batch_size,
         batch_format="numpy",
-        concurrency=num_actors,
+        # Ray 2.51 deprecated concurrency= (it logs a warning on every call) for this.
+        compute=ray.data.ActorPoolStrategy(size=num_actors),
         num_gpus=num_gpus or None,
     )
 

@@ -230,6 +230,29 @@ def test_ray_csv_job_reads_a_folder_and_keeps_every_value_as_text(
     assert [float(row["score"]) for row in got] == pytest.approx(expected, abs=2e-5)
 
 
+def test_score_dataset_uses_no_deprecated_ray_data_argument(ray_instance: Any, tiny_model_dir: Path) -> None:
+    """Ray 2.51 deprecated map_batches(concurrency=...): every job logged a warning telling the user to
+    change an argument they never wrote."""
+    import logging
+
+    import ray.data
+
+    from genscore_integrations.ray import score_dataset
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    ray_data_logger = logging.getLogger("ray.data")
+    ray_data_logger.addHandler(handler)
+    try:
+        score_dataset(
+            ray.data.from_items([{"query": "q", "document": "d"}]), str(tiny_model_dir), num_actors=2
+        )
+    finally:
+        ray_data_logger.removeHandler(handler)
+    assert [r.getMessage() for r in records if "deprecated" in r.getMessage()] == []
+
+
 def test_ray_file_job_refuses_an_output_that_holds_files(tmp_path: Path, tiny_model_dir: Path) -> None:
     """Ray adds its files beside those already there: a second run into the same folder would hold
     every row twice. Refused before Ray reads anything."""
