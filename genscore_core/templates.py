@@ -149,6 +149,15 @@ class PromptTemplate(BaseModel):
         for placeholder in ("{query}", "{document}"):
             if not any(placeholder in piece for piece in self.body_pieces):
                 raise ValueError(f"a placeholder may not straddle pieces: no piece holds {placeholder}")
+        if any("{query}" in piece and "{document}" in piece for piece in self.body_pieces):
+            # The piece holding the query is cut to the query's share of the budget, as the
+            # references cut their query piece: with the document in it too, the document and any
+            # template text after it (the answer cue) would be cut even from a prompt that fits.
+            raise ValueError(
+                'tokenization="pieces" needs {query} and {document} in different body_pieces: the '
+                "piece holding the query is capped at its share of the budget. Split the piece where "
+                'the reference tokenizes separately, or use tokenization="whole"'
+            )
         return self
 
     @property

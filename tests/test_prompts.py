@@ -52,6 +52,25 @@ def test_unknown_template_and_bad_bodies() -> None:
         PromptTemplate(name="x", body="{query}", label_words=("yes",))
 
 
+def test_a_piece_holding_the_query_and_the_document_is_refused(scorer: GenerativeScorer) -> None:
+    one_piece = {
+        "name": "one-piece",
+        "prefix": "<|im_start|>",
+        "tokenization": "pieces",
+        "label_words": ("yes", "no"),
+    }
+    # The query's piece is capped at its share of the budget: with the document in it, a prompt that
+    # fits lost the document's end and the answer cue ("...word word", no "Relevant?").
+    with pytest.raises(ValueError, match=r"\{query\} and \{document\} in different body_pieces"):
+        PromptTemplate(**one_piece, body_pieces=("Query: {query}\nDocument: {document}\nRelevant?",))
+    split = PromptTemplate(**one_piece, body_pieces=("Query: {query}\n", "Document: {document}\nRelevant?"))
+    [prompt] = TemplatePromptBuilder(scorer.tokenizer, split, max_length=128).build(
+        "capital?", ["word " * 100]
+    )
+    assert not prompt.truncated
+    assert scorer.tokenizer.decode(prompt.token_ids).endswith("word \nRelevant?")
+
+
 def test_instruction_without_placeholder_is_rejected(scorer: GenerativeScorer) -> None:
     template = PromptTemplate(
         name="plain", body="Q: {query}\nD: {document}\nRelevant:", label_words=(" yes", " no")
