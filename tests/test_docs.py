@@ -10,8 +10,12 @@ Blocks that cannot run here say why in a ``<!-- not-run: reason -->`` marker (te
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +103,199 @@ def test_page_runs_as_written(page: Path, tmp_path: Path, demo_model_dir: Path, 
         # shares its words must come first (the demo model ranks by word overlap).
         ranked = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"index"')]
         assert ranked and ranked[0]["text"] == "Paris is the capital of France.", done.stdout
+
+
+# --- Claims checked against the code, cheaply (no model) ---------------------------------------------
+
+# Pages that describe the code (docs/benchmarks.md records measurements of past commits).
+CLAIM_PAGES = [page for page in PAGES if page.name != "benchmarks.md"]
+# Flags of other programs the docs show (pip, curl, vLLM, SGLang, Ray, ruff, the benchmark scripts).
+OTHER_FLAGS = {
+    "--api-key", "--check", "--clusters", "--data-parallel-size", "--dp-size", "--fail-with-body", "--head",
+    "--hf_overrides", "--max-model-len", "--model-path", "--no-deps", "--no-index", "--system-config",
+    "--upgrade", "--warm-up",
+}  # fmt: skip
+_FLAG = re.compile(r"(?<![\w-])--[a-z][\w-]*")
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    from genscore_core.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": parser, **sub.choices}
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {flag for flag in parser._option_string_actions if flag.startswith("--")}
+
+
+def _prose(page: Path) -> str:
+    """The page without its fenced blocks."""
+    return re.sub(r"^ *```.*?^ *```", "", page.read_text(), flags=re.S | re.M)
+
+
+def test_every_flag_named_in_the_docs_exists() -> None:
+    commands = _commands()
+    known = set().union(*(_flags(parser) for parser in commands.values())) | OTHER_FLAGS
+    unknown = {
+        f"{page.name}: {flag}"
+        for page in CLAIM_PAGES
+        for flag in _FLAG.findall(page.read_text())
+        if flag not in known
+    }
+    assert not unknown, sorted(unknown)
+    # A command line shown in a code block uses only its own command's flags.
+    wrong = []
+    for block in ALL_BLOCKS:
+        if block.lang not in RUNNABLE or block.page == "docs/benchmarks.md":
+            continue
+        for line in block.code.replace("\\\n", " ").splitlines():
+            for command, rest in re.findall(r"\bgenscore ([a-z-]+)(.*)", line):
+                own = _flags(commands[command])
+                args = re.split(r"[|;&>]", rest)[0]
+                wrong += [
+                    f"{block.where}: genscore {command} {f}" for f in _FLAG.findall(args) if f not in own
+                ]
+    assert not wrong, wrong
+
+
+def test_every_flag_of_every_command_is_documented() -> None:
+    # The scorer flags are ScorerConfig's fields (each command's --help lists them with their docs);
+    # every other flag is the command's own and must be explained somewhere.
+    from genscore_core.config import ScorerConfig
+
+    scorer_flags = {"--batch-tokens"} | {
+        f"--{prefix}{name.replace('_', '-')}" for name in ScorerConfig.model_fields for prefix in ("", "no-")
+    }
+    text = "\n".join(page.read_text() for page in CLAIM_PAGES)
+    missing = [
+        f"genscore {command} {flag}".replace("  ", " ")
+        for command, parser in _commands().items()
+        for flag in sorted(_flags(parser) - scorer_flags - {"--help"})
+        if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text)
+    ]
+    assert not missing, missing
+
+
+def _table_rows(page: Path) -> list[list[str]]:
+    """The body rows of the page's tables whose first cell is code."""
+    return [row for row in _table_rows_of(page.read_text()) if row[0].startswith("`")]
+
+
+def test_serve_flag_table_gives_the_parser_defaults() -> None:
+    serve = _commands()["serve"]
+    defaults = {flag: action.default for flag, action in serve._option_string_actions.items()}
+    rows = [row for row in _table_rows(REPO / "docs" / "scaling.md") if re.fullmatch(r"`--[\w-]+`", row[0])]
+    assert len(rows) >= 10
+    for flag, default, *_ in rows:
+        flag = flag.strip("`")
+        assert flag in defaults, flag
+        assert default.strip("`") == str(defaults[flag]), (
+            f"{flag}: docs say {default}, parser {defaults[flag]}"
+        )
+
+
+def test_setting_tables_give_the_config_defaults() -> None:
+    from genscore_core.config import ScorerConfig
+
+    fields = ScorerConfig.model_fields
+    checked = 0
+    for page in CLAIM_PAGES:
+        for row in _table_rows(page):
+            name = row[0].strip("`")
+            if name in fields and name != "max_length" and len(row) >= 3:
+                default = fields[name].default
+                shown = row[1].strip("`").strip('"')
+                assert shown in {str(default), repr(default).strip("'")} or float(shown) == default, (
+                    f"{page.name}: {name} default {row[1]}, ScorerConfig {default!r}"
+                )
+                checked += 1
+    assert checked >= 5
+
+
+def test_adapter_docs_list_every_scorer_setting() -> None:
+    from genscore_core import scorer_setting_names
+
+    for name in ("langchain.md", "llama_index.md"):
+        text = _prose(REPO / "docs" / name)
+        listed = re.split(
+            r"or a\s+whole", text.split("fields of `genscore_core.ScorerConfig`", 1)[1], maxsplit=1
+        )[0]
+        named = set(re.findall(r"`(\w+)`", listed)) | {"model", "config"}
+        plain = {n for n in scorer_setting_names() if not n.startswith("server_")}
+        assert plain <= named, f"{name} leaves out {sorted(plain - named)}"
+        assert named <= set(scorer_setting_names()), (
+            f"{name} names {sorted(named - set(scorer_setting_names()))}"
+        )
+
+
+def test_dotted_names_in_the_docs_import() -> None:
+    broken = []
+    for page in CLAIM_PAGES:
+        for dotted in set(re.findall(r"`(genscore_(?:core|integrations)[\w.]*)(?:\(\))?`", page.read_text())):
+            # The longest importable module, then attributes.
+            parts = dotted.split(".")
+            cut = next(n for n in range(len(parts), 0, -1) if _is_module(".".join(parts[:n])))
+            target: object = importlib.import_module(".".join(parts[:cut]))
+            for attribute in parts[cut:]:
+                target = getattr(target, attribute, None)
+            if target is None:
+                broken.append(f"{page.name}: {dotted}")
+    assert not broken, broken
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent that is a module, not a package
+        return False
+
+
+def test_exit_codes_are_those_of_the_command_line() -> None:
+    from genscore_core import cli
+
+    said = _prose(REPO / "docs" / "cli.md").split("Exit codes:", 1)[1].split("\n\n", 1)[0]
+    codes = {value for name, value in vars(cli).items() if name.startswith("EXIT_")}
+    assert {int(code) for code in re.findall(r"\b(\d+)\s", said)} == {0} | codes, said
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
+    readme = next(b.code.strip() for b in blocks(REPO / "README.md") if "python -m pytest" in b.code)
+    assert readme == ci.replace("pip install -q ", "pip install "), (readme, ci)
+
+
+def test_every_module_has_a_room_in_architecture() -> None:
+    """docs/architecture.md names each module in its table, under the folder it lives in."""
+    section = (REPO / "docs" / "architecture.md").read_text().split("## The rooms", 1)[1].split("\n## ", 1)[0]
+    named: set[str] = set()
+    for row in _table_rows_of(section):
+        folder = ""
+        for token in re.findall(r"`([\w./]+)`", row[1]):
+            if token.startswith(("genscore_core", "genscore_integrations")):
+                folder = token if token.endswith("/") else token.rpartition("/")[0] + "/"
+                if token.endswith(".py"):
+                    named.add(token)
+            elif token.endswith(".py") and folder and not token.startswith("tests/"):
+                named.add(folder + token)
+    modules = {
+        str(path.relative_to(REPO))
+        for package in ("genscore_core", "genscore_integrations")
+        for path in (REPO / package).rglob("*.py")
+    }
+    assert not named - modules, f"rooms for modules that do not exist: {sorted(named - modules)}"
+    missing = {
+        m for m in modules - named if not m.endswith("/__init__.py") or m == "genscore_core/__init__.py"
+    }
+    assert not missing, f"modules without a room in docs/architecture.md: {sorted(missing)}"
+
+
+def _table_rows_of(text: str) -> list[list[str]]:
+    """The body rows of every table in ``text`` (header rows left out), as lists of cells."""
+    lines = text.splitlines()
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        for i, line in enumerate(lines)
+        if line.startswith("| ") and not (i + 1 < len(lines) and lines[i + 1].startswith("|---"))
+    ]
