@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from genscore_core import GenerativeScorer
 from tests.doc_blocks import NOT_CODE, PAGES, REPO, RUNNABLE, Block, blocks
 from tests.server._support import free_port
 
@@ -299,3 +300,49 @@ def _table_rows_of(text: str) -> list[list[str]]:
         for i, line in enumerate(lines)
         if line.startswith("| ") and not (i + 1 < len(lines) and lines[i + 1].startswith("|---"))
     ]
+
+
+def test_server_endpoints_and_stats_are_those_documented(scorer: GenerativeScorer) -> None:
+    import httpx
+
+    from genscore_core.server import create_app
+    from tests.server._support import TEST_LIMITS, serve_in_thread
+
+    rows = {row[0]: row[1] for row in _table_rows_of(_prose(REPO / "docs" / "scaling.md")) if len(row) == 2}
+    documented = set()
+    for cell in rows:  # `POST /v1/rerank` (also `/rerank`, ...): a bare path takes the method before it
+        method = ""
+        for verb, path in re.findall(r"`((?:GET|POST) )?(/[\w/]+)`", cell):
+            method = verb.strip() or method
+            documented.add(f"{method} {path}")
+    app = create_app(scorer, TEST_LIMITS)
+    served = {
+        f"{verb} {route.path}"
+        for route in app.routes
+        for verb in getattr(route, "methods", ())
+        if verb in {"GET", "POST"} and not route.path.startswith(("/openapi", "/docs", "/redoc"))
+    }
+    assert served == documented
+    with serve_in_thread(app) as live:
+        stats = httpx.get(f"{live.url}/stats").json()
+    said = next(cell for name, cell in rows.items() if "/stats" in name)
+    assert not [key for key in stats if f"`{key}`" not in said], (
+        f"/stats keys missing from scaling.md: {stats}"
+    )
+
+
+def test_the_demo_model_is_described_as_it_is_built() -> None:
+    import nbformat
+
+    from genscore_core.testing import demo_model
+
+    texts = {str(page.relative_to(REPO)): page.read_text() for page in CLAIM_PAGES}
+    for notebook in sorted((REPO / "examples").glob("*.ipynb")):
+        cells = nbformat.read(notebook, as_version=4).cells
+        texts[notebook.name] = "\n".join(cell.source for cell in cells if cell.cell_type == "markdown")
+    claims = [
+        (where, int(n)) for where, text in texts.items() for n in re.findall(r"(\d+)-layer Qwen3", text)
+    ]
+    assert claims, "no page describes the demo model's size any more: drop this test"
+    wrong = [where for where, layers in claims if layers != demo_model._LAYERS]
+    assert not wrong, f"demo model layers said wrongly in {wrong}; it has {demo_model._LAYERS}"
