@@ -346,3 +346,16 @@ def test_the_demo_model_is_described_as_it_is_built() -> None:
     assert claims, "no page describes the demo model's size any more: drop this test"
     wrong = [where for where, layers in claims if layers != demo_model._LAYERS]
     assert not wrong, f"demo model layers said wrongly in {wrong}; it has {demo_model._LAYERS}"
+
+
+def test_readme_names_every_extra_and_the_wheel_of_this_version() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    readme = (REPO / "README.md").read_text()
+    said = readme.split("The extras:", 1)[1].split("When an extra", 1)[0]
+    named = set(re.findall(r"`([\w-]+)`", re.sub(r"\([^)]*\)", "", said)))  # what the brackets say left out
+    assert named == set(project["optional-dependencies"])
+    versions = set(
+        re.findall(r"genscore-([\w.]+)-py3-none-any\.whl", "\n".join(p.read_text() for p in CLAIM_PAGES))
+    )
+    assert versions == {project["version"]}
