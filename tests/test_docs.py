@@ -359,3 +359,16 @@ def test_readme_names_every_extra_and_the_wheel_of_this_version() -> None:
         re.findall(r"genscore-([\w.]+)-py3-none-any\.whl", "\n".join(p.read_text() for p in CLAIM_PAGES))
     )
     assert versions == {project["version"]}
+
+
+def test_server_error_table_uses_the_servers_error_types() -> None:
+    from genscore_core.server.schemas import ERROR_TYPES
+
+    answered = {**ERROR_TYPES, 500: "InternalServerError"}
+    del answered[401]  # no endpoint authenticates
+    documented = {}
+    for row in _table_rows_of(_prose(REPO / "docs" / "scaling.md")):
+        found = re.fullmatch(r"(\d{3}) `(\w+)`", row[0])
+        if found:
+            documented[int(found[1])] = found[2]
+    assert documented == answered
