@@ -397,40 +397,48 @@ def score_file_on_ray(
     target = str(output)
     _check_output(target, overwrite)
     # Ray reorders blocks for speed unless told not to; the output's order is part of its contract.
-    ray.data.DataContext.get_current().execution_options.preserve_order = True
-    source = str(input)
-    # The read itself splits its output into blocks (streamed to the actors as they come) rather than
-    # a repartition afterwards, which is an all-to-all barrier: no actor would get a row before the
-    # whole input had been read and shuffled.
-    blocks = num_blocks or 4 * num_actors
-    if fmt == "jsonl":
-        dataset = ray.data.read_json(source, lines=True, override_num_blocks=blocks)
-    elif fmt == "csv":
-        dataset = ray.data.read_csv(source, convert_options=_all_strings(source), override_num_blocks=blocks)
-    else:
-        dataset = ray.data.read_parquet(source, override_num_blocks=blocks)
-    scored = score_dataset(
-        dataset,
-        model,
-        num_actors=num_actors,
-        num_gpus=num_gpus,
-        batch_size=batch_size,
-        query_column=query_column,
-        document_column=document_column,
-        score_column=score_column,
-        batch_class=batch_class,
-        warm_up=warm_up,
-        **settings,
-    )
-    # The folder is absent or empty unless overwrite was asked for (checked above).
-    mode = ray.data.SaveMode.OVERWRITE if overwrite else ray.data.SaveMode.APPEND
-    if fmt == "jsonl":
-        # pandas writes 10 significant digits unless asked for more.
-        scored.write_json(target, double_precision=15, force_ascii=False, mode=mode)
-    elif fmt == "csv":
-        scored.write_csv(target, mode=mode)
-    else:
-        scored.write_parquet(target, mode=mode)
+    # The setting is the driver's, shared with whatever the caller runs next: put back afterwards.
+    execution = ray.data.DataContext.get_current().execution_options
+    kept_order = execution.preserve_order
+    execution.preserve_order = True
+    try:
+        source = str(input)
+        # The read itself splits its output into blocks (streamed to the actors as they come) rather than
+        # a repartition afterwards, which is an all-to-all barrier: no actor would get a row before the
+        # whole input had been read and shuffled.
+        blocks = num_blocks or 4 * num_actors
+        if fmt == "jsonl":
+            dataset = ray.data.read_json(source, lines=True, override_num_blocks=blocks)
+        elif fmt == "csv":
+            dataset = ray.data.read_csv(
+                source, convert_options=_all_strings(source), override_num_blocks=blocks
+            )
+        else:
+            dataset = ray.data.read_parquet(source, override_num_blocks=blocks)
+        scored = score_dataset(
+            dataset,
+            model,
+            num_actors=num_actors,
+            num_gpus=num_gpus,
+            batch_size=batch_size,
+            query_column=query_column,
+            document_column=document_column,
+            score_column=score_column,
+            batch_class=batch_class,
+            warm_up=warm_up,
+            **settings,
+        )
+        # The folder is absent or empty unless overwrite was asked for (checked above).
+        mode = ray.data.SaveMode.OVERWRITE if overwrite else ray.data.SaveMode.APPEND
+        if fmt == "jsonl":
+            # pandas writes 10 significant digits unless asked for more.
+            scored.write_json(target, double_precision=15, force_ascii=False, mode=mode)
+        elif fmt == "csv":
+            scored.write_csv(target, mode=mode)
+        else:
+            scored.write_parquet(target, mode=mode)
+    finally:
+        execution.preserve_order = kept_order
 
 
 def _check_output(target: str, overwrite: bool) -> None:

@@ -215,9 +215,15 @@ def test_ray_csv_job_reads_a_folder_and_keeps_every_value_as_text(
     out = tmp_path / "scored"
     out.mkdir()
     (out / "from-an-earlier-run.csv").write_text("id,query,document,weight,score\n1,q,d,,0.5\n")
+    import ray.data
+
+    execution = ray.data.DataContext.get_current().execution_options
+    assert execution.preserve_order is False
     score_file_on_ray(
         folder, out, str(tiny_model_dir), format="csv", batch_size=2, overwrite=True, **SETTINGS
     )
+    # The job orders its own output; the caller's later pipelines keep Ray's faster default.
+    assert execution.preserve_order is False
     got = [
         row
         for path in sorted(out.iterdir())
