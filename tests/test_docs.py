@@ -372,3 +372,38 @@ def test_server_error_table_uses_the_servers_error_types() -> None:
         if found:
             documented[int(found[1])] = found[2]
     assert documented == answered
+
+
+@pytest.mark.parametrize(
+    "block", [b for b in ALL_BLOCKS if b.lang == "python" and b.marker == "not-run"], ids=lambda b: b.where
+)
+def test_blocks_not_run_call_genscore_as_it_is_defined(block: Block) -> None:
+    """A block that cannot run here (GPUs, a cluster) still calls genscore's functions with arguments
+    they take: positional counts and keywords are bound to each signature, and keywords that land in
+    ``**settings`` must be ScorerConfig fields."""
+    import ast
+    import inspect
+
+    from genscore_core.config import ScorerConfig
+
+    tree = ast.parse(block.code)
+    names: dict[str, object] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("genscore_"):
+            module = importlib.import_module(node.module or "")
+            names.update({alias.asname or alias.name: getattr(module, alias.name) for alias in node.names})
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
+    ]
+    assert calls, "no genscore call to check: drop the marker or this test's premise"
+    for call in calls:
+        target = names[call.func.id]
+        signature = inspect.signature(target)
+        keywords = {k.arg: None for k in call.keywords if k.arg is not None}
+        bound = signature.bind(*[None] * len(call.args), **keywords)
+        for name, parameter in signature.parameters.items():
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD and name in bound.arguments:
+                unknown = set(bound.arguments[name]) - set(ScorerConfig.model_fields)
+                assert not unknown, f"{block.where}: {call.func.id}(...) gets settings {unknown}"
