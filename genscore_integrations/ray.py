@@ -114,6 +114,8 @@ class ScoreBatches:
         query_column: Column holding the queries.
         document_column: Column holding the documents.
         score_column: Column added with the scores (float64); it must not exist yet.
+        id_column: Column whose value names a bad row in the error (a row's position in its batch
+            means little in a dataset of millions).
         warm_up: Run made-up prompts through the model in ``__init__`` while the tokenizer loads
             on a thread beside them, so that the first real batch finds the GPU kernels loaded and
             the actor is ready sooner (:func:`warm_up_model`). ``None`` (the default) does so on
@@ -127,8 +129,8 @@ class ScoreBatches:
     column (ids included) is returned unchanged, in the same row order, in the batch's own format
     (``batch_format`` numpy, the default, ``"pandas"`` or ``"pyarrow"``). A row whose query or
     document is missing or not a string stops the batch with an :class:`InvalidRequestError` naming
-    the row by its ``id`` column where the batch has one. :attr:`startup_s` says how long each
-    start-up step took, for the actor's logs.
+    the row by its ``id_column`` value where the batch has that column. :attr:`startup_s` says how
+    long each start-up step took, for the actor's logs.
     """
 
     def __init__(
@@ -138,12 +140,14 @@ class ScoreBatches:
         query_column: str = "query",
         document_column: str = "document",
         score_column: str = "score",
+        id_column: str = "id",
         warm_up: bool | None = None,
         **settings: Any,
     ) -> None:
         self.query_column = query_column
         self.document_column = document_column
         self.score_column = score_column
+        self.id_column = id_column
         config = ScorerConfig(model=model or DEFAULT_MODEL, **settings)
         local = config.server_url is None
         if warm_up is None:
@@ -182,9 +186,9 @@ class ScoreBatches:
             if not isinstance(value, str):
                 got = "null" if _is_missing(value) else type(value).__name__
                 where = (
-                    f"row with id {_column_values(batch, 'id')[position]!r}"
-                    if "id" in names
-                    else f"batch row {position}"
+                    f"row with {self.id_column} {_column_values(batch, self.id_column)[position]!r}"
+                    if self.id_column in names
+                    else f"batch row {position} (no {self.id_column!r} column to name it by: see id_column)"
                 )
                 raise InvalidRequestError(
                     f"{where}: {column!r} must be a string, got {got}", param=column, index=position
@@ -193,7 +197,8 @@ class ScoreBatches:
 
 
 Batch = Union[dict[str, np.ndarray], "pd.DataFrame", "pa.Table"]
-"""A batch as ``map_batches`` hands it over: its default (numpy), ``batch_format="pandas"`` or ``"pyarrow"``."""
+"""A batch as ``map_batches`` hands it over: numpy (its default), ``batch_format="pandas"`` or
+``"pyarrow"``."""
 
 
 def _column_names(batch: Batch) -> list[str]:
@@ -324,6 +329,7 @@ def score_dataset(
     query_column: str = "query",
     document_column: str = "document",
     score_column: str = "score",
+    id_column: str = "id",
     batch_class: type[ScoreBatches] | None = None,
     warm_up: bool | None = None,
     **settings: Any,
@@ -333,7 +339,8 @@ def score_dataset(
     ``num_gpus=1`` gives each actor a GPU of its own (one model per GPU); 0 scores on CPUs.
     ``batch_size`` rows go to an actor at a time: larger batches share more query prefixes and fill
     the forward's token budget better. ``batch_class`` replaces :class:`ScoreBatches` by a subclass
-    (one that adds columns of its own, say); ``warm_up`` is :class:`ScoreBatches`' own.
+    (one that adds columns of its own, say); ``id_column`` and ``warm_up`` are :class:`ScoreBatches`'
+    own.
     """
     import ray.data
 
@@ -345,6 +352,7 @@ def score_dataset(
             "query_column": query_column,
             "document_column": document_column,
             "score_column": score_column,
+            "id_column": id_column,
             "warm_up": warm_up,
             **settings,
         },
@@ -369,6 +377,7 @@ def score_file_on_ray(
     query_column: str = "query",
     document_column: str = "document",
     score_column: str = "score",
+    id_column: str = "id",
     batch_class: type[ScoreBatches] | None = None,
     warm_up: bool | None = None,
     overwrite: bool = False,
@@ -424,6 +433,7 @@ def score_file_on_ray(
             query_column=query_column,
             document_column=document_column,
             score_column=score_column,
+            id_column=id_column,
             batch_class=batch_class,
             warm_up=warm_up,
             **settings,

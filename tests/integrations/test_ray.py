@@ -145,6 +145,27 @@ def test_score_batches_takes_each_batch_format_and_names_bad_rows_by_string_id(
         score_batches(_as_format(columns, fmt))
 
 
+def test_score_batches_names_a_bad_row_by_the_id_column_it_is_given(tiny_model_dir: Path) -> None:
+    from genscore_integrations.ray import ScoreBatches
+
+    score = ScoreBatches(str(tiny_model_dir), id_column="passage_id", **SETTINGS)
+    batch = {
+        "passage_id": np.array(["p-17", "p-4"], dtype=object),
+        "query": np.array(["q", "q"], dtype=object),
+        "document": np.array(["fine", 3.5], dtype=object),
+    }
+    with pytest.raises(
+        InvalidRequestError, match="row with passage_id 'p-4': 'document' must be a string, got float"
+    ):
+        score(batch)
+    del batch["passage_id"]
+    with pytest.raises(
+        InvalidRequestError, match="batch row 1 \\(no 'passage_id' column to name it by"
+    ) as error:
+        score(batch)
+    assert (error.value.param, error.value.index) == ("document", 1)
+
+
 def test_score_batches_warm_up_needs_a_local_model(tiny_model_dir: Path) -> None:
     from genscore_integrations.ray import ScoreBatches
 
