@@ -7,12 +7,14 @@ import asyncio
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from genscore_core import GenerativeScorer, InvalidRequestError
+from genscore_core.frontend import STREAM_MIN_CHARS
 from tests.reference_recipe import official_qwen3_scores
 
 QUERY = "capital of france"
@@ -141,3 +143,24 @@ def test_a_cancelled_streamed_rerank_stops_its_producer(scorer: GenerativeScorer
     ranked = scorer.rerank(QUERY, DOCUMENTS)
     expected = _reference(scorer, QUERY, DOCUMENTS)
     assert [r.score for r in sorted(ranked, key=lambda r: r.index)] == pytest.approx(expected, abs=1e-5)
+
+
+def test_streamed_and_small_calls_from_threads_keep_their_own_scores(scorer: GenerativeScorer) -> None:
+    big = _words(240, seed=3)
+    assert sum(map(len, big)) >= STREAM_MIN_CHARS  # scored in parts, on a producer thread
+    alone = scorer.score_documents("river", big)
+    calls = [("river", big), (QUERY, DOCUMENTS)] * 2
+    barrier = threading.Barrier(len(calls))
+
+    def call(query_and_documents: tuple[str, list[str]]) -> list[float]:
+        barrier.wait()
+        return scorer.score_documents(*query_and_documents)
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        results = list(pool.map(call, calls))
+    for got in results[0::2]:
+        assert got == pytest.approx(alone, abs=1e-6)
+    for got in results[1::2]:
+        assert got == pytest.approx(_reference(scorer, QUERY, DOCUMENTS), abs=1e-5)
+    assert alone[:8] == pytest.approx(_reference(scorer, "river", big[:8]), abs=1e-5)
+    assert not [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
