@@ -71,7 +71,11 @@ class ScoringFrontEnd:
         self.template = self.recipe.template
         self.label_token_ids = resolve_label_ids(tokenizer, self.template)
         check_label_ids(
-            tokenizer, [str(label) for label in self.template.labels], self.label_token_ids, self.vocab_size
+            tokenizer,
+            [str(label) for label in self.template.labels],
+            self.label_token_ids,
+            self.vocab_size,
+            by_id=bool(self.template.label_token_ids),
         )
         self.score_mode: ScoreMode = resolve_score_mode(
             config.score_mode, self.template.score_mode, len(self.label_token_ids)

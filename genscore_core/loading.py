@@ -178,8 +178,20 @@ def check_loaded_causal_lm(model: Any, missing_keys: list[str] | None, name_or_p
         )
 
 
-def check_label_ids(tokenizer: Any, words: Sequence[str], ids: Sequence[int], vocab_size: int) -> None:
-    """Refuse label ids that cannot tell the labels apart: an unknown-word token, or one id twice."""
+def check_label_ids(
+    tokenizer: Any, words: Sequence[str], ids: Sequence[int], vocab_size: int, *, by_id: bool = False
+) -> None:
+    """Refuse label ids that cannot tell the labels apart: an unknown-word token, or one id twice.
+
+    ``by_id``: the template names its labels by id (``label_token_ids``), not by words.
+    """
+    if by_id:
+        for position, token_id in enumerate(ids):
+            if not 0 <= token_id < vocab_size:
+                raise NotARerankerError(
+                    f"label token id {token_id} (entry {position} of the template's label_token_ids) is "
+                    f"outside the model's vocabulary of {vocab_size} ids; name ids in [0, {vocab_size})"
+                )
     unk = getattr(tokenizer, "unk_token_id", None)
     for word, token_id in zip(words, ids):
         if unk is not None and token_id == unk:

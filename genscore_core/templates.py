@@ -15,7 +15,7 @@ from __future__ import annotations
 import string
 from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, StrictInt, field_validator, model_validator
 
 from genscore_core.errors import InvalidRequestError
 
@@ -76,9 +76,10 @@ class PromptTemplate(BaseModel):
     """Fixed text after the body (the answer cue), tokenized on its own (or piece by piece)."""
     label_words: tuple[str, ...] = ()
     """Words whose next-token logits make the score; the first is the positive label."""
-    label_token_ids: tuple[int, ...] = ()
+    label_token_ids: tuple[StrictInt, ...] = ()
     """The label tokens as ids, when the model's configuration names ids rather than words
-    (sentence-transformers' ``LogitScore``); they take precedence over ``label_words``."""
+    (sentence-transformers' ``LogitScore``); they take precedence over ``label_words``. Strict, as the
+    protocol's ids are: ``True`` or ``"9693"`` would otherwise read as token 1 or 9693."""
     default_instruction: str | None = None
     instruction_format: str = "{instruction}"
     """How a non-empty instruction is written into ``{instruction}``."""

@@ -314,3 +314,21 @@ def test_truncation_keeps_the_template_text_after_the_document(
     bare = GenerativeScorer.from_model(scorer.model, tokenizer, template=template, max_length=96)
     [score] = bare.score_pairs([("capital?", document)])
     assert score == pytest.approx(label_softmax_prob(scorer.model, prompt.token_ids, [9693, 2152]), abs=1e-5)
+
+
+def test_label_token_ids_are_strict_and_named_as_ids(scorer: GenerativeScorer) -> None:
+    from pydantic import ValidationError
+
+    from genscore_core.loading import NotARerankerError
+
+    fields = {"name": "by-id", "body": "{query} {document}"}
+    # Lax parsing read True as token 1 and "9693" as 9693, as the protocol's strict ids do not.
+    for labels in [(True, 2152), ("9693", 2152), (9693.0, 2152)]:
+        with pytest.raises(ValidationError, match="label_token_ids"):
+            PromptTemplate(**fields, label_token_ids=labels)
+    template = PromptTemplate(**fields, label_token_ids=(9693, 151669))
+    with pytest.raises(NotARerankerError) as caught:
+        GenerativeScorer.from_model(scorer.model, scorer.tokenizer, template=template)
+    # Not "label word '151669'... the tokenizer does not belong to this model": no word was given.
+    assert "label token id 151669 (entry 1 of the template's label_token_ids)" in str(caught.value)
+    assert "vocabulary of 151669 ids" in str(caught.value)
