@@ -18,6 +18,8 @@ import os
 import re
 import subprocess
 import sys
+import typing
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -407,3 +409,44 @@ def test_blocks_not_run_call_genscore_as_it_is_defined(block: Block) -> None:
             if parameter.kind is inspect.Parameter.VAR_KEYWORD and name in bound.arguments:
                 unknown = set(bound.arguments[name]) - set(ScorerConfig.model_fields)
                 assert not unknown, f"{block.where}: {call.func.id}(...) gets settings {unknown}"
+
+
+def _table(page: Path, first_header: str) -> list[list[str]]:
+    """Body rows of the table on ``page`` whose header row starts with ``first_header``."""
+    lines = _prose(page).splitlines()
+    start = next(
+        i
+        for i, line in enumerate(lines[:-1])
+        if line.startswith(f"| {first_header} |") and lines[i + 1].startswith("|---")
+    )
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("page", "header", "choices"),
+    [
+        ("models.md", "mode", lambda: set(typing.get_args(_field("score_mode"))) - {"auto"}),
+        ("concepts.md", "preset", lambda: set(_templates())),
+        ("scaling.md", "`server_kind`", lambda: set(typing.get_args(_field("server_kind")))),
+    ],
+)
+def test_tables_of_choices_list_every_choice(page: str, header: str, choices: Callable[[], set[str]]) -> None:
+    listed = {row[0].strip("`").strip('"') for row in _table(REPO / "docs" / page, header)}
+    assert listed == choices()
+
+
+def _field(name: str) -> object:
+    from genscore_core.config import ScorerConfig
+
+    return ScorerConfig.model_fields[name].annotation
+
+
+def _templates() -> list[str]:
+    from genscore_core import TEMPLATES
+
+    return list(TEMPLATES)
