@@ -57,7 +57,7 @@ from genscore_core.backend import ScoringJob
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine, StreamedJob
 from genscore_core.errors import InvalidRequestError
-from genscore_core.jobs.files import detect_format
+from genscore_core.jobs.files import FORMATS, FileFormat, InputFileError, detect_format
 from genscore_core.jobs.score import JobStateError
 from genscore_core.kernels.dispatch import prepare_triton
 from genscore_core.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
@@ -402,7 +402,7 @@ def score_file_on_ray(
     """
     import ray.data
 
-    fmt = detect_format(Path(str(input)), format)
+    fmt = _input_format(str(input), format)
     target = str(output)
     _check_output(target, overwrite)
     # Ray reorders blocks for speed unless told not to; the output's order is part of its contract.
@@ -451,6 +451,40 @@ def score_file_on_ray(
         execution.preserve_order = kept_order
 
 
+def _input_format(source: str, given: str | None) -> FileFormat:
+    """The format ``given``, or the one the extension of ``source`` (or of every file in the folder
+    it names) says."""
+    from pyarrow import fs
+
+    if given is not None:
+        return detect_format(Path(source), given)
+    filesystem, path = _filesystem(source)
+    if filesystem.get_file_info(path).type != fs.FileType.Directory:
+        try:
+            return detect_format(Path(source))
+        except InputFileError:
+            raise InputFileError(
+                f"{source}: cannot tell the format from the extension {Path(source).suffix!r}; "
+                "use .jsonl, .csv or .parquet, or pass format=",
+                param="format",
+            ) from None
+    suffixes = {Path(file).suffix.lower() for file in _folder_files(filesystem, path)}
+    formats: set[FileFormat] = set()
+    for suffix in suffixes:
+        try:
+            formats.add(detect_format(Path(f"part{suffix}")))
+        except InputFileError:
+            formats.clear()
+            break
+    if len(formats) != 1:
+        raise InputFileError(
+            f"{source}: cannot tell the format of a folder holding {sorted(suffixes) or 'no'} files; "
+            f"pass format= (one of {', '.join(FORMATS)})",
+            param="format",
+        )
+    return formats.pop()
+
+
 def _check_output(target: str, overwrite: bool) -> None:
     from pyarrow import fs
 
@@ -477,20 +511,28 @@ def _all_strings(source: str) -> Any:
     from pyarrow import fs
 
     filesystem, path = _filesystem(source)
-    if filesystem.get_file_info(path).type == fs.FileType.Directory:
-        found = filesystem.get_file_info(fs.FileSelector(path, recursive=True))
-        files = sorted(
-            info.path
-            for info in found
-            if info.type == fs.FileType.File and not info.base_name.startswith((".", "_"))
-        )
-    else:
-        files = [path]
+    files = (
+        _folder_files(filesystem, path)
+        if filesystem.get_file_info(path).type == fs.FileType.Directory
+        else [path]
+    )
     names: dict[str, None] = {}
     for file in files:
         with filesystem.open_input_stream(file, compression="detect") as stream:
             names.update(dict.fromkeys(pacsv.open_csv(stream).schema.names))
     return pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=False)
+
+
+def _folder_files(filesystem: Any, path: str) -> list[str]:
+    """The data files in a folder and its subfolders, as Ray reads them (no hidden or _-prefixed ones)."""
+    from pyarrow import fs
+
+    found = filesystem.get_file_info(fs.FileSelector(path, recursive=True))
+    return sorted(
+        info.path
+        for info in found
+        if info.type == fs.FileType.File and not info.base_name.startswith((".", "_"))
+    )
 
 
 def _filesystem(location: str) -> tuple[Any, str]:

@@ -217,8 +217,8 @@ def test_ray_data_job_equals_the_single_process_job(
 def test_ray_csv_job_reads_a_folder_and_keeps_every_value_as_text(
     ray_instance: Any, tmp_path: Path, tiny_model_dir: Path, scorer: GenerativeScorer
 ) -> None:
-    """A folder of CSV files, one written by a spreadsheet with a byte-order mark: ids like 007 stay
-    007 in every file (the header's first name must not carry the mark)."""
+    """A folder of CSV files (its format told by their extensions), one written by a spreadsheet with a
+    byte-order mark: ids like 007 stay 007 in every file (the header's first name must not carry the mark)."""
     import csv
 
     from genscore_integrations.ray import score_file_on_ray
@@ -240,9 +240,7 @@ def test_ray_csv_job_reads_a_folder_and_keeps_every_value_as_text(
 
     execution = ray.data.DataContext.get_current().execution_options
     assert execution.preserve_order is False
-    score_file_on_ray(
-        folder, out, str(tiny_model_dir), format="csv", batch_size=2, overwrite=True, **SETTINGS
-    )
+    score_file_on_ray(folder, out, str(tiny_model_dir), batch_size=2, overwrite=True, **SETTINGS)
     # The job orders its own output; the caller's later pipelines keep Ray's faster default.
     assert execution.preserve_order is False
     got = [
@@ -278,6 +276,21 @@ def test_score_dataset_uses_no_deprecated_ray_data_argument(ray_instance: Any, t
     finally:
         ray_data_logger.removeHandler(handler)
     assert [r.getMessage() for r in records if "deprecated" in r.getMessage()] == []
+
+
+def test_ray_file_job_asks_for_format_where_a_folder_does_not_tell_it(tmp_path: Path) -> None:
+    from genscore_core.jobs import InputFileError
+    from genscore_integrations.ray import score_file_on_ray
+
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"query": "q", "document": "d"}\n')
+    (folder / "b.csv").write_text("query,document\nq,d\n")
+    with pytest.raises(InputFileError, match=r"holding \['.csv', '.jsonl'\] files; pass format=") as error:
+        score_file_on_ray(folder, tmp_path / "out", "unused")
+    assert error.value.param == "format"
+    with pytest.raises(InputFileError, match=r"extension ''; use .jsonl, .csv or .parquet, or pass format="):
+        score_file_on_ray(tmp_path / "pairs-without-extension", tmp_path / "out", "unused")
 
 
 def test_ray_file_job_refuses_an_output_that_holds_files(tmp_path: Path, tiny_model_dir: Path) -> None:
