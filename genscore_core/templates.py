@@ -131,10 +131,28 @@ class PromptTemplate(BaseModel):
             raise ValueError(f"labels must be distinct, got {list(labels)}")
         return labels
 
+    @field_validator("instruction_format")
+    @classmethod
+    def _instruction_placeholder(cls, instruction_format: str) -> str:
+        # Checked here, not when an instruction is first written into it (a KeyError naming the
+        # stray field, or a ValueError about a single brace, from the first scorer given one).
+        try:
+            names = [
+                field for _, field, _, _ in string.Formatter().parse(instruction_format) if field is not None
+            ]
+        except ValueError as error:
+            raise ValueError(
+                f"instruction_format is not a format string ({error}); write a literal brace as {{{{ or }}}}"
+            ) from None
+        if names != ["instruction"]:
+            raise ValueError(
+                f"instruction_format must contain {{instruction}} once and no other placeholder, got {names}; "
+                "write a literal brace as {{ or }}"
+            )
+        return instruction_format
+
     @model_validator(mode="after")
     def _consistent(self) -> PromptTemplate:
-        if "{instruction}" not in self.instruction_format:
-            raise ValueError("instruction_format must contain {instruction}")
         if not self.label_words and not self.label_token_ids:
             raise ValueError("a template needs at least one label (label_words or label_token_ids)")
         if self.tokenization == "whole":

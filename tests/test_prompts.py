@@ -332,3 +332,16 @@ def test_label_token_ids_are_strict_and_named_as_ids(scorer: GenerativeScorer) -
     # Not "label word '151669'... the tokenizer does not belong to this model": no word was given.
     assert "label token id 151669 (entry 1 of the template's label_token_ids)" in str(caught.value)
     assert "vocabulary of 151669 ids" in str(caught.value)
+
+
+def test_instruction_format_is_checked_when_the_template_is_made() -> None:
+    fields = {"name": "x", "body": "{instruction}{query} {document}", "label_words": ("yes", "no")}
+    # These failed only once an instruction was written into them (KeyError: 'lang').
+    with pytest.raises(ValueError, match=r"no other placeholder, got \['instruction', 'lang'\]"):
+        PromptTemplate(**fields, instruction_format="Task: {instruction} ({lang})\n")
+    with pytest.raises(ValueError, match="instruction_format is not a format string"):
+        PromptTemplate(**fields, instruction_format="Task: {instruction} {")
+    with pytest.raises(ValueError, match=r"must contain \{instruction\} once"):
+        PromptTemplate(**fields, instruction_format="Task: none")
+    braces = PromptTemplate(**fields, instruction_format="{{task}}: {instruction}\n")
+    assert braces.render_body("q", "d", "find").text == "{task}: find\nq d"
