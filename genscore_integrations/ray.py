@@ -56,7 +56,7 @@ except ImportError as exc:
 from genscore_core.backend import ScoringJob
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine, StreamedJob
-from genscore_core.errors import InvalidRequestError
+from genscore_core.errors import ConfigurationError, InvalidRequestError
 from genscore_core.jobs.files import FORMATS, FileFormat, InputFileError, detect_format
 from genscore_core.jobs.score import JobStateError
 from genscore_core.kernels.dispatch import prepare_triton
@@ -600,7 +600,7 @@ def serve_app(
         num_cpus: CPUs reserved per replica.
         autoscaling_config: Ray Serve autoscaling (:data:`DEFAULT_AUTOSCALING` unless given or
             ``num_replicas`` is set).
-        num_replicas: A fixed replica count instead of autoscaling.
+        num_replicas: A fixed replica count instead of autoscaling (not with ``autoscaling_config``).
         max_ongoing_requests: Requests a replica takes at once. Keep it well above one: the app's
             batcher can only merge requests that reach the replica together.
         name: The deployment's name.
@@ -615,6 +615,12 @@ def serve_app(
         "max_ongoing_requests": max_ongoing_requests,
     }
     if num_replicas is not None:
+        if autoscaling_config is not None:
+            # Serve would scale by one and ignore the other; which one the caller meant is theirs to say.
+            raise ConfigurationError(
+                "serve_app takes num_replicas (a fixed count) or autoscaling_config, not both",
+                setting="num_replicas",
+            )
         options["num_replicas"] = num_replicas
     else:
         options["autoscaling_config"] = autoscaling_config or DEFAULT_AUTOSCALING

@@ -346,6 +346,18 @@ def ray_serve(ray_instance: Any, tiny_model_dir: Path) -> str:
     return f"http://127.0.0.1:{port}"
 
 
+def test_serve_app_refuses_a_replica_count_and_autoscaling_together(tiny_model_dir: Path) -> None:
+    """The fixed count used to win and the autoscaling asked for was dropped without a word."""
+    from genscore_core import ConfigurationError
+    from genscore_integrations.ray import serve_app
+
+    with pytest.raises(
+        ConfigurationError, match=r"num_replicas \(a fixed count\) or autoscaling_config, not both"
+    ) as error:
+        serve_app(str(tiny_model_dir), num_replicas=2, autoscaling_config={"max_replicas": 8}, **SETTINGS)
+    assert error.value.setting == "num_replicas"
+
+
 def _without_ids(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in ("id", "created")}
 
