@@ -52,7 +52,8 @@ class ScorerConfig(BaseModel):
     device: str | None = None
     """``"cuda"``, ``"cuda:1"``, ``"cpu"``...; ``None`` picks CUDA when available."""
     dtype: str | None = None
-    """``"bfloat16"``, ``"float16"``, ``"float32"``; ``None`` is bf16 on CUDA and fp32 on the CPU."""
+    """``"bfloat16"``, ``"float16"``, ``"float32"`` (or the ``torch`` dtype itself); ``None`` is bf16 on
+    CUDA and fp32 on the CPU."""
     max_batch_tokens: int = Field(default=16384, gt=0)
     """Token budget of one forward batch: padded tokens count in the padded forward; the packed
     forward counts computed tokens and, when this is left unset, uses its own default (65536)."""
@@ -87,6 +88,15 @@ class ScorerConfig(BaseModel):
     """Retries after a connection error, a timeout or a 429/5xx answer, with exponential backoff."""
     server_batch_size: int = Field(default=256, gt=0)
     """Most items in one HTTP request; bigger jobs are split into requests sent in parallel."""
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype_name(cls, dtype: object) -> object:
+        # transformers' from_pretrained takes torch.float16 as readily as "float16"; the setting keeps
+        # the name so that it stays plain data (JSON, the command line, pickles) and torch is not imported.
+        if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
+            return str(dtype).removeprefix("torch.")
+        return dtype
 
     @field_validator("server_url")
     @classmethod

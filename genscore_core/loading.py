@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from genscore_core.errors import GenScoreError, ModelNotFoundError
+from genscore_core.errors import ConfigurationError, GenScoreError, ModelNotFoundError
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -287,6 +287,41 @@ def transformers_progress_bars(enabled: bool) -> Iterator[None]:
     finally:
         if was_enabled:
             transformers_logging.enable_progress_bar()
+
+
+def position_table_rows(model: Any) -> int | None:
+    """The positions a model's learned position table holds (GPT-2's ``wpe``, OPT's learned
+    positions), or ``None`` for models that compute positions (rotary, ALiBi) and can be run longer.
+
+    A table is an embedding other than the token embedding with ``max_position_embeddings`` rows (OPT
+    keeps two more, for its offset).
+    """
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit <= 0:
+        return None
+    tokens = model.get_input_embeddings()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding) and module is not tokens:
+            if limit <= module.num_embeddings <= limit + 2:
+                return limit
+    return None
+
+
+def check_max_length(model: Any, max_length: int) -> None:
+    """Refuse a ``max_length`` past the model's learned position table: a prompt that long would index
+    beyond it (an IndexError on the CPU, a device-side assert on CUDA that fails every later call).
+
+    Raises:
+        ConfigurationError: Naming both lengths and the model class.
+    """
+    rows = position_table_rows(model)
+    if rows is not None and max_length > rows:
+        raise ConfigurationError(
+            f"max_length={max_length} is longer than {type(model).__name__}'s learned position table "
+            f"({rows} positions): a prompt that long cannot be run. Pass max_length <= {rows}, or leave it "
+            "unset to use the model's own limit",
+            setting="max_length",
+        )
 
 
 def model_max_length(model: Any, tokenizer: Any) -> int:

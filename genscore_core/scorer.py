@@ -18,6 +18,7 @@ from genscore_core.frontend import ScoringFrontEnd, check_documents, check_pairs
 from genscore_core.loading import (
     check_causal_lm_config,
     check_loaded_causal_lm,
+    check_max_length,
     load_causal_lm,
     load_tokenizer,
     model_max_length,
@@ -430,6 +431,8 @@ def _local_parts(
 ) -> tuple[ScoringFrontEnd, ScoringEngine]:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = ScoringEngine.for_model(causal_lm, config, pad_token_id=pad_id or 0)
+    if config.max_length is not None:
+        check_max_length(causal_lm, config.max_length)
     max_length = config.max_length or model_max_length(causal_lm, tokenizer)
     front_end = ScoringFrontEnd(tokenizer, config, max_length=max_length, vocab_size=engine.vocab_rows)
     return front_end, engine
