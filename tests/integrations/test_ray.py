@@ -255,6 +255,7 @@ def test_ray_csv_job_reads_a_folder_and_keeps_every_value_as_text(
     assert [float(row["score"]) for row in got] == pytest.approx(expected, abs=2e-5)
 
 
+@pytest.mark.slow  # starts the module's Ray instance
 def test_score_dataset_uses_no_deprecated_ray_data_argument(ray_instance: Any, tiny_model_dir: Path) -> None:
     """Ray 2.51 deprecated map_batches(concurrency=...): every job logged a warning telling the user to
     change an argument they never wrote."""
