@@ -74,7 +74,7 @@ def add_config_arguments(
         options: dict[str, Any] = {
             "dest": name,
             "default": argparse.SUPPRESS,
-            "help": _help(field),
+            "help": _help(field, show_default=name not in required),
             "required": name in required,
         }
         kind = _plain_type(field.annotation)
@@ -121,12 +121,13 @@ def _parser_of(kind: Any, field: FieldInfo) -> Callable[[str], Any]:
     raise TypeError(f"ScorerConfig field {field!r} has a type the command line cannot parse: {kind!r}")
 
 
-def _help(field: FieldInfo) -> str:
+def _help(field: FieldInfo, *, show_default: bool = True) -> str:
+    """The field's description as flag help; a required flag has no default to name."""
     text = (field.description or "").replace("``None``", "unset")
     text = re.sub(r"``([^`]*)``", r"\1", text).replace(":class:", "")
     text = re.sub(r"`~?(?:[\w.]+\.)?(\w+)`", r"\1", text)
     text = " ".join(text.split()).replace("%", "%%")
     default = field.get_default()
-    if default is not None and not isinstance(default, bool) and default != "":
+    if show_default and default is not None and not isinstance(default, bool) and default != "":
         text += f" (default: {default})"
     return text

@@ -4,6 +4,8 @@
 * :class:`ConfigurationError`: a setting points at something that does not work (a model folder
   that does not exist, a server URL that answers 401/403/404). Retrying will not help; fixing the
   setting will.
+* :class:`NotARerankerError`: the model or tokenizer cannot give meaningful scores (an encoder, a
+  checkpoint missing weights, label words the tokenizer does not have).
 * :class:`RemoteScoringError`: a scoring server could not be reached or kept failing (exit code 3).
 * :class:`ServerBusyError`: ``genscore serve`` has no room for the request now (HTTP 503).
 """
@@ -44,6 +46,14 @@ class ConfigurationError(GenScoreError):
         super().__init__(message)
         self.message = message
         self.setting = setting
+
+
+class NotARerankerError(GenScoreError, ValueError):
+    """The model or tokenizer cannot give meaningful scores (an encoder, a random head, unknown labels).
+
+    Raised when the scorer is built, before anything is scored: unlike a setting pointing nowhere, the
+    model itself is the problem, so another model (or its own tokenizer) is the fix.
+    """
 
 
 class ModelNotFoundError(ConfigurationError):

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from genscore_core.errors import ConfigurationError, GenScoreError, ModelNotFoundError
+from genscore_core.errors import ConfigurationError, ModelNotFoundError, NotARerankerError
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -137,10 +137,6 @@ _EXPECTED_MODEL = (
     "genscore needs a causal language model whose next-token head was trained with it, such as a "
     "generative reranker (Qwen/Qwen3-Reranker-0.6B) or another *ForCausalLM checkpoint"
 )
-
-
-class NotARerankerError(GenScoreError, ValueError):
-    """The model or tokenizer cannot give meaningful scores (an encoder, a random head, unknown labels)."""
 
 
 def check_causal_lm_config(config: Any, name_or_path: str) -> None:

@@ -89,3 +89,15 @@ def test_serve_rejects_bad_arguments() -> None:
         [GENSCORE, "serve", "--model", "x", "--port", "70000"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2 and "port" in result.stderr
+
+
+def test_serve_help_gives_no_default_for_the_required_model() -> None:
+    # Before: "--model MODEL ... (default: Qwen/Qwen3-Reranker-0.6B)", while leaving it out fails with
+    # "the following arguments are required: --model".
+    assert GENSCORE is not None
+    result = subprocess.run([GENSCORE, "serve", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    model_help = result.stdout.split("\n  --model MODEL", 1)[1].split("\n  --", 1)[0]
+    assert "Hugging Face hub id" in model_help and "(default:" not in model_help
+    rerank = subprocess.run([GENSCORE, "rerank", "--help"], capture_output=True, text=True, timeout=120)
+    assert "(default: Qwen/Qwen3-Reranker-0.6B)" in " ".join(rerank.stdout.split())
