@@ -169,3 +169,45 @@ def test_streamed_and_small_calls_from_threads_keep_their_own_scores(scorer: Gen
         assert got == pytest.approx(_reference(scorer, QUERY, DOCUMENTS), abs=1e-5)
     assert alone[:8] == pytest.approx(_reference(scorer, "river", big[:8]), abs=1e-5)
     assert not [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["streamed", "whole"])
+def test_a_large_arerank_is_ranked_off_the_event_loop(
+    scorer: GenerativeScorer, tiny_model_dir: Path, padded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranking 2,000 results takes ~10 ms; on the loop it held up every other connection of a server.
+    The real ranking runs; the wrapper only records the thread it ran on."""
+    import genscore_core.scorer as scorer_module
+
+    if padded:  # the prompts are built whole and scored through ascore_jobs, as in genscore serve
+        scorer = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="float32", max_length=512,
+                                  forward="padded")  # fmt: skip
+    ranked_on: list[threading.Thread] = []
+    real = scorer_module.rank_results
+
+    def recording(*args: object, **kwargs: object) -> object:
+        ranked_on.append(threading.current_thread())
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scorer_module, "rank_results", recording)
+    rng = random.Random(3)
+    words = "paris france river capital mountain city sea the of is a".split()
+    large = [" ".join(rng.choices(words, k=12)) for _ in range(scorer_module.RANKED_ON_THE_LOOP + 1)]
+
+    async def both() -> tuple[threading.Thread, list[float], list[float]]:
+        loop_thread = threading.current_thread()
+        big = await scorer.arerank(QUERY, large)
+        small = await scorer.arerank(QUERY, DOCUMENTS)
+        return (
+            loop_thread,
+            [r.score for r in sorted(big, key=lambda r: r.index)],
+            [r.score for r in sorted(small, key=lambda r: r.index)],
+        )
+
+    loop_thread, big_scores, small_scores = asyncio.run(both())
+    assert ranked_on[0] is not loop_thread  # the large call
+    # A small call scored through ascore_jobs is ranked on the loop (a hop would cost more than the
+    # ranking); a streamed call is ranked on the thread that scored it, whatever its size.
+    assert (ranked_on[1] is loop_thread) == padded
+    assert big_scores == pytest.approx(_reference(scorer, QUERY, large), abs=1e-5)
+    assert small_scores == pytest.approx(_reference(scorer, QUERY, DOCUMENTS), abs=1e-5)
