@@ -10,8 +10,13 @@
    text-generation ``Transformer`` followed by a ``LogitScore``): the prompt is the tokenizer's chat
    template rendering a ``"query"`` and a ``"document"`` message, tokenized whole, and the labels are
    the ``LogitScore`` token ids;
-3. a preset the ``_name_or_path`` of the folder's ``config.json`` points at;
-4. Qwen3-Reranker's recipe: quietly for a Qwen3 model, with a warning otherwise.
+3. a preset the ``_name_or_path`` of the folder's ``config.json`` points at. transformers 4 wrote
+   that field; transformers 5 does not (``save_pretrained`` drops it), so a folder saved by
+   transformers 5 has no name there;
+4. a preset the ``base_model`` of the model card (``README.md``'s metadata) points at: the Trainer
+   writes it when it pushes a fine-tune to the hub, and sentence-transformers when it saves one;
+5. Qwen3-Reranker's recipe: quietly for a Qwen3 model, with a warning otherwise that says which of
+   the names above the model lacked.
 """
 
 from __future__ import annotations
@@ -65,17 +70,82 @@ def resolve_recipe(template: str | PromptTemplate | dict[str, Any], model: str, 
     preset = template_for_name(str(config.get("_name_or_path", "")))
     if preset is not None:
         return _picked(Recipe(preset, f"preset {preset.name!r} from the name in config.json"))
+    base_models = model_card_base_models(model)
+    preset = _one_preset(base_models)
+    if preset is not None:
+        return _picked(Recipe(preset, f"preset {preset.name!r} from the model card's base_model"))
     if config.get("model_type") == "qwen3":
         return _picked(Recipe(QWEN3_RERANKER, "preset 'qwen3-reranker' (the default, for a Qwen3 model)"))
     recipe = Recipe(
         QWEN3_RERANKER, "preset 'qwen3-reranker' (the default: nothing in the model named a recipe)"
     )
-    logger.warning(
-        "%s: no sentence-transformers configuration and no known reranker name; scoring with "
-        "Qwen3-Reranker's template. Pass template= if this model was trained with another prompt.",
-        model,
-    )
+    logger.warning("%s", _default_warning(model, config, base_models))
     return _picked(recipe)
+
+
+# A family's preset for a model of its architecture; named in the warning only (a Qwen2 or Gemma model is
+# not necessarily a reranker of that family, so it is never picked from the architecture alone).
+_PRESET_OF_MODEL_TYPE = {
+    "qwen2": "mxbai-rerank-v2",
+    "gemma": "bge-reranker-v2-gemma",
+    "gemma2": "bge-reranker-v2-gemma",
+    "gemma3_text": "bge-reranker-v2-gemma",
+}
+
+
+def _default_warning(model: str, config: dict[str, Any], base_models: list[str]) -> str:
+    """What the fallback to Qwen3-Reranker's template looked at, and what the user can pass instead."""
+    recorded = config.get("_name_or_path")
+    if recorded:
+        name_note = f"config.json's _name_or_path {recorded!r} names no known reranker"
+    else:
+        # The common case since transformers 5, whose save_pretrained no longer writes the field.
+        name_note = (
+            "config.json records no _name_or_path (transformers 5 does not save it), so a folder saved by "
+            "transformers 5 names its family only through its own path or its model card"
+        )
+    card_note = (
+        f"the model card's base_model {base_models} names no known reranker"
+        if base_models
+        else "no model card names a base_model"
+    )
+    model_type = config.get("model_type")
+    likely = _PRESET_OF_MODEL_TYPE.get(str(model_type))
+    hint = (
+        f" For a fine-tune of {likely} (a {model_type} model), pass template={likely!r}."
+        if likely is not None
+        else ""
+    )
+    return (
+        f"{model}: the path names no known reranker, the folder has no sentence-transformers "
+        f"configuration, {name_note}, and {card_note}; scoring with Qwen3-Reranker's template "
+        f"(model type {model_type!r}). Pass template= if this model was trained with another prompt.{hint}"
+    )
+
+
+def model_card_base_models(model: str) -> list[str]:
+    """The ``base_model`` entries of the model card's metadata (``README.md``), or [] without any."""
+    path = _model_file(model, "README.md")
+    if path is None:
+        return []
+    import yaml
+    from huggingface_hub.repocard import metadata_load
+
+    try:
+        metadata = metadata_load(path) or {}
+    except (OSError, ValueError, yaml.YAMLError) as error:
+        # A card with broken metadata names nothing; the warning of the default says so.
+        logger.info("%s: the model card's metadata cannot be read (%s)", model, error)
+        return []
+    base = metadata.get("base_model") if isinstance(metadata, dict) else None
+    entries = base if isinstance(base, list) else [base]
+    return [entry for entry in entries if isinstance(entry, str) and entry]
+
+
+def _one_preset(names: list[str]) -> PromptTemplate | None:
+    """The preset the names point at, when they point at exactly one (a merge of two families: none)."""
+    presets = {template_for_name(name) for name in names} - {None}
+    return presets.pop() if len(presets) == 1 else None
 
 
 def _picked(recipe: Recipe) -> Recipe:
@@ -193,22 +263,25 @@ def _join(folder: str, file: str) -> str:
     return f"{folder.strip('/')}/{file}" if folder.strip("/") else file
 
 
-def _read_json(model: str, file: str) -> Any:
-    """A JSON file of a local folder, or of a hub repository (through the local cache when offline)."""
+def _model_file(model: str, file: str) -> Path | None:
+    """A file of a local folder, or of a hub repository (through the local cache when offline)."""
     path = Path(model) / file
     if Path(model).is_dir():
-        if not path.is_file():
-            return None
-    else:
-        try:
-            from transformers.utils import cached_file
+        return path if path.is_file() else None
+    try:
+        from transformers.utils import cached_file
 
-            found = cached_file(model, file, _raise_exceptions_for_missing_entries=False)
-        except (OSError, ValueError):
-            return None
-        if found is None:
-            return None
-        path = Path(found)
+        found = cached_file(model, file, _raise_exceptions_for_missing_entries=False)
+    except (OSError, ValueError):
+        return None
+    return None if found is None else Path(found)
+
+
+def _read_json(model: str, file: str) -> Any:
+    """A JSON file of a local folder, or of a hub repository (through the local cache when offline)."""
+    path = _model_file(model, file)
+    if path is None:
+        return None
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:

@@ -151,4 +151,4 @@ def test_detection_order(
         fallback = resolve_recipe("auto", str(plain), tokenizer)
     assert fallback.template is QWEN3_RERANKER
     assert "nothing in the model named a recipe" in fallback.source
-    assert "no sentence-transformers configuration and no known reranker name" in caplog.text
+    assert "the path names no known reranker, the folder has no sentence-transformers" in caplog.text
