@@ -41,7 +41,7 @@ import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
@@ -57,7 +57,7 @@ from genscore_core.backend import ScoringJob
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine, StreamedJob
 from genscore_core.errors import ConfigurationError, InvalidRequestError
-from genscore_core.jobs.files import FORMATS, FileFormat, InputFileError, detect_format
+from genscore_core.jobs.files import FORMATS, FileFormat, InputFileError, detect_format, format_of_suffix
 from genscore_core.jobs.score import JobStateError
 from genscore_core.kernels.dispatch import prepare_triton
 from genscore_core.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
@@ -457,32 +457,19 @@ def _input_format(source: str, given: str | None) -> FileFormat:
     from pyarrow import fs
 
     if given is not None:
-        return detect_format(Path(source), given)
+        return detect_format(source, given, "format=")
     filesystem, path = _filesystem(source)
     if filesystem.get_file_info(path).type != fs.FileType.Directory:
-        try:
-            return detect_format(Path(source))
-        except InputFileError:
-            raise InputFileError(
-                f"{source}: cannot tell the format from the extension {Path(source).suffix!r}; "
-                "use .jsonl, .csv or .parquet, or pass format=",
-                param="format",
-            ) from None
-    suffixes = {Path(file).suffix.lower() for file in _folder_files(filesystem, path)}
-    formats: set[FileFormat] = set()
-    for suffix in suffixes:
-        try:
-            formats.add(detect_format(Path(f"part{suffix}")))
-        except InputFileError:
-            formats.clear()
-            break
-    if len(formats) != 1:
+        return detect_format(source, None, "format=")
+    suffixes = {PurePath(file).suffix.lower() for file in _folder_files(filesystem, path)}
+    formats = {format_of_suffix(suffix) for suffix in suffixes}
+    if len(formats) != 1 or None in formats:
         raise InputFileError(
             f"{source}: cannot tell the format of a folder holding {sorted(suffixes) or 'no'} files; "
             f"pass format= (one of {', '.join(FORMATS)})",
             param="format",
         )
-    return formats.pop()
+    return formats.pop()  # type: ignore[return-value]
 
 
 def _check_output(target: str, overwrite: bool) -> None:

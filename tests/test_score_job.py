@@ -192,7 +192,7 @@ def test_every_bad_row_is_reported_and_none_is_dropped_silently(
         )
     for line in (4, 5, 6, 9, 10):
         assert f"line {line}:" in failure.value.message
-    assert "--on-bad-row skip" in failure.value.message
+    assert "pass on_bad_row='skip'" in failure.value.message
 
     options = ScoreFileOptions(
         input=source, output=output, on_bad_row="skip", chunk_size=4, restart=True, show_progress=False
@@ -206,7 +206,7 @@ def test_every_bad_row_is_reported_and_none_is_dropped_silently(
         (5, "expected a JSON object"),
         (6, "'document' must be a string, got int"),
         (9, "missing 'document'"),
-        (10, "column 'score' is reserved for the output score (--score-column)"),
+        (10, "column 'score' is reserved for the output score (pick another with score_column=)"),
     ]
     assert listed[1]["input"] == '["a", "list"]'
     assert report.rows_written + report.bad_rows == len([line for line in lines if line])
@@ -222,10 +222,10 @@ def test_a_rerun_refuses_other_settings_and_an_existing_output(
     (work / "job.json").write_text(json.dumps({"version": 1, "chunk_size": 99}))
     (work / "part-00000000.jsonl").write_text("")  # a finished chunk: something to keep or refuse
     options = ScoreFileOptions(input=source, output=output, show_progress=False)
-    with pytest.raises(JobStateError, match=r"differs in: .*chunk_size.*--restart"):
+    with pytest.raises(JobStateError, match=r"differs in: .*chunk_size.*restart=True"):
         score_file(options, config_of(scorer), scorer)
     score_file(options.model_copy(update={"restart": True}), config_of(scorer), scorer)
-    with pytest.raises(JobStateError, match="already exists; pass --overwrite"):
+    with pytest.raises(JobStateError, match="already exists; pass overwrite=True"):
         score_file(options, config_of(scorer), scorer)
     first = output.read_bytes()
     score_file(options.model_copy(update={"overwrite": True}), config_of(scorer), scorer)
@@ -422,7 +422,7 @@ def test_a_run_with_bad_rows_left_out_is_resumed_only_with_them_left_out(
     fail = skip.model_copy(update={"on_bad_row": "fail"})
     with pytest.raises(KeyboardInterrupt):  # after two chunks, the second with line 6 left out
         score_file(skip, config_of(scorer), InterruptedScorer(scorer, at=2))  # type: ignore[arg-type]
-    with pytest.raises(JobStateError, match="--on-bad-row skip that left bad rows out"):
+    with pytest.raises(JobStateError, match="on_bad_row='skip' that left bad rows out"):
         score_file(fail, config_of(scorer), scorer)
     report = score_file(skip, config_of(scorer), scorer)
     assert (report.resumed_chunks, report.bad_rows) == (2, 1)
@@ -435,3 +435,48 @@ def test_a_run_with_bad_rows_left_out_is_resumed_only_with_them_left_out(
     report = score_file(skip, config_of(scorer), scorer)
     assert (report.resumed_chunks, report.bad_rows) == (1, 1)
     assert output.read_bytes() == whole
+
+
+# -- messages name options the way the caller passes them ------------------------------------------------
+
+
+def test_a_python_caller_is_told_format_and_the_command_line_is_told_flags(
+    tmp_path: Path, tiny_model_dir: Path, scorer: GenerativeScorer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every message asking for an option used to spell it as a flag, also for ScoreFileOptions."""
+    plain = write_jsonl(tmp_path / "pairs", make_rows(2))  # no extension to tell the format by
+    with pytest.raises(InputFileError, match=r"pairs: cannot tell .* or pass format=$") as error:
+        _score(plain, tmp_path / "scored", scorer)
+    assert error.value.param == "format"
+    taken = tmp_path / "taken.csv"
+    taken.write_text("query,document,score\nq,d,1\n")
+    with pytest.raises(InputFileError, match=r"output score \(pick another with score_column=\)"):
+        _score(taken, tmp_path / "taken.out.csv", scorer)
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"query": "q"}])
+    with pytest.raises(
+        InvalidRequestError, match=r"line 1: missing 'document'\); fix them, or pass on_bad_row='skip'"
+    ):
+        _score(bad, tmp_path / "bad.out.jsonl", scorer)
+    (tmp_path / "exists.jsonl").write_text("")
+    with pytest.raises(JobStateError, match="already exists; pass overwrite=True to replace it"):
+        _score(write_jsonl(tmp_path / "ok.jsonl", make_rows(1)), tmp_path / "exists.jsonl", scorer)
+
+    def cli_error(*argv: str) -> str:
+        args = ["score", *argv, "--model", str(tiny_model_dir), "--device", "cpu", "--no-progress"]
+        assert main(args) == 2
+        return capsys.readouterr().err
+
+    assert cli_error(str(plain), "-o", str(tmp_path / "scored")).endswith("or pass --format\n")
+    assert "(pick another with --score-column)" in cli_error(str(taken), "-o", str(tmp_path / "t.csv"))
+    assert "or pass --on-bad-row skip to leave" in cli_error(str(bad), "-o", str(tmp_path / "b.jsonl"))
+    exists = cli_error(str(tmp_path / "ok.jsonl"), "-o", str(tmp_path / "exists.jsonl"))
+    assert "already exists; pass --overwrite to replace it" in exists
+
+
+def test_detect_format_prints_a_url_as_given_and_asks_for_the_callers_option() -> None:
+    from genscore_core.jobs import detect_format
+
+    with pytest.raises(InputFileError, match=r"^s3://bucket/pairs: .* extension ''; .* or pass format=$"):
+        detect_format("s3://bucket/pairs", None, "format=")
+    assert detect_format("s3://bucket/pairs.CSV", None, "--format") == "csv"
+    assert detect_format("s3://bucket/pairs", "parquet", "--format") == "parquet"

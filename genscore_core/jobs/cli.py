@@ -8,7 +8,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from genscore_core.cli_args import add_config_arguments, config_settings, non_negative_int, positive_int
+from genscore_core.cli_args import (
+    add_config_arguments,
+    config_settings,
+    flag_of,
+    non_negative_int,
+    positive_int,
+)
 
 
 def add_score_command(commands: Any, scorer_flag_aliases: Mapping[str, Sequence[str]] | None = None) -> None:
@@ -55,6 +61,12 @@ def add_score_command(commands: Any, scorer_flag_aliases: Mapping[str, Sequence[
     score.set_defaults(handler=run_score)
 
 
+def command_line_option(field: str, value: Any = None) -> str:
+    """A ScoreFileOptions field as ``genscore score`` takes it: ``--on-bad-row skip``, ``--overwrite``."""
+    flag = flag_of(field)
+    return flag if value is None or value is True else f"{flag} {value}"
+
+
 def run_score(args: argparse.Namespace) -> int:
     from genscore_core.config import ScorerConfig
     from genscore_core.jobs.score import ScoreFileOptions, score_file
@@ -75,7 +87,7 @@ def run_score(args: argparse.Namespace) -> int:
         crash_after_chunks=args.crash_after_chunks,
     )
     try:
-        report = score_file(options, ScorerConfig(**settings))
+        report = score_file(options, ScorerConfig(**settings), option_name=command_line_option)
     except ImportError as error:  # pyarrow, for Parquet
         print(f"genscore: error: {error}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, BinaryIO, Literal
 
 from genscore_core.errors import InvalidRequestError
@@ -54,6 +54,14 @@ class Columns:
     query: str = "query"
     document: str = "document"
     score: str = "score"
+    score_option: str = "score_column="
+    """How the caller takes the score column's name (``--score-column`` on the command line), for the
+    message refusing an input that already has that column."""
+
+    def score_taken(self) -> str:
+        return (
+            f"column {self.score!r} is reserved for the output score (pick another with {self.score_option})"
+        )
 
 
 @dataclass
@@ -70,16 +78,31 @@ class InputRow:
     document: str = ""
 
 
-def detect_format(path: Path, given: str | None = None) -> FileFormat:
+def format_of_suffix(suffix: str) -> FileFormat | None:
+    """The format a file extension (``".csv"``, any case) names, or None."""
+    return _SUFFIXES.get(suffix.lower())
+
+
+def detect_format(source: str, given: str | None, option: str) -> FileFormat:
+    """The format ``given``, else the one the extension of ``source`` names.
+
+    ``source`` is printed as the caller has it (a local path or a URL such as ``s3://bucket/x``, which
+    ``Path`` would print as ``s3:/bucket/x``); ``option`` is how the caller takes the format
+    (``--format`` on the command line, ``format=`` in Python), for the message asking for it.
+    """
     if given is not None:
         if given not in FORMATS:
-            raise InputFileError(f"unknown format {given!r}; expected one of {', '.join(FORMATS)}")
+            raise InputFileError(
+                f"unknown format {given!r}; expected one of {', '.join(FORMATS)}", param="format"
+            )
         return given  # type: ignore[return-value]
-    fmt = _SUFFIXES.get(path.suffix.lower())
+    suffix = PurePath(source).suffix
+    fmt = format_of_suffix(suffix)
     if fmt is None:
         raise InputFileError(
-            f"{path}: cannot tell the format from the extension {path.suffix!r}; "
-            "use .jsonl, .csv or .parquet, or pass --format"
+            f"{source}: cannot tell the format from the extension {suffix!r}; "
+            f"use .jsonl, .csv or .parquet, or pass {option}",
+            param="format",
         )
     return fmt
 
@@ -89,7 +112,7 @@ def _check_pair(row: InputRow, columns: Columns) -> InputRow:
     fields = row.fields
     assert fields is not None
     if columns.score in fields:
-        row.problem = f"column {columns.score!r} is reserved for the output score (--score-column)"
+        row.problem = columns.score_taken()
         return row
     for name in (columns.query, columns.document):
         if name not in fields:
@@ -191,9 +214,7 @@ class CsvReader(RowReader):
             if name not in self.header:
                 raise InputFileError(f"{path}: no {name!r} column in the header {self.header}")
         if columns.score in self.header:
-            raise InputFileError(
-                f"{path}: column {columns.score!r} is reserved for the output score (--score-column)"
-            )
+            raise InputFileError(f"{path}: {columns.score_taken()}")
 
     def _decoded_lines(self) -> Iterator[str]:
         """The file's lines, split as ``open(newline="")`` splits them, decoded one at a time: a text
@@ -293,9 +314,7 @@ class ParquetReader(RowReader):
             if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
                 raise InputFileError(f"{path}: column {name!r} holds {kind}, expected strings")
         if columns.score in self.schema.names:
-            raise InputFileError(
-                f"{path}: column {columns.score!r} is reserved for the output score (--score-column)"
-            )
+            raise InputFileError(f"{path}: {columns.score_taken()}")
 
     def position(self) -> int:
         return self._position

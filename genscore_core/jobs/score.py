@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -90,6 +90,16 @@ class ScoreFileOptions(BaseModel):
         return Columns(self.query_column, self.document_column, self.score_column)
 
 
+OptionName = Callable[..., str]
+"""How a caller of :func:`score_file` takes an option, for the messages that ask for one:
+``(field)`` names it, ``(field, value)`` sets it (``--on-bad-row skip``, ``on_bad_row='skip'``)."""
+
+
+def python_option(field: str, value: Any = None) -> str:
+    """An option as a Python caller passes it: ``on_bad_row='skip'``, or the name alone, ``format=``."""
+    return f"{field}=" if value is None else f"{field}={value!r}"
+
+
 @dataclass
 class ScoreFileReport:
     output: Path
@@ -112,6 +122,8 @@ def score_file(
     options: ScoreFileOptions,
     scorer_config: ScorerConfig,
     scorer: GenerativeScorer | None = None,
+    *,
+    option_name: OptionName = python_option,
 ) -> ScoreFileReport:
     """Score every row of ``options.input`` into ``options.output``; see the module docs.
 
@@ -120,14 +132,16 @@ def score_file(
         scorer_config: The scorer's settings; recorded so that a resumed run scores like the first.
         scorer: A ready scorer built from ``scorer_config``; ``None`` loads one once the input and the
             work folder have been checked (so a mistake is reported before the model loads).
+        option_name: How the caller takes the options that messages ask for: Python's
+            ``overwrite=True`` by default; ``genscore score`` passes its flags' spelling.
 
     Raises:
         InvalidRequestError: A bad row with ``on_bad_row="fail"`` (its message names every bad row of
             the chunk by line), an unreadable input (:class:`~genscore_core.jobs.files.InputFileError`),
             an output or work folder in the way (:class:`JobStateError`).
     """
-    fmt = detect_format(options.input, options.format)
-    out_fmt = detect_format(options.output, options.format)
+    fmt = detect_format(str(options.input), options.format, option_name("format"))
+    out_fmt = detect_format(str(options.output), options.format, option_name("format"))
     if out_fmt != fmt:
         raise InputFileError(
             f"the output {options.output} would be {out_fmt} but the input is {fmt}; "
@@ -135,14 +149,16 @@ def score_file(
         )
     if options.output.resolve() == options.input.resolve():
         raise JobStateError("the output must not be the input file")
-    columns = options.columns
+    columns = Columns(
+        options.query_column, options.document_column, options.score_column, option_name("score_column")
+    )
     work = options.output.with_name(options.output.name + ".partial")
     bad_rows_file = options.output.with_name(options.output.name + ".bad-rows.jsonl")
     # Checks the columns and the header before any state is touched.
     open_reader(options.input, fmt, columns).close()
 
     manifest = _manifest(options, fmt, scorer_config)
-    done = _prepare_work_folder(options, work, manifest)
+    done = _prepare_work_folder(options, work, manifest, option_name)
     suffix = PART_SUFFIX[fmt]
     reader = open_reader(options.input, fmt, columns, skip=done * options.chunk_size)
     try:
@@ -164,7 +180,9 @@ def score_file(
             for written_now, chunk in enumerate(_chunks(reader, options.chunk_size, first=done)):
                 good, bad = _score_chunk(scorer, chunk.rows, options.on_bad_row)
                 if bad and options.on_bad_row == "fail":
-                    raise InvalidRequestError(_describe_bad_rows(options.input, bad), param="input")
+                    raise InvalidRequestError(
+                        _describe_bad_rows(options.input, bad, option_name), param="input"
+                    )
                 rows = [dict(row.fields or {}, **{columns.score: score}) for row, score in good]
                 part = work / f"part-{chunk.index:08d}{suffix}"
                 crash = options.crash_after_chunks is not None and written_now == options.crash_after_chunks
@@ -204,7 +222,9 @@ def _manifest(options: ScoreFileOptions, fmt: FileFormat, config: ScorerConfig) 
     }
 
 
-def _prepare_work_folder(options: ScoreFileOptions, work: Path, manifest: dict[str, Any]) -> int:
+def _prepare_work_folder(
+    options: ScoreFileOptions, work: Path, manifest: dict[str, Any], option_name: OptionName
+) -> int:
     """Make the work folder ready; return how many chunks an earlier run already finished."""
     suffix = PART_SUFFIX[manifest["format"]]
     if work.is_dir() and (options.restart or not (work / f"part-{0:08d}{suffix}").exists()):
@@ -214,7 +234,8 @@ def _prepare_work_folder(options: ScoreFileOptions, work: Path, manifest: dict[s
     if not work.exists():
         if options.output.exists() and not options.overwrite:
             raise JobStateError(
-                f"{options.output} already exists; pass --overwrite to replace it", param="output"
+                f"{options.output} already exists; pass {option_name('overwrite', True)} to replace it",
+                param="output",
             )
         try:
             work.mkdir(parents=True)
@@ -237,7 +258,7 @@ def _prepare_work_folder(options: ScoreFileOptions, work: Path, manifest: dict[s
         raise JobStateError(
             f"{work} holds an unfinished run with other settings or another input "
             f"(differs in: {', '.join(changed)}); rerun with the same ones to resume, "
-            "or pass --restart to discard it",
+            f"or pass {option_name('restart', True)} to discard it",
             param="output",
         )
     done = 0
@@ -250,12 +271,13 @@ def _prepare_work_folder(options: ScoreFileOptions, work: Path, manifest: dict[s
         number = path.name.split(".")[0].split("-")[-1]
         if path.name.endswith(".tmp") or not number.isdigit() or int(number) >= done:
             path.unlink()
+    skip = option_name("on_bad_row", "skip")
     if options.on_bad_row == "fail" and any(work.glob("bad-*.jsonl")):
         # Chunks finished with --on-bad-row skip left rows out; a fail run must not keep them. (The
         # other way round is exact: a chunk finished in fail mode had no bad row to leave out.)
         raise JobStateError(
-            f"{work} holds chunks of an unfinished run with --on-bad-row skip that left bad rows out; "
-            "rerun with --on-bad-row skip to resume it, or pass --restart to discard it",
+            f"{work} holds chunks of an unfinished run with {skip} that left bad rows out; "
+            f"rerun with {skip} to resume it, or pass {option_name('restart', True)} to discard it",
             param="output",
         )
     return done
@@ -319,12 +341,12 @@ def _find_refused(scorer: GenerativeScorer, rows: list[InputRow]) -> list[InputR
     return refused
 
 
-def _describe_bad_rows(source: Path, bad: list[InputRow]) -> str:
+def _describe_bad_rows(source: Path, bad: list[InputRow], option_name: OptionName) -> str:
     lines = [f"line {row.number}: {row.problem}" for row in bad[:_LISTED_BAD_ROWS]]
     more = f"; and {len(bad) - _LISTED_BAD_ROWS} more" if len(bad) > _LISTED_BAD_ROWS else ""
     noun = "bad row" if len(bad) == 1 else "bad rows"
     return (
-        f"{source}: {len(bad)} {noun} ({'; '.join(lines)}{more}); fix them, or pass --on-bad-row skip "
+        f"{source}: {len(bad)} {noun} ({'; '.join(lines)}{more}); fix them, or pass {option_name('on_bad_row', 'skip')} "
         "to leave them out and list them in OUTPUT.bad-rows.jsonl"
     )
 

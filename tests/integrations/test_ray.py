@@ -292,6 +292,10 @@ def test_ray_file_job_asks_for_format_where_a_folder_does_not_tell_it(tmp_path: 
     assert error.value.param == "format"
     with pytest.raises(InputFileError, match=r"extension ''; use .jsonl, .csv or .parquet, or pass format="):
         score_file_on_ray(tmp_path / "pairs-without-extension", tmp_path / "out", "unused")
+    # A URL is named as given (through Path, "file:///x" would print as "file:/x").
+    url = f"file://{tmp_path}/pairs-without-extension"
+    with pytest.raises(InputFileError, match=f"^{url}: cannot tell the format .* or pass format=$"):
+        score_file_on_ray(url, tmp_path / "out", "unused")
 
 
 def test_ray_file_job_refuses_an_output_that_holds_files(tmp_path: Path, tiny_model_dir: Path) -> None:
