@@ -20,6 +20,7 @@ SCORER_SETTINGS = scorer_setting_names()
 """``model``, ``config`` and the ScorerConfig fields."""
 
 # A secret is not written into a saved adapter (to_dict, model_dump): pass it again when reloading.
+# A pickle keeps it (see pickled_settings).
 _NOT_SAVED = frozenset({"server_api_key"})
 
 
@@ -79,6 +80,25 @@ def saved_settings(scorer: Any) -> dict[str, Any]:
         if weights is not None:
             data["dtype"] = str(weights.dtype).removeprefix("torch.")
     return data
+
+
+def pickled_settings(scorer: Any) -> dict[str, Any]:
+    """:func:`saved_settings` with the secrets (:func:`secret_settings`): what a pickle carries."""
+    return {**saved_settings(scorer), **secret_settings(scorer)}
+
+
+def secret_settings(scorer: Any) -> dict[str, Any]:
+    """The secrets ``scorer`` was given (``server_api_key``), as ``SecretStr``: for a pickle only.
+
+    A pickle moves an adapter to another process (Ray, multiprocessing), which must reach the same
+    server with the same key: without it the copy gets HTTP 401. LangChain draws the same line: a
+    pickled model keeps its ``SecretStr`` key, ``dumpd`` leaves it out. The secret stays a
+    ``SecretStr`` (pickled with its value), so that it shows in no repr or log on the way.
+    """
+    config = getattr(scorer, "config", None)
+    if not isinstance(config, ScorerConfig):
+        return {}
+    return {name: getattr(config, name) for name in sorted(_NOT_SAVED) if getattr(config, name) is not None}
 
 
 def _differing(scorer: Any, settings: Mapping[str, Any]) -> list[str]:

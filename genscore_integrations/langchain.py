@@ -39,7 +39,13 @@ from genscore_core import (
     ScorerConfig,
     check_rank_options,
 )
-from genscore_integrations._scorer_args import SCORER_SETTINGS, check_names, saved_settings, scorer_for
+from genscore_integrations._scorer_args import (
+    SCORER_SETTINGS,
+    check_names,
+    pickled_settings,
+    saved_settings,
+    scorer_for,
+)
 
 try:
     from langchain_core.callbacks import Callbacks
@@ -103,7 +109,7 @@ def _pickled(adapter: GenerativeReranker | GenerativeCrossEncoder) -> dict[str, 
     (a loaded model with its locks and threads does not pickle), as ``GenerativeRerank`` does."""
     state: dict[str, Any] = BaseModel.__getstate__(adapter)
     state["__dict__"] = {key: value for key, value in state["__dict__"].items() if key != "scorer"}
-    state[_SCORER_SETTINGS_STATE] = saved_settings(adapter.scorer)
+    state[_SCORER_SETTINGS_STATE] = pickled_settings(adapter.scorer)  # the API key too: see there
     return state
 
 

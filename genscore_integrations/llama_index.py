@@ -35,7 +35,7 @@ from genscore_core import (
     ScorerConfig,
     check_rank_options,
 )
-from genscore_integrations._scorer_args import check_names, saved_settings, scorer_for
+from genscore_integrations._scorer_args import check_names, saved_settings, scorer_for, secret_settings
 
 __all__ = ["RETRIEVAL_SCORE_KEY", "WINDOW_KEY", "GenerativeRerank"]
 
@@ -183,7 +183,7 @@ class GenerativeRerank(BaseNodePostprocessor):
         state["__pydantic_private__"] = {
             key: value for key, value in (state.get("__pydantic_private__") or {}).items() if key != "_scorer"
         }
-        settings = self.to_dict()
+        settings = {**self.to_dict(), **secret_settings(self._scorer)}  # the API key too: see there
         settings.pop("class_name", None)
         state["__dict__"] = {**settings, **state["__dict__"]}
         return state
