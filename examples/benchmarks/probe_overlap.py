@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import os
@@ -87,11 +88,64 @@ VARIANTS: dict[str, tuple[dict[str, Any], float, dict[str, Any] | None]] = {
     ),
     "stream; first part 36k chars": ({}, 0.005, {"first_part_chars": 36000}),
     "stream; later parts 32k chars": ({}, 0.005, {"part_chars": 32000}),
+    # Fewer, larger later batches (2026-12-02): GEMMs of a few thousand rows run below the rate of
+    # the engine alone's 64k-row ones; "defaults, again" closes the run to show its drift.
+    "stream; growth 2.5": ({}, 0.005, {"batch_growth": 2.5}),
+    "stream; growth 3": ({}, 0.005, {"batch_growth": 3.0}),
+    "stream; growth 4": ({}, 0.005, {"batch_growth": 4.0}),
+    # Batches capped (the forward's ``max_batch_tokens``, so the engine alone's batches too): a
+    # layer's products ran 43-44 us per 1k rows at 8k-16k rows against 46.5 at 32k-64k (gemm rates
+    # of 2026-12-02), whose activations no longer fit the 50 MB L2.
+    "rerank; batches of at most 16k": ({"max_batch_tokens": 16384}, 0.005, None),
+    "stream; batches of at most 16k": ({"max_batch_tokens": 16384}, 0.005, {}),
+    "stream; at most 16k, gate/up by cuBLAS": (
+        {"max_batch_tokens": 16384, "gated_mlp_max_tokens": 1},
+        0.005,
+        {},
+    ),
+    "stream; at most 16k, gate/up by Triton": (
+        {"max_batch_tokens": 16384, "gated_mlp_max_tokens": 65536},
+        0.005,
+        {},
+    ),
+    "stream; batches of at most 8k": ({"max_batch_tokens": 8192}, 0.005, {}),
+    "stream; batches of at most 24k": ({"max_batch_tokens": 24576}, 0.005, {}),
+    "stream; defaults, again": ({}, 0.005, {}),
 }
 
 
 FRONT_END_SETTINGS = {"first_part_chars", "part_chars", "build_ahead"}
 """Settings of ``stream_pairs``; the others are ``score_stream``'s."""
+
+
+class GcWatch:
+    """The garbage collector's passes while the timed calls run (``gc.callbacks``): how many of each
+    generation, their total and longest time, and the objects it tracks at the end."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float]] = []
+        self._began = 0.0
+
+    def _seen(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.passes.append((info["generation"], time.perf_counter() - self._began))
+
+    def __enter__(self) -> GcWatch:
+        gc.callbacks.append(self._seen)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._seen)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "passes": [sum(1 for g, _ in self.passes if g == gen) for gen in range(3)],
+            "ms": round(sum(t for _, t in self.passes) * 1e3, 1),
+            "longest_ms": round(max((t for _, t in self.passes), default=0.0) * 1e3, 1),
+            "tracked": len(gc.get_objects()),
+        }
 
 
 def stream_text(
@@ -276,14 +330,15 @@ def measure_w1(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
     streamed = set(inspect.signature(ScoringEngine.score_stream).parameters)
     streamed |= set(inspect.signature(type(base.front_end).stream_pairs).parameters)
-    for name, (fields, interval, settings) in VARIANTS.items():
-        if args.variants and name not in args.variants:
-            continue
+    for name in args.variants or VARIANTS:  # in the order asked for, so that a run can repeat one
+        fields, interval, settings = VARIANTS[name]
+        fields = dict(fields)
+        budget = {"max_batch_tokens": fields.pop("max_batch_tokens")} if "max_batch_tokens" in fields else {}
         opts = options(**fields)
         if opts is None or (settings and not set(settings) <= streamed):
             print(f"{name}: this tree has no such options, skipped", flush=True)
             continue
-        engine = ScoringEngine(model, PackedForward(model, options=opts), LabelHead(model))
+        engine = ScoringEngine(model, PackedForward(model, options=opts, **budget), LabelHead(model))
         scorer = GenerativeScorer(front_end=base.front_end, backend=engine)
         if not dry:
             torch.cuda.empty_cache()
@@ -308,23 +363,25 @@ def measure_w1(args: argparse.Namespace, out: dict[str, Any]) -> None:
             for check in (calls(scorer, engine)[0], calls(scorer, engine)[1]):
                 for line in graph_check(engine, check):
                     print("   graph check:", line, flush=True)
-            engine = ScoringEngine(model, PackedForward(model, options=opts), LabelHead(model))
+            engine = ScoringEngine(model, PackedForward(model, options=opts, **budget), LabelHead(model))
             scorer = GenerativeScorer(front_end=base.front_end, backend=engine)
         text, alone = calls(scorer, engine)
         t_text: list[float] = []
         t_engine: list[float] = []
         sys.setswitchinterval(interval)
+        collections = GcWatch()
         try:
             for _ in range(3):  # a shape is captured the second time it is seen
                 text()
                 alone()
-            for _ in range(args.repeats):
-                for fn, times in ((text, t_text), (alone, t_engine)):
-                    sync()
-                    start = time.perf_counter()
-                    fn()
-                    sync()
-                    times.append(time.perf_counter() - start)
+            with collections:
+                for _ in range(args.repeats):
+                    for fn, times in ((text, t_text), (alone, t_engine)):
+                        sync()
+                        start = time.perf_counter()
+                        fn()
+                        sync()
+                        times.append(time.perf_counter() - start)
             busy = None if dry or args.no_gpu_busy else gpu_busy(text)
             line = None if dry else timeline(engine, text, scorer.front_end)
             got = text()
@@ -347,12 +404,14 @@ def measure_w1(args: argparse.Namespace, out: dict[str, Any]) -> None:
             "graphs": None if graphs is None else [graphs.captures, graphs.replays, len(graphs.graphs)],
             "peak_allocated_gib": (torch.cuda.max_memory_allocated() - before) / 2**30 if not dry else 0.0,
             "reserved_gib": torch.cuda.memory_reserved() / 2**30 if not dry else 0.0,
+            "gc": collections.summary(),
         }
-        out["w1"][name] = row
+        repeat = sum(1 for key in out["w1"] if key == name or key.startswith(f"{name} ("))
+        out["w1"][name if not repeat else f"{name} ({repeat + 1})"] = row
         print(
             f"{args.label} | {name} | text {row['text_pairs_per_s']:,.0f} | engine {row['engine_pairs_per_s']:,.0f} "
             f"| {row['text_pairs_per_s'] / row['engine_pairs_per_s']:.1%} | busy {busy} | graphs {row['graphs']} "
-            f"| peak {row['peak_allocated_gib']:.2f} GiB, reserved {row['reserved_gib']:.2f} GiB",
+            f"| peak {row['peak_allocated_gib']:.2f} GiB, reserved {row['reserved_gib']:.2f} GiB | gc {row['gc']}",
             flush=True,
         )
         for step in line or []:
