@@ -220,8 +220,9 @@ class GenerativeRerank(BaseNodePostprocessor):
             ``score`` set to the generative score.
 
         Raises:
-            InvalidRequestError: No query was given, or an item is not a ``NodeWithScore`` (``param``
-                ``"nodes"``, ``index`` its place); raised before any event is emitted.
+            InvalidRequestError: No query was given, an item is not a ``NodeWithScore``, or a node
+                holds an image, audio or a video and no text (``param`` ``"nodes"``, ``index`` its
+                place); raised before any event is emitted.
         """
         query = _require_query(query_bundle)
         nodes = _checked_nodes(nodes)
@@ -337,7 +338,30 @@ def _checked_nodes(nodes: Iterable[Any]) -> list[NodeWithScore]:
                 param="nodes",
                 index=index,
             )
+        media = _media_without_text(item.node)
+        if media is not None:
+            # Scored as an empty text, an image would rank with the worst and top_n would drop it unseen.
+            raise InvalidRequestError(
+                f"nodes[{index}] is a {type(item.node).__name__} holding {media} and no text: a text "
+                "reranker cannot read it. Give it a text (a caption, a transcript), or rerank the text "
+                "nodes alone and keep media nodes beside them",
+                param="nodes",
+                index=index,
+            )
     return nodes
+
+
+def _media_without_text(node: BaseNode) -> str | None:
+    """``"an image"`` (or audio, a video) when the node carries media and no text of its own, else None."""
+    if node.get_content(metadata_mode=MetadataMode.NONE).strip():
+        return None
+    if any(getattr(node, name, None) for name in ("image", "image_path", "image_url", "image_resource")):
+        return "an image"
+    if getattr(node, "audio_resource", None) is not None:
+        return "audio"
+    if getattr(node, "video_resource", None) is not None:
+        return "a video"
+    return None
 
 
 def _require_query(query_bundle: QueryBundle | None) -> str:

@@ -575,3 +575,74 @@ def test_threads_share_one_postprocessor(scorer: GenerativeScorer) -> None:
     with ThreadPoolExecutor(max_workers=3) as pool:
         for out in pool.map(lambda _: rerank.postprocess_nodes(nodes, query_str=QUERY), range(3)):
             assert_same_ranking(out, want)
+
+
+# -- 5. node classes: every node with text is scored on it; media without text is refused ----------------
+
+
+def _mixed_nodes() -> list[NodeWithScore]:
+    """One node of each class a retriever returns, no metadata (the scored text is the node's text),
+    carrying retrieval scores (one None) and one duplicate text."""
+    from llama_index.core.schema import Document as LlamaDocument
+    from llama_index.core.schema import ImageNode, MediaResource, Node
+
+    return [
+        NodeWithScore(node=TextNode(text=TEXTS[1], id_="text"), score=0.9),
+        NodeWithScore(node=LlamaDocument(text=TEXTS[0], id_="document"), score=0.8),
+        NodeWithScore(node=IndexNode(text=TEXTS[4], index_id="sub-index", id_="index"), score=None),
+        NodeWithScore(node=ImageNode(text=TEXTS[3], image_url="http://x/cat.png", id_="image"), score=0.7),
+        NodeWithScore(node=Node(text_resource=MediaResource(text=TEXTS[5]), id_="node"), score=0.6),
+        NodeWithScore(node=TextNode(text=TEXTS[1], id_="text-again"), score=0.5),
+    ]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_every_node_class_with_text_is_scored_like_the_official_recipe(
+    use_async: bool, scorer: GenerativeScorer, tiny_model_dir: Any
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.reference_recipe import official_qwen3_scores
+
+    nodes = _mixed_nodes()
+    texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype="float32").eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    reference = official_qwen3_scores(model, tokenizer, [(QUERY, t) for t in texts], max_length=512)
+    best_first = sorted(range(len(nodes)), key=lambda i: -reference[i])
+    rerank = GenerativeRerank(scorer=scorer, top_n=len(nodes) + 5, keep_retrieval_score=True)
+    query = QueryBundle(QUERY)
+    out = (
+        await rerank.apostprocess_nodes(nodes, query) if use_async else rerank.postprocess_nodes(nodes, query)
+    )
+    # Nothing dropped (top_n above the count), nothing merged (the duplicate text stays two nodes).
+    assert [n.node.node_id for n in out] == [nodes[i].node.node_id for i in best_first]
+    for got, i in zip(out, best_first):
+        assert type(got.node) is type(nodes[i].node)
+        assert got.score == pytest.approx(reference[i], abs=1e-5)
+        assert got.node.metadata[RETRIEVAL_SCORE_KEY] == nodes[i].score
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_media_without_text_is_refused_by_name_before_scoring(
+    use_async: bool, scorer: GenerativeScorer, collector: Collector
+) -> None:
+    from llama_index.core.schema import ImageNode, MediaResource, Node
+
+    rerank = GenerativeRerank(scorer=scorer, top_n=3)
+    media = [
+        (ImageNode(image_url="http://x/cat.png"), "ImageNode holding an image"),
+        (ImageNode(image="aGVsbG8=", metadata={"file_name": "cat.png"}), "ImageNode holding an image"),
+        (Node(image_resource=MediaResource(url="http://x/cat.png")), "Node holding an image"),
+        (Node(audio_resource=MediaResource(url="http://x/talk.mp3")), "Node holding audio"),
+        (Node(video_resource=MediaResource(url="http://x/clip.mp4")), "Node holding a video"),
+    ]
+    for node, named in media:
+        nodes = [*_mixed_nodes()[:2], NodeWithScore(node=node, score=0.4)]
+        with pytest.raises(InvalidRequestError, match=rf"nodes\[2\] is a {named} and no text") as raised:
+            if use_async:
+                await rerank.apostprocess_nodes(nodes, query_str=QUERY)
+            else:
+                rerank.postprocess_nodes(nodes, query_str=QUERY)
+        assert (raised.value.param, raised.value.index) == ("nodes", 2)
+    assert collector.events == []  # refused before the start event, so before any scoring
