@@ -220,7 +220,7 @@ class GenerativeRerank(BaseNodePostprocessor):
             ``score`` set to the generative score.
 
         Raises:
-            InvalidRequestError: No query was given, an item is not a ``NodeWithScore``, or a node
+            InvalidRequestError: No query was given, or an image query with no text, an item is not a ``NodeWithScore``, or a node
                 holds an image, audio or a video and no text (``param`` ``"nodes"``, ``index`` its
                 place); raised before any event is emitted.
         """
@@ -369,6 +369,15 @@ def _require_query(query_bundle: QueryBundle | None) -> str:
         raise InvalidRequestError(
             "GenerativeRerank needs the query: call postprocess_nodes(nodes, query_str=...) or pass "
             "query_bundle=QueryBundle(...)",
+            param="query",
+        )
+    if query_bundle.image_path is not None and not query_bundle.query_str.strip():
+        # An image query (a multi-modal retriever's): scored against an empty text, the order would be
+        # the documents' own, unrelated to the image.
+        raise InvalidRequestError(
+            f"GenerativeRerank got an image query (image_path={query_bundle.image_path!r}) with no text; "
+            "a text reranker cannot read it: give the QueryBundle a query_str, or leave image queries "
+            "unreranked",
             param="query",
         )
     return query_bundle.query_str

@@ -428,6 +428,20 @@ async def test_missing_query_is_a_clear_error(collector: Collector) -> None:
     assert cb.get_event_pairs(CBEventType.RERANKING) == []
 
 
+async def test_an_image_query_without_text_is_a_clear_error(collector: Collector) -> None:
+    fake = FakeScorer()
+    rerank = fake_rerank(fake)
+    image_query = QueryBundle(query_str="", image_path="/photos/eiffel.jpg")
+    with pytest.raises(
+        InvalidRequestError, match=r"image query \(image_path='/photos/eiffel.jpg'\) with no text"
+    ):
+        rerank.postprocess_nodes(make_nodes(), image_query)
+    with pytest.raises(InvalidRequestError, match="image query") as info:
+        await rerank.apostprocess_nodes(make_nodes(), image_query)
+    assert info.value.param == "query"
+    assert fake.calls == [] and collector.events == []
+
+
 # -- 2. events ----------------------------------------------------------------------------------------
 
 
