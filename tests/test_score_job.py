@@ -313,6 +313,47 @@ def test_a_csv_value_over_128_kib_is_a_row_like_any_other(tmp_path: Path, scorer
     assert [float(row["score"]) for row in rows] == pytest.approx(expected, abs=1e-6)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs a named pipe to hold the reader mid-parse")
+def test_csv_read_elsewhere_meanwhile_keeps_the_default_field_limit(tmp_path: Path) -> None:
+    """The job's reader used to raise the csv module's process-wide limit while it parsed: code reading
+    CSV on another thread meanwhile took fields it had not asked to take. The input is a pipe, so the
+    job's reader waits for its next line in the middle of parsing, deterministically."""
+    import queue
+    import threading
+
+    from genscore_core.jobs import Columns, open_reader
+
+    pipe = tmp_path / "pairs.csv"
+    os.mkfifo(pipe)
+    rows: queue.Queue[Any] = queue.Queue()
+
+    def read_job_input() -> None:
+        reader = open_reader(pipe, "csv", Columns())
+        try:
+            for row in reader:
+                rows.put(row)
+        finally:
+            reader.close()
+
+    job = threading.Thread(target=read_job_input, daemon=True)
+    job.start()
+    with open(pipe, "w", encoding="utf-8") as feed:
+        feed.write(f"query,document\nq,{'long ' * 40_000}\n")  # a 200 KB field
+        feed.flush()
+        assert rows.get(timeout=30).document.startswith("long long")
+        # The job's reader now waits inside the csv parser for its next line.
+        seen = set()
+        for _ in range(50):
+            seen.add(csv.field_size_limit())
+            threading.Event().wait(0.01)
+        assert seen == {128 * 1024}
+        with pytest.raises(csv.Error, match="field larger than field limit"):
+            list(csv.reader([f"q,{'x' * 200_000}"]))
+        feed.write("q,d\n")
+    job.join(timeout=30)
+    assert rows.get_nowait().document == "d"
+
+
 def test_bytes_that_are_not_utf8_are_named_at_their_own_line(
     tmp_path: Path, scorer: GenerativeScorer
 ) -> None:

@@ -10,7 +10,10 @@ JSON lines and CSV need only the standard library; Parquet needs pyarrow
 
 from __future__ import annotations
 
+import _csv
 import csv
+import functools
+import importlib.util
 import io
 import json
 import os
@@ -201,13 +204,14 @@ class CsvReader(RowReader):
         super().__init__(path, columns, skip)
         self._binary: BinaryIO = open(path, "rb")  # closed by close()
         self._lines = 0
-        self._reader = csv.reader(self._decoded_lines())
+        self._parser = _csv_parser()
+        self._reader = self._parser.reader(self._decoded_lines())
         try:
-            with _long_csv_fields():
+            with _long_csv_fields(self._parser):
                 self.header: list[str] = next(self._reader)
         except StopIteration:
             raise InputFileError(f"{path}: empty CSV file (no header row)") from None
-        except csv.Error as error:
+        except self._parser.Error as error:
             raise InputFileError(f"{path}, line 1: cannot read the header ({error})") from None
         _refuse_repeated_names(path, self.header)
         for name in (columns.query, columns.document):
@@ -245,11 +249,11 @@ class CsvReader(RowReader):
         while True:
             number = self._reader.line_num + 1
             try:
-                with _long_csv_fields():
+                with _long_csv_fields(self._parser):
                     values = next(self._reader)
             except StopIteration:
                 return
-            except csv.Error as error:
+            except self._parser.Error as error:
                 raise InputFileError(f"{self.path}, line {number}: malformed CSV ({error})") from None
             if not values:
                 continue  # a blank line
@@ -270,9 +274,35 @@ class CsvReader(RowReader):
         self._binary.close()
 
 
+@functools.cache
+def _csv_parser() -> Any:
+    """The csv module's parser (``_csv``) with the long field limit: a second instance of it, which
+    keeps its own limit (CPython 3.10 and later keep it per module instance), so that other code
+    reading CSV in this process meanwhile keeps the limit it set; the shared one where that fails."""
+    spec = importlib.util.find_spec("_csv")
+    if spec is None or spec.loader is None:
+        return _csv
+    try:
+        private = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(private)
+    except ImportError:  # a build that allows one instance only
+        return _csv
+    if private is _csv:
+        return _csv
+    shared = csv.field_size_limit()
+    private.field_size_limit(_CSV_FIELD_LIMIT)
+    if csv.field_size_limit() == shared:
+        return private
+    csv.field_size_limit(shared)  # one limit for both after all: put it back
+    return _csv
+
+
 @contextmanager
-def _long_csv_fields() -> Iterator[None]:
-    # The limit is global to the csv module: raised only while the job parses, then put back.
+def _long_csv_fields(parser: Any) -> Iterator[None]:
+    if parser is not _csv:
+        yield  # its own limit, set once
+        return
+    # The shared limit: raised only while the job parses, then put back.
     earlier = csv.field_size_limit(_CSV_FIELD_LIMIT)
     try:
         yield
@@ -469,7 +499,8 @@ def merge_parts(fmt: FileFormat, parts: Sequence[Path], header: Any, output: Pat
 
 def _count_text_rows(fmt: FileFormat, part: Path) -> int:
     if fmt == "csv":  # a quoted value may span lines
-        with open(part, encoding="utf-8", newline="") as source, _long_csv_fields():
-            return sum(1 for _ in csv.reader(source))
+        parser = _csv_parser()
+        with open(part, encoding="utf-8", newline="") as source, _long_csv_fields(parser):
+            return sum(1 for _ in parser.reader(source))
     with open(part, "rb") as source:  # JSON lines never hold a raw newline
         return sum(1 for _ in source)
