@@ -60,7 +60,14 @@ from genscore_core.errors import ConfigurationError, InvalidRequestError
 from genscore_core.jobs.files import FORMATS, FileFormat, InputFileError, detect_format, format_of_suffix
 from genscore_core.jobs.score import JobStateError
 from genscore_core.kernels.dispatch import prepare_triton
-from genscore_core.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype
+from genscore_core.loading import (
+    check_model_source,
+    check_tokenizer_files,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
 from genscore_core.scorer import GenerativeScorer
 from genscore_core.server.limits import ServerLimits
 from genscore_core.streaming import FIRST_BATCH_TOKENS, JobPart
@@ -574,6 +581,7 @@ def serve_app(
     num_replicas: int | None = None,
     max_ongoing_requests: int = 256,
     name: str = "genscore",
+    check_model: bool = True,
     **settings: Any,
 ) -> Application:
     """A Ray Serve application serving ``model`` as ``genscore serve`` does; pass it to ``serve.run``.
@@ -591,11 +599,18 @@ def serve_app(
         max_ongoing_requests: Requests a replica takes at once. Keep it well above one: the app's
             batcher can only merge requests that reach the replica together.
         name: The deployment's name.
+        check_model: Check here, before anything is deployed, that a ``model`` naming a local folder
+            exists and holds a model and its tokenizer. A replica that fails to load it fails the
+            deployment, and Ray Serve then reports only "Deploying application ... failed", not
+            the cause. Pass False where the folder exists only on the cluster's nodes.
         **settings: :class:`~genscore_core.ScorerConfig` fields (``dtype``, ``max_length``...).
     """
     from ray import serve
 
     config = ScorerConfig(model=model or DEFAULT_MODEL, **settings)
+    if check_model:
+        check_model_source(config.model)
+        check_tokenizer_files(config.model)
     options: dict[str, Any] = {
         "name": name,
         "ray_actor_options": {"num_gpus": num_gpus, "num_cpus": num_cpus},

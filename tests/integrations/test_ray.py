@@ -363,6 +363,29 @@ def test_serve_app_refuses_a_replica_count_and_autoscaling_together(tiny_model_d
     assert error.value.setting == "num_replicas"
 
 
+@pytest.mark.slow  # starts the module's Ray instance
+def test_serve_app_names_a_model_folder_that_is_not_there(ray_instance: Any, tmp_path: Path) -> None:
+    """Every replica failed to load the model, and serve.run said only "Deploying application ...
+    failed": the path and what is wrong with it are named before anything is deployed."""
+    from ray import serve
+
+    from genscore_core.errors import ModelNotFoundError
+    from genscore_integrations.ray import serve_app
+
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ModelNotFoundError, match=f"no such folder \\({missing}\\)") as error:
+        serve.run(
+            serve_app(str(missing), num_gpus=0, num_replicas=1, **SETTINGS), name="bad", route_prefix="/bad"
+        )
+    assert error.value.setting == "model"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelNotFoundError, match=f"{empty} holds neither config.json nor tokenizer files"):
+        serve.run(
+            serve_app(str(empty), num_gpus=0, num_replicas=1, **SETTINGS), name="bad", route_prefix="/bad"
+        )
+
+
 def _without_ids(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in ("id", "created")}
 
