@@ -3,13 +3,15 @@
 Endpoints:
 
 * ``POST /generative_scoring`` (and ``/generative_score``): the generative scoring protocol, answered
-  exactly as vLLM's endpoint answers it (the same request, response and error bodies);
+  as vLLM's endpoint answers it (the same request, response and error bodies, but that genscore's
+  errors fill ``param``);
 * ``POST /v1/rerank`` (and ``/rerank``, ``/v2/rerank``): ``query``, ``documents``, ``top_n`` in;
   ``results`` of ``index``, ``relevance_score`` and, with ``return_documents``, ``document`` out;
 * ``GET /health``, ``GET /v1/models``, ``GET /stats`` (batching counters).
 
 Errors use the protocol's body ``{"error": {"message", "type", "param", "code"}}`` plus a top-level
-``detail`` with the same message (what Jina-style clients read): 400 for bad requests and exceeded
+``detail`` with the same message (what Jina-style clients read); ``param`` names the offending field,
+dotted to its entry (``"documents.3"``), or is null where no one field is at fault. 400 for bad requests and exceeded
 limits, 404 for a model this server does not serve (as vLLM answers), 408 for a body that does not
 arrive within ``--body-timeout`` (the connection is then closed), 413 for oversized bodies, 422
 for malformed ones, 503 when the queue is full (with ``Retry-After``), 502 (504 for a timeout) when
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -92,6 +94,8 @@ class BodyTimeoutError(StarletteHTTPException):
 
 
 class UnknownModelError(StarletteHTTPException):
+    param = "model"
+
     def __init__(self, requested: str, served: str) -> None:
         super().__init__(
             404, f"The model `{requested}` does not exist; this server serves `{served}` (GET /v1/models)"
@@ -381,12 +385,13 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequestError)
     async def bad_request(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, InvalidRequestError)
-        return JSONResponse(error_body(error.message, 400), status_code=400)
+        return JSONResponse(error_body(error.message, 400, _request_param(error)), status_code=400)
 
     @app.exception_handler(RequestValidationError)
     async def malformed(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)
-        return JSONResponse(error_body(_describe_validation(error), 422), status_code=422)
+        body = error_body(_describe_validation(error), 422, _validation_param(error))
+        return JSONResponse(body, status_code=422)
 
     @app.exception_handler(ServerBusyError)
     async def busy(_: Request, error: Exception) -> JSONResponse:
@@ -416,7 +421,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)
         return JSONResponse(
-            error_body(str(error.detail), error.status_code),
+            error_body(str(error.detail), error.status_code, getattr(error, "param", None)),
             status_code=error.status_code,
             headers=getattr(error, "headers", None),
         )
@@ -429,7 +434,60 @@ def _describe_validation(error: RequestValidationError) -> str:
             reason = (entry.get("ctx") or {}).get("error", "JSON decode error")
             parts.append(f"the request body is not valid JSON: {reason}")
             continue
-        location = ".".join(str(part) for part in entry.get("loc", ()) if part != "body")
+        location = ".".join(_body_location(entry, error.body))
         message = entry.get("msg", "invalid")
         parts.append(f"{location}: {message}" if location else message)
     return "; ".join(parts) or "invalid request body"
+
+
+# The request fields whose entries an error's ``index`` counts; for another field (``query``) the
+# index is the document or item that field left no room for, not an entry of the field.
+_LISTED_FIELDS = frozenset({"items", "documents", "label_token_ids"})
+
+
+def _request_param(error: InvalidRequestError) -> str | None:
+    """The ``param`` of a 400: the field, dotted to its offending entry (``"documents.3"``)."""
+    if error.param is not None and error.index is not None and error.param in _LISTED_FIELDS:
+        return f"{error.param}.{error.index}"
+    return error.param
+
+
+def _validation_param(error: RequestValidationError) -> str | None:
+    """The ``param`` of a 422: where in the body the first problem is (``"documents.0.text"``).
+
+    Of the problems pydantic reports at or under that place (one per union member it tried), the
+    deepest is named: a document object without ``text`` is ``documents.0.text``, not ``documents.0``.
+    None for a body that is not JSON or not an object.
+    """
+    entries = error.errors()
+    if not entries or entries[0].get("type") == "json_invalid":
+        return None
+    locations = [_body_location(entry, error.body) for entry in entries]
+    first = locations[0]
+    deepest = max((where for where in locations if where[: len(first)] == first), key=len)
+    return ".".join(deepest) or None
+
+
+def _body_location(entry: Mapping[str, Any], body: Any) -> list[str]:
+    """A validation error's place in the body sent, as field names and list positions.
+
+    Pydantic's locations also name each union member a value was tried as (``documents.0.str``,
+    ``documents.0.RerankDocument.text``); only the parts that exist in the body are kept, and the
+    name of a missing field, so the location names the client's own data.
+    """
+    location = list(entry.get("loc", ()))
+    if location[:1] == ["body"]:
+        location = location[1:]
+    node: Any = body
+    path: list[str] = []
+    for position, part in enumerate(location):
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif position == len(location) - 1 and entry.get("type") == "missing":
+            node = None
+        else:
+            continue  # a union member's name, not a place in the body
+        path.append(str(part))
+    return path

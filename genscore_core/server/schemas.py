@@ -23,17 +23,19 @@ ERROR_TYPES = {
 }
 
 
-def error_body(message: str, code: int) -> dict[str, Any]:
-    """``{"error": {"message", "type", "param": null, "code"}, "detail": message}``.
+def error_body(message: str, code: int, param: str | None = None) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param", "code"}, "detail": message}``.
 
-    ``error`` is the body the protocol (and vLLM) answers errors with; ``detail`` repeats the message
-    at the top level, where FastAPI-style and Jina-style clients (LlamaIndex's ``JinaRerank``) read it.
+    ``error`` is the body the protocol (and vLLM) answers errors with; ``param`` names the offending
+    field where one is known, as OpenAI's bodies do (``"documents.3"``: entry 3 of ``documents``),
+    else null. ``detail`` repeats the message at the top level, where FastAPI-style and Jina-style
+    clients (LlamaIndex's ``JinaRerank``) read it.
     """
     return {
         "error": {
             "message": message,
             "type": ERROR_TYPES.get(code, "InternalServerError" if code >= 500 else "BadRequestError"),
-            "param": None,
+            "param": param,
             "code": code,
         },
         "detail": message,
@@ -48,6 +50,8 @@ class ErrorInfo(BaseModel):
     ``UnprocessableEntityError``, ``ServiceUnavailableError``, ``BadGatewayError``,
     ``GatewayTimeoutError`` or ``InternalServerError``."""
     param: str | None = None
+    """The offending field of the request, dotted to the entry (``"documents.3"``, ``"query"``,
+    ``"label_token_ids.1"``); null where no one field is at fault (a full queue, a body too large)."""
     code: int
     """The HTTP status."""
 

@@ -43,11 +43,13 @@ SEED_EMPTY_ITEMS_REQUEST: dict[str, Any] = {
     "items": [],
     "label_token_ids": [9454, 2753],
 }
+# The seed's error body, but for ``param``: vLLM leaves it null, genscore names the offending field
+# there, as OpenAI's error bodies do.
 SEED_EMPTY_ITEMS_ERROR = {
     "error": {
         "message": "items must contain at least one item.",
         "type": "BadRequestError",
-        "param": None,
+        "param": "items",
         "code": 400,
     }
 }

@@ -30,14 +30,17 @@ DOCUMENTS = [
 ]
 
 
-def _assert_error(response: httpx.Response, code: int, message_start: str = "") -> dict[str, Any]:
+def _assert_error(
+    response: httpx.Response, code: int, message_start: str = "", param: str | None = None
+) -> dict[str, Any]:
+    """The error body's shape, status, message and ``param`` (the offending field, or null)."""
     assert response.status_code == code, response.text
     body = response.json()
     assert set(body) == {"error", "detail"}
     error = body["error"]
     assert body["detail"] == error["message"]  # where Jina-style clients read the message
     assert set(error) == {"message", "type", "param", "code"}
-    assert error["code"] == code and error["param"] is None
+    assert error["code"] == code and error["param"] == param, error
     assert error["message"].startswith(message_start), error["message"]
     return dict(error)
 
@@ -118,43 +121,77 @@ def test_empty_items_is_the_seeds_400(client: httpx.Client, path: str) -> None:
 def test_out_of_vocabulary_label_is_400(client: httpx.Client, scorer: GenerativeScorer) -> None:
     response = client.post("/generative_score", json={**SEED_TEXT_REQUEST, "label_token_ids": [9454, 10**6]})
     error = _assert_error(
-        response, 400, f"label_token_id 1000000 is out of vocabulary range [0, {scorer.vocab_size})."
+        response,
+        400,
+        f"label_token_id 1000000 is out of vocabulary range [0, {scorer.vocab_size}).",
+        param="label_token_ids.1",
     )
     assert error["type"] == "BadRequestError"
 
 
 def test_empty_label_ids_is_400(client: httpx.Client) -> None:
     response = client.post("/generative_score", json={**SEED_TEXT_REQUEST, "label_token_ids": []})
-    error = _assert_error(response, 400, "label_token_ids must contain at least one token ID.")
+    error = _assert_error(
+        response, 400, "label_token_ids must contain at least one token ID.", param="label_token_ids"
+    )
     assert error["type"] == "BadRequestError"
 
 
 def test_missing_label_ids_is_422(client: httpx.Client) -> None:
     request = {key: value for key, value in SEED_TEXT_REQUEST.items() if key != "label_token_ids"}
-    error = _assert_error(client.post("/generative_score", json=request), 422)
+    error = _assert_error(client.post("/generative_score", json=request), 422, param="label_token_ids")
     assert "label_token_ids" in error["message"]
 
 
 @pytest.mark.parametrize(
-    "content",
-    [b"{not json", b"[1, 2]", json.dumps({**SEED_TEXT_REQUEST, "items": 5}).encode()],
+    ("content", "param"),
+    [
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        (json.dumps({**SEED_TEXT_REQUEST, "items": 5}).encode(), "items"),
+    ],
     ids=["invalid-json", "not-an-object", "wrong-type"],
 )
-def test_malformed_bodies_are_422(client: httpx.Client, content: bytes) -> None:
+def test_malformed_bodies_are_422(client: httpx.Client, content: bytes, param: str | None) -> None:
     response = client.post(
         "/generative_scoring", content=content, headers={"content-type": "application/json"}
     )
-    _assert_error(response, 422)
+    _assert_error(response, 422, param=param)
 
 
 def test_mixed_item_kinds_are_400(client: httpx.Client) -> None:
     response = client.post("/generative_scoring", json={**SEED_TEXT_REQUEST, "items": ["Paris", [1, 2]]})
-    _assert_error(response, 400, "items must be all text or all token-id lists")
+    _assert_error(response, 400, "items must be all text or all token-id lists", param="items.1")
 
 
 def test_unknown_path_uses_the_error_body(client: httpx.Client) -> None:
     error = _assert_error(client.post("/v1/nothing", json={}), 404)
     assert error["type"] == "NotFoundError"
+
+
+def test_error_param_names_the_offending_field_and_entry(client: httpx.Client) -> None:
+    # OpenAI-style bodies name the field at fault, so a client can point at its own data.
+    lone_surrogate = '{"query": "q", "documents": ["a", "b", "c", "bad \\ud800 text"]}'
+    response = client.post("/v1/rerank", content=lone_surrogate, headers={"content-type": "application/json"})
+    _assert_error(response, 400, "documents[3] is not valid text", param="documents.3")
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"documents": ["a"]}, "query"),
+        ({"query": 5, "documents": ["a"]}, "query"),
+        ({"query": "q", "documents": ["a", {"txt": "b"}]}, "documents.1.text"),
+        ({"query": "q", "documents": ["a", "b", 7]}, "documents.2"),
+        ({"query": "q", "documents": "not a list"}, "documents"),
+        ({"query": "q", "documents": ["a"], "score_threshold": 2}, "score_threshold"),
+    ]
+    for body, param in cases:
+        _assert_error(client.post("/v1/rerank", json=body), 422, param=param)
+    mixed = {**SEED_TEXT_REQUEST, "items": [[1], [2], "three"]}
+    _assert_error(client.post("/generative_scoring", json=mixed), 400, param="items.2")
+    not_an_id = {**SEED_TEXT_REQUEST, "items": [[1], [2, "x"]]}
+    _assert_error(client.post("/generative_scoring", json=not_an_id), 422, param="items.1.1")
+    duplicate = {**SEED_TEXT_REQUEST, "label_token_ids": [9454, 2753, 9454]}
+    _assert_error(client.post("/generative_scoring", json=duplicate), 400, param="label_token_ids.2")
+    unknown = client.post("/v1/rerank", json={"model": "other", "query": "q", "documents": ["a"]})
+    _assert_error(unknown, 404, "The model `other` does not exist", param="model")
 
 
 # -- limits -----------------------------------------------------------------------------------------
@@ -163,9 +200,11 @@ def test_unknown_path_uses_the_error_body(client: httpx.Client) -> None:
 def test_too_many_items_is_a_clear_400(client: httpx.Client) -> None:
     count = TEST_LIMITS.max_items_per_request + 1
     request = {"query": [1, 2], "items": [[3]] * count, "label_token_ids": [9454, 2753]}
-    _assert_error(client.post("/generative_scoring", json=request), 400, f"items has {count} entries")
+    response = client.post("/generative_scoring", json=request)
+    _assert_error(response, 400, f"items has {count} entries", param="items")
     rerank = {"query": "q", "documents": ["d"] * count}
-    _assert_error(client.post("/v1/rerank", json=rerank), 400, f"documents has {count} entries")
+    response = client.post("/v1/rerank", json=rerank)
+    _assert_error(response, 400, f"documents has {count} entries", param="documents")
 
 
 def test_too_many_prompt_tokens_is_a_clear_400(client: httpx.Client) -> None:
@@ -224,7 +263,8 @@ def test_rerank_endpoint_defaults_and_variants(client: httpx.Client) -> None:
     as_objects = client.post("/v1/rerank", json={"query": query, "documents": objects, "top_n": 0}).json()
     assert as_objects["results"] == every  # top_n 0 keeps all, as vLLM reads it
     assert client.post("/v1/rerank", json={"query": query, "documents": []}).json()["results"] == []
-    _assert_error(client.post("/v1/rerank", json={"query": query, "documents": DOCUMENTS, "top_n": -1}), 422)
+    negative = client.post("/v1/rerank", json={"query": query, "documents": DOCUMENTS, "top_n": -1})
+    _assert_error(negative, 422, "top_n: ", param="top_n")
 
 
 def test_health_and_models(client: httpx.Client, scorer: GenerativeScorer) -> None:
