@@ -23,6 +23,7 @@ body). The OpenAPI document (``/openapi.json``) lists each of them per endpoint 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
@@ -361,9 +362,20 @@ def create_app(
             "tokenized_requests": abandon_stats.tokenized,
             "abandoned": abandon_stats.abandoned,
             "abandoned_untokenized": abandon_stats.skipped,
+            "gc": garbage_collector_counters(),
         }
 
     return app
+
+
+def garbage_collector_counters() -> dict[str, Any]:
+    """The objects frozen out of garbage collection (``genscore serve`` freezes what it loaded
+    before serving; 0 in an app served otherwise) and the collections run so far per generation
+    (a full one, generation 2, walks every tracked object not frozen)."""
+    return {
+        "frozen_objects": gc.get_freeze_count(),
+        "collections": [generation["collections"] for generation in gc.get_stats()],
+    }
 
 
 def forward_counters(backend: object) -> dict[str, int] | None:

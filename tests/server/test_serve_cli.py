@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from genscore_core import GenerativeScorer
@@ -76,6 +77,14 @@ def test_seed_curl_examples_against_genscore_serve(served: str, scorer: Generati
     missing = {k: v for k, v in SEED_TEXT_REQUEST.items() if k != "label_token_ids"}
     status, body = curl(served, "/generative_scoring", missing)
     assert status == 422 and "label_token_ids" in body["error"]["message"]
+
+
+def test_serve_freezes_what_it_loaded_out_of_garbage_collection(served: str) -> None:
+    # A full collection walks every tracked object; the loaded scorer's (torch, transformers, the
+    # tokenizer: well over 100,000 of them) are frozen before serving, so collections skip them.
+    stats = httpx.get(served + "/stats", timeout=30).json()
+    assert stats["gc"]["frozen_objects"] > 100_000, stats["gc"]
+    assert len(stats["gc"]["collections"]) == 3
 
 
 @pytest.mark.slow
