@@ -3,8 +3,8 @@
 ``template="auto"`` resolves here, in this order, and the scorer keeps what was picked and why
 (``scorer.recipe``), and logs it:
 
-1. a preset the model's id or folder name points at (``mxbai-rerank``, ``bge-reranker...gemma``,
-   ``qwen3-reranker``): each preset is checked against its authors' own code, so it wins over a
+1. a preset the model's id or folder path points at (``mxbai-rerank``, ``bge-reranker...gemma``,
+   ``qwen3-reranker``; the deepest folder naming one wins): each preset is checked against its authors' own code, so it wins over a
    sentence-transformers configuration the same repository may also ship;
 2. a sentence-transformers ``CrossEncoder`` configuration in the folder (``modules.json`` naming a
    text-generation ``Transformer`` followed by a ``LogitScore``): the prompt is the tokenizer's chat

@@ -12,6 +12,7 @@ own and concatenate the ids, so a piece boundary is always a token boundary.
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any, Literal, NamedTuple
 
@@ -302,8 +303,22 @@ def get_template(template: str | PromptTemplate | dict[str, Any], model_name: st
 
 
 def template_for_name(model_name: str) -> PromptTemplate | None:
-    """The preset a model's name points at, if any."""
-    name = model_name.lower()
+    """The preset a model's name (a hub id or a path) points at, if any.
+
+    The deepest folder that names a family wins: ``runs/mxbai-rerank-ft/checkpoint-500`` is an mxbai
+    fine-tune, ``mxbai-experiments/qwen3-reranker-ft`` a Qwen3-Reranker one. Only when no single folder
+    names one is the whole name read (``bge-reranker`` and ``gemma`` in two folders).
+    """
+    components = [part for part in re.split(r"[/\\]", model_name) if part]
+    for component in reversed(components):
+        preset = _preset_named_in(component)
+        if preset is not None:
+            return preset
+    return _preset_named_in(model_name)
+
+
+def _preset_named_in(text: str) -> PromptTemplate | None:
+    name = text.lower()
     if "mxbai-rerank" in name:
         return MXBAI_RERANK_V2
     if "bge-reranker" in name and "gemma" in name:

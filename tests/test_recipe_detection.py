@@ -114,3 +114,25 @@ def test_a_card_naming_two_families_or_broken_metadata_picks_nothing(
         assert resolve_recipe("auto", str(merged), tokenizer).template is QWEN3_RERANKER
         assert f"the model card's base_model ['{MXBAI_ID}', 'Qwen/Qwen3-Reranker-0.6B']" in caplog.text
         assert resolve_recipe("auto", str(broken), tokenizer).template is QWEN3_RERANKER
+
+
+def test_the_deepest_folder_that_names_a_family_wins(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from tests.reference_recipe import official_qwen3_scores
+
+    # A Qwen3-Reranker fine-tune kept in a folder of mxbai experiments: the model's own folder decides.
+    nested = tmp_path / "mxbai-rerank-experiments" / "Qwen3-Reranker-0.6B-ft"
+    nested.parent.mkdir()
+    nested.symlink_to(tiny_model_dir, target_is_directory=True)
+    scorer = GenerativeScorer(str(nested), device="cpu", dtype="float32", max_length=256)
+    assert scorer.template is QWEN3_RERANKER
+    assert scorer.recipe.source == "preset 'qwen3-reranker' from the model name"
+    pairs = [("capital of France?", "Paris is the capital of France."), ("rivers", "The Seine flows.")]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype="float32").eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    reference = official_qwen3_scores(model, tokenizer, pairs, max_length=256)
+    assert scorer.score_pairs(pairs) == pytest.approx(reference, abs=1e-5)
+    # A Trainer checkpoint (no name of its own) takes the name of the run folder above it.
+    checkpoint = tmp_path / "qwen3-reranker-runs" / "mxbai-rerank-ft" / "checkpoint-500"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.symlink_to(tiny_model_dir, target_is_directory=True)
+    assert resolve_recipe("auto", str(checkpoint), tokenizer).template is MXBAI_RERANK_V2
