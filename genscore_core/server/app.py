@@ -49,7 +49,7 @@ from genscore_core.errors import (
     ServerBusyError,
 )
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse
-from genscore_core.request_life import AbandonStats
+from genscore_core.request_life import AbandonStats, RequestAbandoned
 from genscore_core.scorer import GenerativeScorer
 from genscore_core.server.batcher import RequestBatcher
 from genscore_core.server.connections import AbandonedRequestMiddleware
@@ -206,6 +206,11 @@ class InternalErrorMiddleware:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except RequestAbandoned:
+            # The client went away (the request's life says so): nobody to answer, nothing wrong.
+            # AbandonedRequestMiddleware, outside, counts it; logging it here as an error put a
+            # traceback in the server log for an ordinary disconnect.
+            raise
         except Exception:
             logger.exception("unexpected error answering %s %s", scope.get("method"), scope.get("path"))
             if started:
@@ -400,8 +405,17 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(error.message, 400, _request_param(error)), status_code=400)
 
     @app.exception_handler(RequestValidationError)
-    async def malformed(_: Request, error: Exception) -> JSONResponse:
+    async def malformed(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)
+        if isinstance(error.body, bytes) and error.body:
+            # FastAPI parses JSON only under a JSON content type and hands anything else over as
+            # bytes (unparsed), which pydantic then calls "not a valid dictionary": say what to fix.
+            sent = request.headers.get("content-type") or "none"
+            message = (
+                f"the request body was sent with Content-Type: {sent}; send it as JSON with "
+                "Content-Type: application/json (curl: -H 'Content-Type: application/json')"
+            )
+            return JSONResponse(error_body(message, 422), status_code=422)
         body = error_body(_describe_validation(error), 422, _validation_param(error))
         return JSONResponse(body, status_code=422)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,19 +146,42 @@ def test_missing_label_ids_is_422(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize(
-    ("content", "param"),
+    ("content", "param", "message"),
     [
-        (b"{not json", None),
-        (b"[1, 2]", None),
-        (json.dumps({**SEED_TEXT_REQUEST, "items": 5}).encode(), "items"),
+        (b"{not json", None, "the request body is not valid JSON"),
+        (b'"a JSON string"', None, "Input should be a valid dictionary"),
+        (b"[1, 2]", None, "Input should be a valid dictionary"),
+        (
+            json.dumps({**SEED_TEXT_REQUEST, "items": 5}).encode(),
+            "items",
+            "items: Input should be a valid list",
+        ),
     ],
-    ids=["invalid-json", "not-an-object", "wrong-type"],
+    ids=["invalid-json", "a-string", "not-an-object", "wrong-type"],
 )
-def test_malformed_bodies_are_422(client: httpx.Client, content: bytes, param: str | None) -> None:
+def test_malformed_bodies_are_422(
+    client: httpx.Client, content: bytes, param: str | None, message: str
+) -> None:
     response = client.post(
         "/generative_scoring", content=content, headers={"content-type": "application/json"}
     )
-    _assert_error(response, 422, param=param)
+    _assert_error(response, 422, message, param=param)
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_a_json_body_under_another_content_type_is_a_422_saying_so(
+    client: httpx.Client, content_type: str | None
+) -> None:
+    # curl -d sends application/x-www-form-urlencoded unless told otherwise; pydantic's own message
+    # was "Input should be a valid dictionary or object to extract fields from".
+    headers = {"content-type": content_type} if content_type else {}
+    response = client.post(
+        "/v1/rerank", content=json.dumps({"query": "q", "documents": ["a"]}), headers=headers
+    )
+    error = _assert_error(
+        response, 422, f"the request body was sent with Content-Type: {content_type or 'none'}"
+    )
+    assert "Content-Type: application/json" in error["message"]
 
 
 def test_mixed_item_kinds_are_400(client: httpx.Client) -> None:
@@ -298,3 +323,43 @@ def test_engine_failure_is_a_500_and_a_full_queue_a_503(scorer: GenerativeScorer
         busy = http.post("/generative_scoring", json=SEED_TOKEN_REQUEST)
         assert _assert_error(busy, 503)["type"] == "ServiceUnavailableError"
         assert busy.headers["retry-after"] == "1"
+
+
+# -- a client that leaves ---------------------------------------------------------------------------
+
+
+def test_a_request_dropped_because_its_client_left_is_not_an_internal_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The tokenizer refuses a request whose client has gone (RequestAbandoned); that ordinary end used
+    to be logged as "unexpected error" with a traceback, and a 500 was sent to nobody."""
+    from genscore_core.request_life import AbandonStats, TokenizerLock
+    from genscore_core.server.app import InternalErrorMiddleware
+    from genscore_core.server.connections import AbandonedRequestMiddleware
+
+    tokenizer = TokenizerLock()
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "http.request"
+        # The client leaves, and the request reaches the tokenizer before its handler is cancelled.
+        assert (await receive())["type"] == "http.disconnect"
+        with tokenizer:
+            raise AssertionError("an abandoned request was tokenized")
+
+    stats = AbandonStats()
+    app = AbandonedRequestMiddleware(InternalErrorMiddleware(handler), stats=stats)
+    messages = iter([{"type": "http.request", "body": b"{}", "more_body": False}])
+    sent: list[Any] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(messages, {"type": "http.disconnect"})
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/rerank", "headers": []}
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(app(scope, receive, send))
+    assert sent == []  # nobody to answer
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text
+    assert (stats.abandoned, stats.skipped, stats.in_flight) == (1, 1, 0)
