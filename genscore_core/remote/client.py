@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import random
 import threading
@@ -28,6 +29,7 @@ from genscore_core.engine import group_prompts
 from genscore_core.errors import InvalidRequestError, RemoteConfigurationError, RemoteScoringError
 
 try:
+    import httpcore
     import httpx
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -115,7 +117,9 @@ class HttpTransport:
             ),
             "headers": {"Authorization": f"Bearer {api_key}"} if api_key else {},
         }
-        self._client = httpx.Client(transport=transport, **self._options)
+        self._client = httpx.Client(
+            transport=transport or _deadline_transport(self._options["limits"]), **self._options
+        )
         self._async_transport = async_transport
         self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = (
             weakref.WeakKeyDictionary()
@@ -133,9 +137,23 @@ class HttpTransport:
     def _send(self, method: str, path: str, payload: dict[str, Any] | None) -> httpx.Response:
         # httpx's timeouts bound each network operation, not the request: a server sending its
         # answer a byte at a time would never trip them. The body is read in chunks against a
-        # deadline instead (one silent wait is still bounded by the read timeout, at most
-        # ``timeout`` past the deadline).
+        # deadline instead, and each network operation may wait only the time left before it
+        # (_deadline_transport): a silence that starts just before the deadline ends at it.
         deadline = time.monotonic() + self.timeout
+        token = _ATTEMPT_DEADLINE.set(deadline)
+        try:
+            return self._read_answer(method, path, payload, deadline)
+        except httpx.TimeoutException:
+            # A wait cut to the time left ran out: the attempt did, as it does on the async path.
+            if time.monotonic() >= deadline - _CLOCK_SLACK_S:
+                raise _AttemptTooLong(self.timeout) from None
+            raise
+        finally:
+            _ATTEMPT_DEADLINE.reset(token)
+
+    def _read_answer(
+        self, method: str, path: str, payload: dict[str, Any] | None, deadline: float
+    ) -> httpx.Response:
         with self._client.stream(method, path, json=payload) as response:
             chunks = []
             for chunk in response.iter_bytes():
@@ -297,6 +315,92 @@ class HttpTransport:
             entry = self._async_clients.pop(asyncio.get_running_loop(), None)
         if entry is not None:
             await entry.client.aclose()
+
+
+_ATTEMPT_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "genscore_attempt_deadline", default=None
+)
+"""When the sync attempt running on this thread must end (``time.monotonic()``), if one is."""
+
+_CLOCK_SLACK_S = 0.01
+"""A socket timeout may end a little before the monotonic clock reaches the deadline it was cut to."""
+
+_SHORTEST_WAIT_S = 0.001
+"""A wait past the deadline still gets this long: a socket timeout of 0 would make it non-blocking."""
+
+
+def _time_left(timeout: float | None) -> float | None:
+    """``timeout`` of one network operation, cut to the time left in the attempt running here."""
+    deadline = _ATTEMPT_DEADLINE.get()
+    if deadline is None:
+        return timeout
+    left = max(deadline - time.monotonic(), _SHORTEST_WAIT_S)
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose reads and writes wait no longer than the attempt using it has left."""
+
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _time_left(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _time_left(timeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, _time_left(timeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """Opens :class:`_DeadlineStream` connections (connecting within the time left too)."""
+
+    def __init__(self, backend: httpcore.NetworkBackend) -> None:
+        self._backend = backend
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = self._backend.connect_tcp(host, port, _time_left(timeout), local_address, socket_options)
+        return _DeadlineStream(stream)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._backend.connect_unix_socket(path, _time_left(timeout), socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+def _deadline_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
+    """httpx's own transport, its connections made by :class:`_DeadlineBackend`.
+
+    httpx takes no network backend, so it is set on the httpcore pool the transport holds; should
+    a later httpx hold it elsewhere, the transport is left as it is (each wait then bounded by the
+    timeout, not by the time left).
+    """
+    transport = httpx.HTTPTransport(limits=limits)
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if isinstance(backend, httpcore.NetworkBackend):
+        pool._network_backend = _DeadlineBackend(backend)  # type: ignore[union-attr]
+    return transport
 
 
 class _AttemptTooLong(Exception):

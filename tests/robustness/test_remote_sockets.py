@@ -1,0 +1,154 @@
+"""The remote clients against raw HTTP answers: a real socket server on loopback writes crafted bytes
+(a stall in the middle of an answer, pages that are not the protocol's), as a faulty server or a proxy
+in front of one would."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from genscore_core import GenerativeScorer
+from genscore_core.errors import RemoteScoringError
+
+KINDS = ("genscore", "vllm", "sglang", "rerank")
+QUERY = "capital of France"
+DOCUMENTS = ["Paris is the capital of France.", "Berlin is in Germany.", "Lyon has good food."]
+
+Answer = Callable[[socket.socket, bytes], None]
+"""Writes an answer on a connection, given the request's bytes."""
+
+
+def _read_request(connection: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = connection.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        chunk = connection.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+@contextmanager
+def socket_server(answer: Answer) -> Iterator[str]:
+    """A loopback HTTP/1.1 server whose every request is answered by ``answer``; yields its URL."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    stopped = threading.Event()
+
+    def serve(connection: socket.socket) -> None:
+        with connection:
+            try:
+                while not stopped.is_set():
+                    request = _read_request(connection)
+                    if not request:
+                        return
+                    answer(connection, request)
+            except OSError:
+                return
+
+    def accept() -> None:
+        while not stopped.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stopped.set()
+        listener.close()
+
+
+def _head(status: str, length: int, content_type: str = "application/json", extra: str = "") -> bytes:
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n{extra}\r\n"
+    ).encode()
+
+
+@contextmanager
+def _remote(model: Path, url: str, kind: str, **settings: Any) -> Iterator[GenerativeScorer]:
+    options: dict[str, Any] = {"server_max_retries": 0, "max_length": 512, **settings}
+    scorer = GenerativeScorer(str(model), server_url=url, server_kind=kind, **options)
+    try:
+        yield scorer
+    finally:
+        scorer.close()
+
+
+def _both_paths(scorer: GenerativeScorer) -> list[Callable[[], Any]]:
+    return [
+        lambda: scorer.rerank(QUERY, DOCUMENTS),
+        lambda: asyncio.run(scorer.arerank(QUERY, DOCUMENTS)),
+    ]
+
+
+# -- the timeout bounds an attempt, whatever the server does ----------------------------------------
+
+TIMEOUT_S = 2.0
+STALL_S = 10.0
+BODY = b'{"data": [' + b" " * 200 + b"]}"
+
+
+def _stalls_near_the_deadline_in_the_body(connection: socket.socket, request: bytes) -> None:
+    # The head at once, then a byte every 0.4 s (each far within the read timeout) until 0.2 s before
+    # the deadline, then silence: the last read starts with 0.2 s left.
+    connection.sendall(_head("200 OK", len(BODY)))
+    started = time.monotonic()
+    sent = 0
+    while time.monotonic() - started < TIMEOUT_S - 0.2:
+        connection.sendall(BODY[sent : sent + 1])
+        sent += 1
+        time.sleep(0.4)
+    time.sleep(STALL_S)
+
+
+def _answers_its_head_near_the_deadline(connection: socket.socket, request: bytes) -> None:
+    time.sleep(TIMEOUT_S - 0.2)
+    connection.sendall(_head("200 OK", len(BODY)) + BODY[:5])
+    time.sleep(STALL_S)
+
+
+# The kinds share the transport; "rerank" sends its requests one after another, the others in a pool.
+@pytest.mark.parametrize("kind", ["genscore", "rerank"])
+@pytest.mark.parametrize(
+    "answer", [_stalls_near_the_deadline_in_the_body, _answers_its_head_near_the_deadline]
+)
+def test_a_silence_near_the_deadline_ends_at_the_deadline(
+    tiny_model_dir: Path, kind: str, answer: Answer
+) -> None:
+    # A read that starts just before the attempt's deadline may wait only the time left, not a whole
+    # read timeout more (which made a 2 s timeout a 3.8 s wait).
+    with socket_server(answer) as url, _remote(tiny_model_dir, url, kind, server_timeout=TIMEOUT_S) as scorer:
+        for call in _both_paths(scorer):
+            started = time.monotonic()
+            with pytest.raises(RemoteScoringError) as caught:
+                call()
+            waited = time.monotonic() - started
+            assert waited < TIMEOUT_S + 0.7, f"waited {waited:.2f} s on a {TIMEOUT_S} s timeout"
+            assert url in str(caught.value)
+            assert caught.value.timed_out
+            assert "no complete answer within the 2 s timeout" in str(caught.value)
