@@ -521,3 +521,28 @@ def test_detect_format_prints_a_url_as_given_and_asks_for_the_callers_option() -
         detect_format("s3://bucket/pairs", None, "format=")
     assert detect_format("s3://bucket/pairs.CSV", None, "--format") == "csv"
     assert detect_format("s3://bucket/pairs", "parquet", "--format") == "parquet"
+
+
+def test_an_output_that_is_a_folder_is_refused_before_anything_is_scored(
+    tmp_path: Path, tiny_model_dir: Path, scorer: GenerativeScorer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to be found when the parts were joined, after every row was scored (even with
+    overwrite), leaving OUTPUT.partial/ and OUTPUT.tmp behind."""
+    source = write_jsonl(tmp_path / "pairs.jsonl", make_rows(3))
+    folder = tmp_path / "scored.jsonl"
+    folder.mkdir()
+    recording = RecordingScorer(scorer)
+    for overwrite in (False, True):
+        options = ScoreFileOptions(input=source, output=folder, overwrite=overwrite, show_progress=False)
+        with pytest.raises(JobStateError, match=r"scored\.jsonl is a folder; the output is a file") as error:
+            score_file(options, config_of(scorer), recording)  # type: ignore[arg-type]
+        assert error.value.param == "output"
+    assert recording.calls == []
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["pairs.jsonl", "scored.jsonl"]
+
+    # The command line's summary counts in words that agree with the count.
+    (tmp_path / "one.jsonl").write_text('{"query": "q", "document": "d"}\n{"query": "q"}\n')
+    argv = ["score", str(tmp_path / "one.jsonl"), "-o", str(tmp_path / "one.out.jsonl"), "--no-progress"]
+    assert main([*argv, "--on-bad-row", "skip", "--model", str(tiny_model_dir), "--device", "cpu"]) == 0
+    summary = capsys.readouterr().err
+    assert "wrote 1 row to" in summary and "1 bad row left out" in summary

@@ -97,10 +97,12 @@ def run_score(args: argparse.Namespace) -> int:
         return 2
     kept = report.rows_written - report.rows_scored
     resumed = f" ({kept} rows kept from an interrupted run)" if report.resumed_chunks else ""
-    print(f"genscore: wrote {report.rows_written} rows to {report.output}{resumed}", file=sys.stderr)
+    rows = "row" if report.rows_written == 1 else "rows"
+    print(f"genscore: wrote {report.rows_written} {rows} to {report.output}{resumed}", file=sys.stderr)
     if report.bad_rows:
         print(
-            f"genscore: {report.bad_rows} bad rows left out; listed with line numbers in {report.bad_rows_file}",
+            f"genscore: {report.bad_rows} bad {'row' if report.bad_rows == 1 else 'rows'} left out; "
+            f"listed with line numbers in {report.bad_rows_file}",
             file=sys.stderr,
         )
     return 0

@@ -149,6 +149,9 @@ def score_file(
         )
     if options.output.resolve() == options.input.resolve():
         raise JobStateError("the output must not be the input file")
+    if options.output.is_dir():
+        # Found only when the parts are joined, after every row was scored, otherwise.
+        raise JobStateError(f"{options.output} is a folder; the output is a file", param="output")
     columns = Columns(
         options.query_column, options.document_column, options.score_column, option_name("score_column")
     )
