@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import gc
 import ipaddress
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from genscore_core.cli_args import (
     positive_float,
     positive_int,
 )
+from genscore_core.errors import ConfigurationError
 from genscore_core.server.limits import ServerLimits
 
 _LIMIT_FLAGS = {
@@ -174,6 +176,30 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def check_can_listen(host: str, port: int) -> None:
+    """Raise :class:`ConfigurationError` unless ``host:port`` can be bound now.
+
+    Checked before the model loads (minutes, for a large one): uvicorn binds only after, and a port
+    in use then ended the command with uvicorn's exit code 3, which ``genscore`` uses for an
+    unreachable scoring server. Each address the host resolves to is bound as asyncio binds it
+    (address reuse, IPv6 only on IPv6), then released for uvicorn.
+    """
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(address)
+    except OSError as error:
+        reason = (error.strerror or str(error)).lower()
+        raise ConfigurationError(
+            f"cannot listen on {host} port {port}: {reason} (--host, --port)", setting="port"
+        ) from None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -190,6 +216,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from genscore_core.scorer import GenerativeScorer
 
     limits = server_limits(args)
+    check_can_listen(args.host, args.port)
     scorer = GenerativeScorer(**config_settings(args))
     app = create_app(scorer, limits, served_model_name=args.served_model_name)
     if not _is_loopback(args.host):

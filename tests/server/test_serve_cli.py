@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +86,24 @@ def test_serve_freezes_what_it_loaded_out_of_garbage_collection(served: str) -> 
     stats = httpx.get(served + "/stats", timeout=30).json()
     assert stats["gc"]["frozen_objects"] > 100_000, stats["gc"]
     assert len(stats["gc"]["collections"]) == 3
+
+
+def test_serve_on_a_port_in_use_fails_at_once_with_exit_code_2(tiny_model_dir: Path) -> None:
+    # Before: the model was loaded first, then uvicorn failed to bind, logged the errno and exited
+    # with its own code 3 (genscore's code for an unreachable scoring server).
+    assert GENSCORE is not None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [GENSCORE, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--device", "cpu"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("genscore: error:")]
+    assert errors == [
+        f"genscore: error: cannot listen on 127.0.0.1 port {port}: address already in use (--host, --port)"
+    ]
+    assert "Started server process" not in result.stderr  # nothing was started
 
 
 @pytest.mark.slow
