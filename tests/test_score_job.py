@@ -546,3 +546,32 @@ def test_an_output_that_is_a_folder_is_refused_before_anything_is_scored(
     assert main([*argv, "--on-bad-row", "skip", "--model", str(tiny_model_dir), "--device", "cpu"]) == 0
     summary = capsys.readouterr().err
     assert "wrote 1 row to" in summary and "1 bad row left out" in summary
+
+
+def test_a_pandas_categorical_query_column_is_read_as_text(tmp_path: Path, scorer: GenerativeScorer) -> None:
+    """pandas writes a categorical column (a natural way to hold a repeated query) as a dictionary of
+    strings; it used to be refused as "holds dictionary<values=string, ...>, expected strings"."""
+    pd = pytest.importorskip("pandas")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = make_rows(7)
+    frame = pd.DataFrame(
+        {
+            "query": pd.Categorical([row["query"] for row in rows]),
+            "document": pd.Categorical([None if row["id"] == 2 else row["document"] for row in rows]),
+        }
+    )
+    source = tmp_path / "pairs.parquet"
+    frame.to_parquet(source)
+    assert str(pq.read_schema(source).field("query").type).startswith("dictionary<values=string")
+    report = _score(source, tmp_path / "scored.parquet", scorer, chunk_size=3, on_bad_row="skip")
+
+    scored = pd.read_parquet(tmp_path / "scored.parquet")
+    kept = [row for row in rows if row["id"] != 2]
+    assert list(scored["query"].astype(str)) == [row["query"] for row in kept]
+    assert list(scored["document"].astype(str)) == [row["document"] for row in kept]
+    pairs = [(row["query"], row["document"]) for row in kept]
+    expected = official_qwen3_scores(scorer.model, scorer.tokenizer, pairs, max_length=512)
+    assert list(scored["score"]) == pytest.approx(expected, abs=2e-5)
+    assert report.bad_rows_file is not None
+    [bad] = read_jsonl(report.bad_rows_file)
+    assert (bad["line"], bad["error"]) == (3, "'document' must be a string, got null")

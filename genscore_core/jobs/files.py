@@ -341,7 +341,7 @@ class ParquetReader(RowReader):
             if index < 0:
                 raise InputFileError(f"{path}: no {name!r} column (columns: {self.schema.names})")
             kind = self.schema.field(index).type
-            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            if not _holds_text(pa, kind):
                 raise InputFileError(f"{path}: column {name!r} holds {kind}, expected strings")
         if columns.score in self.schema.names:
             raise InputFileError(f"{path}: {columns.score_taken()}")
@@ -367,6 +367,19 @@ class ParquetReader(RowReader):
 
     def close(self) -> None:
         self._file.close()
+
+
+def _holds_text(pa: Any, kind: Any) -> bool:
+    """Whether a column of Arrow type ``kind`` reads as Python strings: any string type, also dictionary
+    encoded (a pandas categorical column is written so: a natural way to keep a repeated query)."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    is_string_view = getattr(pa.types, "is_string_view", None)  # pyarrow 16 and later
+    return bool(
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or (is_string_view is not None and is_string_view(kind))
+    )
 
 
 def open_reader(path: Path, fmt: FileFormat, columns: Columns, skip: int = 0) -> RowReader:
