@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,6 +107,44 @@ def test_serve_on_a_port_in_use_fails_at_once_with_exit_code_2(tiny_model_dir: P
         f"genscore: error: cannot listen on 127.0.0.1 port {port}: address already in use (--host, --port)"
     ]
     assert "Started server process" not in result.stderr  # nothing was started
+
+
+def test_sigterm_answers_the_request_in_flight_then_exits(tiny_model_dir: Path) -> None:
+    """docs/scaling.md: on SIGTERM the server stops listening, finishes what it has received, exits."""
+    assert GENSCORE is not None
+    port = free_port()
+    command = [
+        GENSCORE, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--max-length", "512",
+        "--device", "cpu", "--dtype", "float32", "--log-level", "warning", "--max-items", "4096",
+        "--max-prompt-tokens", "1000000",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    documents = [f"document {i} about nothing much " * 8 for i in range(1000)]  # seconds on a CPU
+    answer: dict[str, Any] = {}
+
+    def post() -> None:
+        response = httpx.post(url + "/v1/rerank", json={"query": "q", "documents": documents}, timeout=300)
+        answer.update(status=response.status_code, body=response.json())
+
+    try:
+        wait_healthy(url, timeout=120, alive=lambda: process.poll() is None)
+        client = threading.Thread(target=post)
+        client.start()
+        deadline = time.monotonic() + 120
+        while httpx.get(url + "/stats", timeout=30).json()["in_flight"] == 0:
+            assert time.monotonic() < deadline, "the request never arrived"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        client.join(timeout=300)
+        assert answer["status"] == 200, answer
+        assert sorted(result["index"] for result in answer["body"]["results"]) == list(range(len(documents)))
+        # Ended by the signal, as supervisors expect of a service they stopped (143 in a shell).
+        assert process.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 @pytest.mark.slow
