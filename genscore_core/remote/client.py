@@ -6,6 +6,8 @@
 * A 401, 403 or 404 answer raises :class:`~genscore_core.RemoteConfigurationError` naming the URL:
   the client's settings (``server_url``, ``server_api_key``) are wrong, not the request.
 * Any other 4xx answer raises :class:`~genscore_core.InvalidRequestError` with the server's message.
+* A redirect (3xx) is not followed: it raises :class:`~genscore_core.RemoteScoringError` naming
+  where it points (``server_url`` is the setting to correct).
 * Anything else that goes wrong raises :class:`~genscore_core.RemoteScoringError`.
 """
 
@@ -179,6 +181,8 @@ class HttpTransport:
                 sleep(self._delay(attempt, failure.response))
             try:
                 response = send()
+            except httpx.DecodingError as error:
+                raise self._undecodable(path, error) from None
             except httpx.TransportError as error:
                 failure = self._transport_failure(error)
                 continue
@@ -202,6 +206,8 @@ class HttpTransport:
             try:
                 # Bounds the whole attempt; httpx's own timeouts bound each network operation only.
                 response = await asyncio.wait_for(client.post(path, json=payload), self.timeout)
+            except httpx.DecodingError as error:
+                raise self._undecodable(path, error) from None
             except httpx.TransportError as error:
                 failure = self._transport_failure(error)
                 continue
@@ -264,6 +270,8 @@ class HttpTransport:
                 url=url,
                 status=response.status_code,
             )
+        if 300 <= response.status_code < 400:
+            raise self._redirected(response, path)
         if 400 <= response.status_code < 500:
             raise InvalidRequestError(
                 f"{self.base_url}{path} answered HTTP {response.status_code}: {error_message(response)}"
@@ -277,8 +285,26 @@ class HttpTransport:
             return response.json()
         except (ValueError, RecursionError):  # RecursionError: arrays nested deeper than the parser goes
             raise RemoteScoringError(
-                f"{self.base_url}{path} answered with a body that is not JSON", status=200
+                f"{self.base_url}{path} answered with a body that is not JSON ({_body_sample(response)})",
+                status=200,
             ) from None
+
+    def _redirected(self, response: httpx.Response, path: str) -> RemoteScoringError:
+        # Not followed: a POST redirected may arrive as a GET (301, 302), and a server_url that is
+        # redirected (http to https, a moved host) is the setting to correct, once.
+        location = response.headers.get("location")
+        target = f"a redirect to {location}" if location else "a redirect with no Location"
+        return RemoteScoringError(
+            f"{self.base_url}{path} answered HTTP {response.status_code}, {target}; redirects are not "
+            "followed: set server_url to the address the server answers at",
+            status=response.status_code,
+        )
+
+    def _undecodable(self, path: str, error: httpx.DecodingError) -> RemoteScoringError:
+        return RemoteScoringError(
+            f"{self.base_url}{path} answered with a body that cannot be decoded as its headers say: {error}",
+            status=200,
+        )
 
     def _transport_failure(self, error: httpx.TransportError) -> _Failure:
         if isinstance(error, httpx.TimeoutException):
@@ -426,6 +452,20 @@ class _Failure:
     @classmethod
     def of(cls, response: httpx.Response) -> _Failure:
         return cls(f"HTTP {response.status_code}: {error_message(response)}", response)
+
+
+BODY_SAMPLE_CHARS = 80
+
+
+def _body_sample(response: httpx.Response) -> str:
+    """The content type and start of an answer's body: a proxy's HTML page says what it is there."""
+    content_type = response.headers.get("content-type", "no content type")
+    text = response.content[: BODY_SAMPLE_CHARS * 4].decode("utf-8", "replace").strip()
+    if not text:
+        return f"{content_type}, empty"
+    sample = text[:BODY_SAMPLE_CHARS]
+    more = "..." if len(text) > BODY_SAMPLE_CHARS or len(response.content) > BODY_SAMPLE_CHARS * 4 else ""
+    return f"{content_type}: {sample!r}{more}"
 
 
 def _describe_transport_error(error: httpx.TransportError) -> str:

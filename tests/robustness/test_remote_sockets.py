@@ -152,3 +152,58 @@ def test_a_silence_near_the_deadline_ends_at_the_deadline(
             assert url in str(caught.value)
             assert caught.value.timed_out
             assert "no complete answer within the 2 s timeout" in str(caught.value)
+
+
+# -- answers that are not the protocol's ----------------------------------------------------------
+
+
+def _answer(status: str, body: bytes, content_type: str = "application/json", extra: str = "") -> Answer:
+    def answer(connection: socket.socket, request: bytes) -> None:
+        connection.sendall(_head(status, len(body), content_type, extra) + body)
+
+    return answer
+
+
+def _refused(model: Path, answer: Answer, kind: str) -> list[RemoteScoringError]:
+    """The errors of a sync and an async call to a server that always gives ``answer``."""
+    errors = []
+    with socket_server(answer) as url, _remote(model, url, kind) as scorer:
+        for call in _both_paths(scorer):
+            with pytest.raises(RemoteScoringError) as caught:
+                call()
+            assert url in str(caught.value)
+            errors.append(caught.value)
+    return errors
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_body_that_cannot_be_decompressed_is_a_remote_scoring_error(
+    tiny_model_dir: Path, kind: str
+) -> None:
+    # Was httpx's own DecodingError, naming no server.
+    answer = _answer("200 OK", b"this is not gzip", extra="Content-Encoding: gzip\r\n")
+    for error in _refused(tiny_model_dir, answer, kind):
+        assert "cannot be decoded" in str(error)
+
+
+@pytest.mark.parametrize(
+    "status", ["301 Moved Permanently", "307 Temporary Redirect", "308 Permanent Redirect"]
+)
+def test_a_redirect_names_where_it_points(tiny_model_dir: Path, status: str) -> None:
+    target = "https://scoring.example/generative_scoring"
+    answer = _answer(status, b"", extra=f"Location: {target}\r\n")
+    for error in _refused(tiny_model_dir, answer, "genscore"):
+        assert f"answered HTTP {status.split()[0]}, a redirect to {target}" in str(error)
+        assert "server_url" in str(error)
+        assert error.status == int(status.split()[0])
+
+
+def test_a_page_that_is_not_json_is_quoted(tiny_model_dir: Path) -> None:
+    # A proxy's login page answered with 200: the error shows what the page is.
+    page = b"<!DOCTYPE html><html><head><title>Sign in to the gateway</title></head>" + b"<p>x</p>" * 100
+    answer = _answer("200 OK", page, "text/html; charset=utf-8")
+    for error in _refused(tiny_model_dir, answer, "vllm"):
+        assert "not JSON (text/html; charset=utf-8: '<!DOCTYPE html><html><head><title>Sign in to" in str(
+            error
+        )
+        assert str(error).endswith("...)")
