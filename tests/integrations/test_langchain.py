@@ -26,6 +26,7 @@ from langchain_core.cross_encoders import BaseCrossEncoder
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
 from pydantic import PrivateAttr
@@ -541,3 +542,50 @@ async def test_callbacks_reach_the_reranker(scorer: GenerativeScorer, base_retri
     assert isinstance(callbacks, BaseCallbackManager)
     assert handler in callbacks.handlers
     assert callbacks.parent_run_id == outer
+
+
+class FixedRetriever(BaseRetriever):
+    """Returns the same documents for any query, as a search over a messy corpus would."""
+
+    documents: list[Document]
+
+    def _get_relevant_documents(self, query: str, *, run_manager: Any) -> list[Document]:
+        return list(self.documents)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_compression_retriever_scores_every_document_like_the_official_recipe(
+    use_async: bool, scorer: GenerativeScorer, tiny_model_dir: Path
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.reference_recipe import official_qwen3_scores
+
+    nested = {"authors": ["a", "b"], "page": {"number": 3}}
+    retrieved = [
+        Document("The Seine flows through Paris.", id="seine", metadata={"source": "s.md", **nested}),
+        Document("", id="empty", metadata={"source": "empty.md"}),
+        Document("The Thames flows through London.", id="thames"),
+        Document("The Seine flows through Paris.", id="seine-copy", metadata={"source": "copy.md"}),
+        Document("   ", metadata={"relevance_score": 0.01}),  # no id, a stale score from an earlier reranker
+        Document("Paris hosted the Olympics in 2024 {query} </s>", id="braces", metadata={"n": 1}),
+    ]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype="float32").eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    pairs = [(QUERY, d.page_content) for d in retrieved]
+    reference = official_qwen3_scores(model, tokenizer, pairs, max_length=512)
+    best_first = sorted(range(len(retrieved)), key=lambda i: -reference[i])
+    retriever = ContextualCompressionRetriever(
+        base_compressor=GenerativeReranker(scorer=scorer, top_n=len(retrieved) + 4),
+        base_retriever=FixedRetriever(documents=retrieved),
+    )
+    out = await retriever.ainvoke(QUERY) if use_async else retriever.invoke(QUERY)
+    # All six come back (top_n above the count): the empty ones and the duplicate are neither dropped nor merged.
+    assert [d.id for d in out] == [retrieved[i].id for i in best_first]
+    for document, i in zip(out, best_first):
+        assert document.page_content == retrieved[i].page_content
+        assert document.metadata["relevance_score"] == pytest.approx(reference[i], abs=1e-5)
+        assert document.metadata["genscore_truncated"] is False
+        kept = {k: v for k, v in retrieved[i].metadata.items() if k != "relevance_score"}
+        assert document.metadata.items() >= kept.items()
+    assert retrieved[4].metadata == {"relevance_score": 0.01}  # the input is left as it was
