@@ -14,7 +14,8 @@
    that field; transformers 5 does not (``save_pretrained`` drops it), so a folder saved by
    transformers 5 has no name there;
 4. a preset the ``base_model`` of the model card (``README.md``'s metadata) points at: the Trainer
-   writes it when it pushes a fine-tune to the hub, and sentence-transformers when it saves one;
+   writes it when it pushes a fine-tune to the hub, and sentence-transformers when it saves a
+   fine-tune of a hub model; ``save_pretrained`` writes no card;
 5. Qwen3-Reranker's recipe: quietly for a Qwen3 model, with a warning otherwise that says which of
    the names above the model lacked.
 """
