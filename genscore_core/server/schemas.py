@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+logger = logging.getLogger(__name__)
 
 # The ``type`` of the error body for each status, as OpenAI-compatible servers name them.
 ERROR_TYPES = {
@@ -89,6 +92,18 @@ class RerankRequest(BaseModel):
     """Drop results scoring below this (a genscore extension)."""
     max_tokens_per_doc: int | None = Field(default=None, gt=0)
     """Cut each document after this many of its own tokens before templating (Cohere, vLLM)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _log_ignored_fields(cls, data: Any) -> Any:
+        # Unknown fields are ignored, as by vLLM and Cohere-style servers (clients send their own,
+        # such as rank_fields), but not silently: a misspelt "top_k" or "return_document" would
+        # change the answer without a word, so the server log names them, as vLLM's does.
+        if isinstance(data, dict):
+            ignored = sorted(str(key) for key in data.keys() - cls.model_fields.keys())
+            if ignored:
+                logger.warning("rerank request: ignored unknown field(s) %s", ", ".join(ignored))
+        return data
 
     def texts(self) -> list[str]:
         return [doc if isinstance(doc, str) else doc.text for doc in self.documents]

@@ -292,6 +292,25 @@ def test_rerank_endpoint_defaults_and_variants(client: httpx.Client) -> None:
     _assert_error(negative, 422, "top_n: ", param="top_n")
 
 
+def test_unknown_rerank_fields_are_ignored_but_logged(
+    client: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A misspelt top_n changed the answer (every document came back) without a word anywhere.
+    body = {"query": "q", "documents": DOCUMENTS, "top_k": 1, "return_document": True}
+    with caplog.at_level(logging.WARNING, logger="genscore_core.server.schemas"):
+        response = client.post("/v1/rerank", json=body)
+    assert response.status_code == 200 and len(response.json()["results"]) == len(DOCUMENTS)
+    warnings = [
+        record.getMessage() for record in caplog.records if record.name == "genscore_core.server.schemas"
+    ]
+    assert warnings == ["rerank request: ignored unknown field(s) return_document, top_k"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="genscore_core.server.schemas"):
+        known = {"model": None, "query": "q", "documents": ["a"], "top_n": 1, "return_documents": True}
+        assert client.post("/v1/rerank", json=known).status_code == 200
+    assert not caplog.records
+
+
 def test_health_and_models(client: httpx.Client, scorer: GenerativeScorer) -> None:
     health = client.get("/health")
     assert health.status_code == 200 and health.json() == {"status": "ok"}
