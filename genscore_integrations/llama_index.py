@@ -220,9 +220,10 @@ class GenerativeRerank(BaseNodePostprocessor):
             ``score`` set to the generative score.
 
         Raises:
-            InvalidRequestError: No query was given, or an image query with no text, an item is not a ``NodeWithScore``, or a node
-                holds an image, audio or a video and no text (``param`` ``"nodes"``, ``index`` its
-                place); raised before any event is emitted.
+            InvalidRequestError: No query was given, or an image query with no text (``param``
+                ``"query"``); an item is not a ``NodeWithScore``, or a node holds an image, audio or a
+                video and no text (``param`` ``"nodes"``, ``index`` its place). Raised before any
+                event is emitted.
         """
         query = _require_query(query_bundle)
         nodes = _checked_nodes(nodes)
