@@ -446,11 +446,32 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)
+        unreadable = _unreadable_body(error)
+        if unreadable is not None:
+            return JSONResponse(error_body(unreadable, 422), status_code=422)
         return JSONResponse(
             error_body(str(error.detail), error.status_code, getattr(error, "param", None)),
             status_code=error.status_code,
             headers=getattr(error, "headers", None),
         )
+
+
+def _unreadable_body(error: StarletteHTTPException) -> str | None:
+    """What is wrong with a JSON body FastAPI could not parse for a reason other than its syntax.
+
+    FastAPI answers those with a bare 400 "There was an error parsing the body"; they are malformed
+    bodies (422, as invalid JSON is), and the client needs to know which fix applies.
+    """
+    cause = error.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        byte = cause.object[cause.start : cause.start + 1].hex()
+        return (
+            f"the request body is not valid {cause.encoding} text: byte 0x{byte} at position "
+            f"{cause.start} ({cause.reason}); send JSON encoded as UTF-8"
+        )
+    if isinstance(cause, RecursionError):
+        return "the request body nests JSON arrays or objects too deeply to be read"
+    return None
 
 
 def _describe_validation(error: RequestValidationError) -> str:

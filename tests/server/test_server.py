@@ -184,6 +184,20 @@ def test_a_json_body_under_another_content_type_is_a_422_saying_so(
     assert "Content-Type: application/json" in error["message"]
 
 
+def test_a_body_that_is_not_utf8_or_nests_too_deeply_is_a_422_saying_so(client: httpx.Client) -> None:
+    # Both were a 400 "There was an error parsing the body", naming neither the problem nor the fix.
+    headers = {"content-type": "application/json"}
+    latin1 = '{"query": "café", "documents": ["a"]}'.encode("latin-1")
+    _assert_error(
+        client.post("/v1/rerank", content=latin1, headers=headers),
+        422,
+        "the request body is not valid utf-8 text: byte 0xe9 at position 14",
+    )
+    deep = b'{"query": "q", "documents": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    response = client.post("/v1/rerank", content=deep, headers=headers)
+    _assert_error(response, 422, "the request body nests JSON arrays or objects too deeply")
+
+
 def test_mixed_item_kinds_are_400(client: httpx.Client) -> None:
     response = client.post("/generative_scoring", json={**SEED_TEXT_REQUEST, "items": ["Paris", [1, 2]]})
     _assert_error(response, 400, "items must be all text or all token-id lists", param="items.1")
