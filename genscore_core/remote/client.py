@@ -485,11 +485,35 @@ class _Call:
     payload: dict[str, Any]
 
 
+REQUEST_TOKEN_BUDGET = 262_144
+"""Most prompt tokens the client puts in one request: ``genscore serve``'s default
+``--max-prompt-tokens``, which refuses a request over it. With items alone capping a request, the
+default 256 items of documents over ~1,000 tokens each made every large job fail against a server
+with default settings. Servers without such a limit (vLLM, SGLang) just get smaller requests."""
+
+
+def request_spans(lengths: Sequence[int], max_items: int, max_tokens: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` runs of consecutive prompts of ``lengths`` tokens: each run at most ``max_items``
+    prompts and ``max_tokens`` tokens, but never empty (a prompt longer than ``max_tokens`` goes alone,
+    for the server to accept or refuse with its own message)."""
+    spans = []
+    start, tokens = 0, 0
+    for index, length in enumerate(lengths):
+        if index > start and (index - start >= max_items or tokens + length > max_tokens):
+            spans.append((start, index))
+            start, tokens = index, 0
+        tokens += length
+    if start < len(lengths):
+        spans.append((start, len(lengths)))
+    return spans
+
+
 class HttpBackend(ScoringBackend):
     """What every client of a scoring server holds: the transport, the endpoint and request sizing.
 
-    ``batch_size`` caps the items of one HTTP request; bigger jobs become several requests, at most
-    ``max_concurrency`` in flight at once.
+    ``batch_size`` caps the items of one HTTP request and ``max_request_tokens`` their prompts' tokens
+    (:data:`REQUEST_TOKEN_BUDGET`); bigger jobs become several requests, at most ``max_concurrency``
+    in flight at once.
     """
 
     path: str
@@ -502,13 +526,19 @@ class HttpBackend(ScoringBackend):
         model: str | None = None,
         batch_size: int = 256,
         max_concurrency: int = 8,
+        max_request_tokens: int = REQUEST_TOKEN_BUDGET,
     ) -> None:
-        if batch_size < 1 or max_concurrency < 1:
-            raise ValueError("batch_size and max_concurrency must be positive")
+        if batch_size < 1 or max_concurrency < 1 or max_request_tokens < 1:
+            raise ValueError("batch_size, max_concurrency and max_request_tokens must be positive")
         self.http = http
         self.model = model
         self.batch_size = batch_size
         self.max_concurrency = max_concurrency
+        self.max_request_tokens = max_request_tokens
+
+    def _spans(self, prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+        """How a job's prompts are split into requests (:func:`request_spans`)."""
+        return request_spans([len(prompt) for prompt in prompts], self.batch_size, self.max_request_tokens)
 
     def close(self) -> None:
         self.http.close()
@@ -552,8 +582,8 @@ class TokenScoringClient(HttpBackend):
                     param="score_mode",
                 )
             group = group_prompts(job.prompts)
-            for start in range(0, len(group.suffix_ids), self.batch_size):
-                items = group.suffix_ids[start : start + self.batch_size]
+            for start, stop in self._spans(job.prompts):
+                items = group.suffix_ids[start:stop]
                 payload = self._payload(group.prefix_ids, items, job)
                 if self.model is not None:
                     payload["model"] = self.model

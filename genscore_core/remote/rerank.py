@@ -28,7 +28,7 @@ class RerankClient(HttpBackend):
         results = []
         for job in jobs:
             scores: list[float] = []
-            for start, payload in self._payloads(_texts_of(job)):
+            for start, payload in self._payloads(job):
                 count = len(payload["documents"])
                 scores.extend(self._parse(self.http.post_json(self.path, payload), count, start))
                 if on_progress is not None:
@@ -40,7 +40,7 @@ class RerankClient(HttpBackend):
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
     ) -> list[list[float]]:
         limit = asyncio.Semaphore(self.max_concurrency)
-        plans = [self._payloads(_texts_of(job)) for job in jobs]
+        plans = [self._payloads(job) for job in jobs]
 
         async def send(start: int, payload: dict[str, Any]) -> list[float]:
             async with limit:
@@ -56,11 +56,22 @@ class RerankClient(HttpBackend):
 
         return list(await asyncio.gather(*(score(payloads) for payloads in plans)))
 
-    def _payloads(self, texts: JobTexts) -> list[tuple[int, dict[str, Any]]]:
-        """The requests of one job, each with the place of its first document in the job."""
+    def _payloads(self, job: ScoringJob) -> list[tuple[int, dict[str, Any]]]:
+        """The requests of one job, each with the place of its first document in the job.
+
+        The job's prompts (built here with the client's template) size the requests: the server
+        builds its own, of the same length when its template is the same.
+        """
+        texts = _texts_of(job)
+        spans = self._spans(job.prompts) if len(job.prompts) == len(texts.documents) else None
+        if spans is None:  # no prompt per document to measure: items alone size the requests
+            spans = [
+                (start, min(start + self.batch_size, len(texts.documents)))
+                for start in range(0, len(texts.documents), self.batch_size)
+            ]
         payloads = []
-        for start in range(0, len(texts.documents), self.batch_size):
-            chunk = list(texts.documents[start : start + self.batch_size])
+        for start, stop in spans:
+            chunk = list(texts.documents[start:stop])
             payload: dict[str, Any] = {"query": texts.query, "documents": chunk, "top_n": len(chunk)}
             if self.model is not None:
                 payload["model"] = self.model

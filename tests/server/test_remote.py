@@ -21,8 +21,14 @@ from genscore_core import (
     RemoteScoringError,
     ScoringJob,
 )
-from genscore_core.remote.client import IDLE_CONNECTION_EXPIRY_S, HttpTransport
+from genscore_core.remote.client import (
+    IDLE_CONNECTION_EXPIRY_S,
+    REQUEST_TOKEN_BUDGET,
+    HttpTransport,
+    request_spans,
+)
 from genscore_core.remote.generative import GenerativeScoringClient
+from genscore_core.server import ServerLimits, create_app
 
 from ._support import (
     SEED_TEXT_REQUEST,
@@ -105,6 +111,35 @@ def test_big_jobs_are_split_into_several_requests(
     ranked = with_small_requests.rerank(QUERY, DOCUMENTS)
     expected = {r.index: r.score for r in scorer.rerank(QUERY, DOCUMENTS)}
     assert {r.index: r.score for r in ranked} == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["genscore", "rerank"])
+def test_a_job_over_the_servers_default_token_limit_is_split(
+    tiny_model_dir: Path, scorer: GenerativeScorer, kind: str
+) -> None:
+    # Both sides at their defaults but the item cap (the server's 1,024): 600 documents cut to
+    # 512-token prompts make 307,200 prompt tokens, past the 262,144 the server takes in one request.
+    limits = ServerLimits()
+    assert limits.max_prompt_tokens_per_request == REQUEST_TOKEN_BUDGET
+    documents = [f"{i} " + "word " * 460 for i in range(600)]
+    with serve_in_thread(create_app(scorer, limits)) as live:
+        remote = GenerativeScorer(
+            str(tiny_model_dir),
+            server_url=live.url,
+            server_kind=kind,
+            max_length=512,
+            server_batch_size=limits.max_items_per_request,
+        )
+        with remote:
+            got = remote.score_pairs([(QUERY, d) for d in documents])
+    assert got == pytest.approx(scorer.score_pairs([(QUERY, d) for d in documents]), abs=1e-5)
+
+
+def test_request_spans_keep_order_and_both_caps() -> None:
+    lengths = [5, 5, 5, 20, 1, 1, 1, 1]
+    assert request_spans(lengths, max_items=3, max_tokens=12) == [(0, 2), (2, 3), (3, 4), (4, 7), (7, 8)]
+    assert request_spans([], max_items=3, max_tokens=12) == []
 
 
 def test_rerank_kind_sends_text(
