@@ -342,6 +342,9 @@ def create_app(
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+    # HEAD too (the same status, no body): uptime monitors and some balancers send it, and got 405.
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
+
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
         card = ModelCard(id=name, created=started, root=scorer.config.model, max_model_len=scorer.max_length)

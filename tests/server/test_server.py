@@ -328,6 +328,8 @@ def test_unknown_rerank_fields_are_ignored_but_logged(
 def test_health_and_models(client: httpx.Client, scorer: GenerativeScorer) -> None:
     health = client.get("/health")
     assert health.status_code == 200 and health.json() == {"status": "ok"}
+    head = client.head("/health")  # was 405
+    assert head.status_code == 200 and head.content == b""
     models = client.get("/v1/models").json()
     assert models["object"] == "list"
     [card] = models["data"]
