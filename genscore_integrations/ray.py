@@ -57,7 +57,14 @@ from genscore_core.backend import ScoringJob
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine, StreamedJob
 from genscore_core.errors import ConfigurationError, InvalidRequestError
-from genscore_core.jobs.files import FORMATS, FileFormat, InputFileError, detect_format, format_of_suffix
+from genscore_core.jobs.files import (
+    FORMATS,
+    FileFormat,
+    InputFileError,
+    detect_format,
+    first_bad_json_line,
+    format_of_suffix,
+)
 from genscore_core.jobs.score import JobStateError
 from genscore_core.kernels.dispatch import prepare_triton
 from genscore_core.loading import (
@@ -447,13 +454,22 @@ def score_file_on_ray(
         )
         # The folder is absent or empty unless overwrite was asked for (checked above).
         mode = ray.data.SaveMode.OVERWRITE if overwrite else ray.data.SaveMode.APPEND
-        if fmt == "jsonl":
-            # pandas writes 10 significant digits unless asked for more.
-            scored.write_json(target, double_precision=15, force_ascii=False, mode=mode)
-        elif fmt == "csv":
-            scored.write_csv(target, mode=mode)
-        else:
-            scored.write_parquet(target, mode=mode)
+        try:
+            if fmt == "jsonl":
+                # pandas writes 10 significant digits unless asked for more.
+                scored.write_json(target, double_precision=15, force_ascii=False, mode=mode)
+            elif fmt == "csv":
+                scored.write_csv(target, mode=mode)
+            else:
+                scored.write_parquet(target, mode=mode)
+        except ray.exceptions.RayTaskError as error:
+            if fmt != "jsonl" or isinstance(error, ray.exceptions.UserCodeException):
+                raise  # the scoring's own errors name their row already
+            # pandas' reader says only "Expected object or value at position 56" of some block.
+            bad_line = _first_bad_json_line(source)
+            if bad_line is None:
+                raise
+            raise InputFileError(bad_line, param="input") from error
     finally:
         execution.preserve_order = kept_order
 
@@ -477,6 +493,22 @@ def _input_format(source: str, given: str | None) -> FileFormat:
             param="format",
         )
     return formats.pop()  # type: ignore[return-value]
+
+
+def _first_bad_json_line(source: str) -> str | None:
+    """Where the first line of the JSON lines input ``source`` (a file or folder, local or a URL)
+    that is not a JSON object is, and what is wrong with it; None where there is no such line."""
+    from pyarrow import fs
+
+    filesystem, path = _filesystem(source)
+    folder = filesystem.get_file_info(path).type == fs.FileType.Directory
+    for file in _folder_files(filesystem, path) if folder else [path]:
+        with filesystem.open_input_stream(file, compression="detect") as stream:
+            found = first_bad_json_line(stream)
+        if found is not None:
+            name = f"{source.rstrip('/')}/{file[len(path) :].lstrip('/')}" if folder else source
+            return f"{name}, line {found[0]}: {found[1]}"
+    return None
 
 
 def _check_output(target: str, overwrite: bool) -> None:

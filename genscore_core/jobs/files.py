@@ -178,23 +178,53 @@ class JsonLinesReader(RowReader):
             yield self._parse(number, line)
 
     def _parse(self, number: int, line: bytes) -> InputRow:
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            return InputRow(number, None, "not UTF-8 text", repr(line))
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as error:
-            return InputRow(number, None, f"invalid JSON ({error.msg})", text.rstrip("\r\n"))
-        if not isinstance(record, dict):
-            return InputRow(number, None, "expected a JSON object", text.rstrip("\r\n"))
+        record, problem, raw = parse_json_line(line)
+        if record is None:
+            return InputRow(number, None, problem, raw)
         row = _check_pair(InputRow(number, record), self.columns)
         if row.problem:
-            row.raw = text.rstrip("\r\n")
+            row.raw = raw
         return row
 
     def close(self) -> None:
         self._file.close()
+
+
+def parse_json_line(line: bytes) -> tuple[dict[str, Any] | None, str | None, str]:
+    """One line of a JSON lines file as ``(the object, None, the line)``, or, where it is not a JSON
+    object, ``(None, what is wrong, the line as a bad-rows list shows it)``."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text", repr(line)
+    shown = text.rstrip("\r\n")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        return None, f"invalid JSON ({error.msg})", shown
+    if not isinstance(record, dict):
+        return None, "expected a JSON object", shown
+    return record, None, shown
+
+
+def first_bad_json_line(stream: Any) -> tuple[int, str] | None:
+    """The number of the first line of a binary JSON lines ``stream`` that is not a JSON object, and
+    what is wrong with it; None where every line is one (blank lines are passed over)."""
+    number, rest = 0, b""
+    while True:
+        block = stream.read(1 << 20)
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop() if block else b""
+        for line in lines:
+            number += 1
+            if number == 1:
+                line = line.removeprefix(_BOM)
+            if line.strip():
+                problem = parse_json_line(line)[1]
+                if problem is not None:
+                    return number, problem
+        if not block:
+            return None
 
 
 class CsvReader(RowReader):
