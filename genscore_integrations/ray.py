@@ -434,7 +434,9 @@ def score_file_on_ray(
             dataset = ray.data.read_json(source, lines=True, override_num_blocks=blocks)
         elif fmt == "csv":
             dataset = ray.data.read_csv(
-                source, convert_options=_all_strings(source), override_num_blocks=blocks
+                source,
+                convert_options=_all_strings(source, (query_column, document_column)),
+                override_num_blocks=blocks,
             )
         else:
             dataset = ray.data.read_parquet(source, override_num_blocks=blocks)
@@ -506,8 +508,7 @@ def _first_bad_json_line(source: str) -> str | None:
         with filesystem.open_input_stream(file, compression="detect") as stream:
             found = first_bad_json_line(stream)
         if found is not None:
-            name = f"{source.rstrip('/')}/{file[len(path) :].lstrip('/')}" if folder else source
-            return f"{name}, line {found[0]}: {found[1]}"
+            return f"{_file_name(source, path, file)}, line {found[0]}: {found[1]}"
     return None
 
 
@@ -525,28 +526,37 @@ def _check_output(target: str, overwrite: bool) -> None:
             )
 
 
-def _all_strings(source: str) -> Any:
+def _all_strings(source: str, needed: tuple[str, ...]) -> Any:
     """pyarrow CSV options that keep every column as text (ids like ``007`` stay ``007``).
 
     ``source`` is what Ray reads: a file, a folder of files or a URL; the names are the union of
     every file's header, read by Arrow as Ray's reader will read it (a byte-order mark dropped,
-    compression from the extension).
+    compression from the extension). A file whose header lacks a ``needed`` column is refused here,
+    by name, rather than by the first actor that gets one of its rows, once the model is loaded.
     """
     import pyarrow as pa
     import pyarrow.csv as pacsv
     from pyarrow import fs
 
     filesystem, path = _filesystem(source)
-    files = (
-        _folder_files(filesystem, path)
-        if filesystem.get_file_info(path).type == fs.FileType.Directory
-        else [path]
-    )
+    folder = filesystem.get_file_info(path).type == fs.FileType.Directory
     names: dict[str, None] = {}
-    for file in files:
+    for file in _folder_files(filesystem, path) if folder else [path]:
         with filesystem.open_input_stream(file, compression="detect") as stream:
-            names.update(dict.fromkeys(pacsv.open_csv(stream).schema.names))
+            header = pacsv.open_csv(stream).schema.names
+        missing = [name for name in needed if name not in header]
+        if missing:
+            raise InputFileError(
+                f"{_file_name(source, path, file)}: no {missing[0]!r} column in the header {header}",
+                param=missing[0],
+            )
+        names.update(dict.fromkeys(header))
     return pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=False)
+
+
+def _file_name(source: str, path: str, file: str) -> str:
+    """``file`` (a path on the file system of ``source``, at ``path``) as the caller would write it."""
+    return source if file == path else f"{source.rstrip('/')}/{file[len(path) :].lstrip('/')}"
 
 
 def _folder_files(filesystem: Any, path: str) -> list[str]:

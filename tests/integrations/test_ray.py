@@ -314,6 +314,25 @@ def test_ray_jsonl_job_names_the_file_and_line_that_is_not_json(
         score_file_on_ray(folder, tmp_path / "scored", str(tiny_model_dir), **SETTINGS)
 
 
+def test_ray_csv_job_names_the_file_whose_header_lacks_a_column(tmp_path: Path) -> None:
+    """Refused before Ray starts (no Ray instance here), where it used to fail in the first actor, after
+    the model had loaded, as "no 'document' column (columns: [...])" without naming the file."""
+    from genscore_core.jobs import InputFileError
+    from genscore_integrations.ray import score_file_on_ray
+
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    (folder / "a.csv").write_text("id,query,document\n1,q,d\n")
+    (folder / "b.csv").write_text("id,query,passage\n2,q,d\n")
+    with pytest.raises(
+        InputFileError, match=r"pairs/b\.csv: no 'document' column in the header \['id', 'query', 'passage'\]"
+    ) as error:
+        score_file_on_ray(folder, tmp_path / "scored", "unused", **SETTINGS)
+    assert error.value.param == "document"
+    with pytest.raises(InputFileError, match=r"a\.csv: no 'text' column in the header"):
+        score_file_on_ray(folder / "a.csv", tmp_path / "scored", "unused", document_column="text")
+
+
 def test_the_first_bad_json_line_is_found_across_blocks() -> None:
     import io
 
