@@ -63,6 +63,7 @@ from genscore_core.jobs.files import (
     InputFileError,
     detect_format,
     first_bad_json_line,
+    first_line_not_utf8,
     format_of_suffix,
 )
 from genscore_core.jobs.score import JobStateError
@@ -465,10 +466,11 @@ def score_file_on_ray(
             else:
                 scored.write_parquet(target, mode=mode)
         except ray.exceptions.RayTaskError as error:
-            if fmt != "jsonl" or isinstance(error, ray.exceptions.UserCodeException):
+            if fmt == "parquet" or isinstance(error, ray.exceptions.UserCodeException):
                 raise  # the scoring's own errors name their row already
-            # pandas' reader says only "Expected object or value at position 56" of some block.
-            bad_line = _first_bad_json_line(source)
+            # The readers name a byte position of some block (pandas, for JSON lines) or the file
+            # alone (Arrow, for CSV bytes that are not UTF-8): find the line.
+            bad_line = _first_bad_line(source, fmt)
             if bad_line is None:
                 raise
             raise InputFileError(bad_line, param="input") from error
@@ -497,16 +499,21 @@ def _input_format(source: str, given: str | None) -> FileFormat:
     return formats.pop()  # type: ignore[return-value]
 
 
-def _first_bad_json_line(source: str) -> str | None:
-    """Where the first line of the JSON lines input ``source`` (a file or folder, local or a URL)
-    that is not a JSON object is, and what is wrong with it; None where there is no such line."""
+def _first_bad_line(source: str, fmt: FileFormat) -> str | None:
+    """Where the first line of the input ``source`` (a file or folder, local or a URL) that Ray's
+    reader cannot read is, and why: in JSON lines one that is not a JSON object, in CSV one that is
+    not UTF-8. None where there is no such line."""
     from pyarrow import fs
 
     filesystem, path = _filesystem(source)
     folder = filesystem.get_file_info(path).type == fs.FileType.Directory
     for file in _folder_files(filesystem, path) if folder else [path]:
         with filesystem.open_input_stream(file, compression="detect") as stream:
-            found = first_bad_json_line(stream)
+            if fmt == "jsonl":
+                found = first_bad_json_line(stream)
+            else:
+                number = first_line_not_utf8(stream)
+                found = None if number is None else (number, "not UTF-8 text")
         if found is not None:
             return f"{_file_name(source, path, file)}, line {found[0]}: {found[1]}"
     return None

@@ -210,6 +210,27 @@ def parse_json_line(line: bytes) -> tuple[dict[str, Any] | None, str | None, str
 def first_bad_json_line(stream: Any) -> tuple[int, str] | None:
     """The number of the first line of a binary JSON lines ``stream`` that is not a JSON object, and
     what is wrong with it; None where every line is one (blank lines are passed over)."""
+    for number, line in _numbered_lines(stream):
+        if line.strip():
+            problem = parse_json_line(line)[1]
+            if problem is not None:
+                return number, problem
+    return None
+
+
+def first_line_not_utf8(stream: Any) -> int | None:
+    """The number of the first line of a binary ``stream`` that is not UTF-8 text, or None."""
+    for number, line in _numbered_lines(stream):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return number
+    return None
+
+
+def _numbered_lines(stream: Any) -> Iterator[tuple[int, bytes]]:
+    """The lines of a binary stream (split after "\n", a leading byte-order mark dropped), numbered
+    from 1, read a block at a time: the stream need not offer readline (pyarrow's do not)."""
     number, rest = 0, b""
     while True:
         block = stream.read(1 << 20)
@@ -217,14 +238,9 @@ def first_bad_json_line(stream: Any) -> tuple[int, str] | None:
         rest = lines.pop() if block else b""
         for line in lines:
             number += 1
-            if number == 1:
-                line = line.removeprefix(_BOM)
-            if line.strip():
-                problem = parse_json_line(line)[1]
-                if problem is not None:
-                    return number, problem
+            yield number, line.removeprefix(_BOM) if number == 1 else line
         if not block:
-            return None
+            return
 
 
 class CsvReader(RowReader):

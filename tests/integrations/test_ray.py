@@ -299,10 +299,11 @@ def test_ray_file_job_asks_for_format_where_a_folder_does_not_tell_it(tmp_path: 
 
 
 @pytest.mark.slow  # starts the module's Ray instance
-def test_ray_jsonl_job_names_the_file_and_line_that_is_not_json(
+def test_ray_file_job_names_the_file_and_line_its_reader_cannot_read(
     ray_instance: Any, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    """Ray's reader (pandas) said only "Expected object or value at position 56", of some block."""
+    """Ray's JSON lines reader (pandas) said only "Expected object or value at position 56", of some
+    block."""
     from genscore_core.jobs import InputFileError
     from genscore_integrations.ray import score_file_on_ray
 
@@ -312,6 +313,13 @@ def test_ray_jsonl_job_names_the_file_and_line_that_is_not_json(
     (folder / "b.jsonl").write_text('{"id": 2, "query": "q", "document": "d"}\n\n{"id": 3, "query": "q",,}\n')
     with pytest.raises(InputFileError, match=r"pairs/b\.jsonl, line 3: invalid JSON \(Expecting property"):
         score_file_on_ray(folder, tmp_path / "scored", str(tiny_model_dir), **SETTINGS)
+    # Arrow's CSV reader names the file alone: "Failed to read CSV file: .../b.csv".
+    sheets = tmp_path / "sheets"
+    sheets.mkdir()
+    (sheets / "a.csv").write_bytes(b"id,query,document\n1,q,d\n")
+    (sheets / "b.csv").write_bytes(b"id,query,document\n2,q,d\n3,q,caf\xe9\n")
+    with pytest.raises(InputFileError, match=r"sheets/b\.csv, line 3: not UTF-8 text"):
+        score_file_on_ray(sheets, tmp_path / "scored", str(tiny_model_dir), **SETTINGS)
 
 
 def test_ray_csv_job_names_the_file_whose_header_lacks_a_column(tmp_path: Path) -> None:
@@ -336,13 +344,15 @@ def test_ray_csv_job_names_the_file_whose_header_lacks_a_column(tmp_path: Path) 
 def test_the_first_bad_json_line_is_found_across_blocks() -> None:
     import io
 
-    from genscore_core.jobs.files import first_bad_json_line
+    from genscore_core.jobs.files import first_bad_json_line, first_line_not_utf8
 
     long_line = json.dumps({"query": "q", "document": "x" * 1_500_000}).encode()  # spans two 1 MiB reads
     good = b"\xef\xbb\xbf" + long_line + b"\n\n" + long_line + b"\r\n"
     assert first_bad_json_line(io.BytesIO(good)) is None
     assert first_bad_json_line(io.BytesIO(good + b"[1, 2]")) == (4, "expected a JSON object")
     assert first_bad_json_line(io.BytesIO(good + b'{"a": "\xff"}\n')) == (4, "not UTF-8 text")
+    assert first_line_not_utf8(io.BytesIO(good)) is None
+    assert first_line_not_utf8(io.BytesIO(good + b"q,caf\xe9")) == 4
 
 
 def test_ray_file_job_refuses_an_output_that_holds_files(tmp_path: Path, tiny_model_dir: Path) -> None:
