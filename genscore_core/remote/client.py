@@ -567,8 +567,11 @@ class TokenScoringClient(HttpBackend):
             "apply_softmax": job.apply_softmax,
         }
 
-    def _parse(self, body: Any, count: int, offset: int = 0) -> list[float]:
-        """The scores of a request for ``count`` items, the first being item ``offset`` of its job."""
+    def _parse(
+        self, body: Any, count: int, offset: int = 0, request: dict[str, Any] | None = None
+    ) -> list[float]:
+        """The scores of a request for ``count`` items, the first being item ``offset`` of its job;
+        ``request`` is the body sent, for answers that can be checked against it."""
         raise NotImplementedError
 
     def _plan(self, jobs: Sequence[ScoringJob]) -> list[_Call]:
@@ -595,7 +598,7 @@ class TokenScoringClient(HttpBackend):
     ) -> list[list[float]]:
         results: list[list[float]] = [[] for _ in jobs]
         for call, body in zip(calls, answers):
-            results[call.job].extend(self._parse(body, call.count, call.start))
+            results[call.job].extend(self._parse(body, call.count, call.start, call.payload))
         return results
 
     def score_jobs(

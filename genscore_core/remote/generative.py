@@ -22,7 +22,9 @@ class GenerativeScoringClient(TokenScoringClient):
         super().__init__(http, **options)
         self.kind = kind
 
-    def _parse(self, body: Any, count: int, offset: int = 0) -> list[float]:
+    def _parse(
+        self, body: Any, count: int, offset: int = 0, request: dict[str, Any] | None = None
+    ) -> list[float]:
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list) or len(data) != count:
             got = len(data) if isinstance(data, list) else "no"

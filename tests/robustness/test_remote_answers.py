@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -72,7 +73,7 @@ def faulty_app(faults: Faults) -> FastAPI:
     @app.post("/v1/score")
     async def sglang(request: Request) -> Response:
         count = len((await request.json())["items"])
-        rows = [f"[{faults.score if faults.at(count, i) else 0.1 + 0.2 * i}, 0.5]" for i in range(count)]
+        rows = [_row(faults.score if faults.at(count, i) else str(0.1 + 0.2 * i)) for i in range(count)]
         return answer(f'{{"object": "scoring", "scores": [{", ".join(rows)}]}}')
 
     @app.post("/v1/rerank")
@@ -81,6 +82,17 @@ def faulty_app(faults: Faults) -> FastAPI:
         return answer(f'{{"results": {entries(count, "relevance_score")}}}')
 
     return app
+
+
+def _row(score: str) -> str:
+    """An SGLang row of two label probabilities: ``score`` and what makes the row sum to 1 (as near as
+    a probability can; 0.5 when ``score`` is not a number), so that only ``score`` is at fault."""
+    try:
+        value = float(score)
+    except ValueError:
+        value = math.nan
+    other = min(max(1.0 - value, 0.0), 1.0) if math.isfinite(value) else 0.5
+    return f"[{score}, {other}]"
 
 
 async def _trickled(body: bytes, pause: float) -> AsyncIterator[bytes]:
@@ -309,3 +321,22 @@ def test_faulty_server_answers_good_values_when_told(remotes: dict[str, Generati
     assert json.loads("[0.1, 0.5, 0.5]") == pytest.approx(
         remotes["genscore"].score_pairs([(QUERY, d) for d in DOCUMENTS])
     )
+
+
+@pytest.mark.parametrize(
+    ("rows", "problem"),
+    [
+        ("[0.7], [0.2], [0.4]", "has 1 probabilities for 2 label tokens"),
+        ("[0.7, 0.3, 0.1], [0.2, 0.8, 0.0], [0.4, 0.6, 0.0]", "has 3 probabilities for 2 label tokens"),
+        ("[0.7, 0.3], [0.9, 0.8], [0.4, 0.6]", "sums to 1.7"),
+    ],
+)
+def test_sglang_rows_must_hold_one_probability_per_label(
+    remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, rows: str, problem: str
+) -> None:
+    fault.body = f'{{"object": "scoring", "scores": [{rows}]}}'
+    for call in _calls(remotes["sglang"], "sglang"):
+        with pytest.raises(RemoteScoringError) as caught:
+            call()
+        assert f"{faulty_server.url}/v1/score answered a malformed score row" in str(caught.value)
+        assert problem in str(caught.value)

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from genscore_core import GenerativeScorer, InvalidRequestError
+from genscore_core import GenerativeScorer, InvalidRequestError, RemoteScoringError
 from genscore_core.engine import ScoringJob
 
 from ._support import SEED_TEXT_REQUEST, SEED_TOKEN_REQUEST, LiveServer, serve_in_thread
@@ -44,7 +44,11 @@ class SGLangScoringRequest(BaseModel):
     model: str = "default"
 
 
-def sglang_app(model: Any, tokenizer: Any, received: list[dict[str, Any]]) -> FastAPI:
+def sglang_app(
+    model: Any, tokenizer: Any, received: list[dict[str, Any]], *, honours_apply_softmax: bool = True
+) -> FastAPI:
+    """SGLang's ``/v1/score`` over ``model``; with ``honours_apply_softmax=False``, a server that
+    ignores the switch and always answers whole-vocabulary probabilities."""
     app = FastAPI()
 
     def ids(value: str | list[int]) -> list[int]:
@@ -76,7 +80,7 @@ def sglang_app(model: Any, tokenizer: Any, received: list[dict[str, Any]]) -> Fa
             with torch.inference_mode():
                 logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].double()
             labels = torch.tensor(request.label_token_ids)
-            if request.apply_softmax:
+            if request.apply_softmax and honours_apply_softmax:
                 probs = torch.softmax(logits[labels], dim=-1)
             else:
                 probs = torch.softmax(logits, dim=-1)[labels]
@@ -140,3 +144,25 @@ async def test_async_through_sglang(remote: GenerativeScorer, scorer: Generative
 def test_sglang_errors_raise_invalid_request(remote: GenerativeScorer) -> None:
     with pytest.raises(InvalidRequestError, match="HTTP 400: query, items and label_token_ids are required"):
         remote.backend.score_jobs([ScoringJob([[1, 2, 3]], [])])
+
+
+def test_a_server_that_ignores_apply_softmax_is_refused(
+    tiny_model_dir: Path, scorer: GenerativeScorer
+) -> None:
+    # Its label probabilities are over the whole vocabulary, so the scores would be silently lower
+    # than the normalised ones asked for: the rows not summing to 1 give it away.
+    app = sglang_app(scorer.model, scorer.tokenizer, [], honours_apply_softmax=False)
+    with serve_in_thread(app) as live:
+        remote = GenerativeScorer(
+            str(tiny_model_dir), server_url=live.url, server_kind="sglang", max_length=512
+        )
+        with remote:
+            with pytest.raises(RemoteScoringError) as caught:
+                remote.rerank(QUERY, DOCUMENTS)
+            message = str(caught.value)
+            assert f"{live.url}/v1/score answered a malformed score row (item 0: score row [" in message
+            assert "not 1, though apply_softmax was asked" in message
+            # Whole-vocabulary probabilities asked for are what it answers: those pass.
+            request = {**SEED_TEXT_REQUEST, "apply_softmax": False}
+            got = [d.score for d in remote.score(request).data]
+        assert got == pytest.approx([d.score for d in scorer.score(request).data], abs=1e-5)
