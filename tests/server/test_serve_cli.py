@@ -109,8 +109,12 @@ def test_serve_on_a_port_in_use_fails_at_once_with_exit_code_2(tiny_model_dir: P
     assert "Started server process" not in result.stderr  # nothing was started
 
 
-def test_sigterm_answers_the_request_in_flight_then_exits(tiny_model_dir: Path) -> None:
-    """docs/scaling.md: on SIGTERM the server stops listening, finishes what it has received, exits."""
+@pytest.mark.parametrize(("stop", "status"), [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 0)])
+def test_a_stop_signal_answers_the_request_in_flight_then_exits(
+    tiny_model_dir: Path, stop: signal.Signals, status: int
+) -> None:
+    """docs/scaling.md: on SIGTERM or SIGINT the server stops listening, finishes what it has received,
+    then exits: by SIGTERM itself (as supervisors expect of a service they stopped), 0 after Ctrl-C."""
     assert GENSCORE is not None
     port = free_port()
     command = [
@@ -135,12 +139,11 @@ def test_sigterm_answers_the_request_in_flight_then_exits(tiny_model_dir: Path) 
         while httpx.get(url + "/stats", timeout=30).json()["in_flight"] == 0:
             assert time.monotonic() < deadline, "the request never arrived"
             time.sleep(0.02)
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(stop)
         client.join(timeout=300)
         assert answer["status"] == 200, answer
         assert sorted(result["index"] for result in answer["body"]["results"]) == list(range(len(documents)))
-        # Ended by the signal, as supervisors expect of a service they stopped (143 in a shell).
-        assert process.wait(timeout=60) == -signal.SIGTERM
+        assert process.wait(timeout=60) == status
     finally:
         if process.poll() is None:
             process.kill()
