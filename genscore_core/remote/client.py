@@ -706,5 +706,5 @@ def as_index(value: Any, count: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"index {value!r} is not an integer")
     if not 0 <= value < count:
-        raise ValueError(f"index {value!r} is outside [0, {count})")
+        raise ValueError(f"index {_short(value)} is outside [0, {count})")
     return value

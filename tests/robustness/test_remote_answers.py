@@ -210,6 +210,20 @@ def test_integers_beyond_float_range_are_refused_as_scores(
         assert "score 10000000000000000000...(401 characters) is not a probability" in message
 
 
+@pytest.mark.parametrize("kind", ["genscore", "vllm", "rerank"])
+def test_an_index_of_hundreds_of_digits_is_shortened_in_the_error(
+    remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, kind: str
+) -> None:
+    fault.index = "1" + "0" * 400
+    for call in _calls(remotes[kind], kind):
+        with pytest.raises(RemoteScoringError) as caught:
+            call()
+        message = str(caught.value)
+        assert faulty_server.url in message
+        assert "index 10000000000000000000...(401 characters) is outside [0, 3)" in message
+        assert len(message) < 300
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_deeply_nested_bodies_are_refused_as_not_json(
     remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, kind: str
