@@ -476,6 +476,10 @@ def score_file_on_ray(
             raise InputFileError(bad_line, param="input") from error
     finally:
         execution.preserve_order = kept_order
+    # Ray writes no file, and makes no folder, for no rows; an output that is not there would read
+    # as a job that never ran.
+    filesystem, path = _filesystem(target)
+    filesystem.create_dir(path, recursive=True)
 
 
 def _input_format(source: str, given: str | None) -> FileFormat:

@@ -341,6 +341,21 @@ def test_ray_csv_job_names_the_file_whose_header_lacks_a_column(tmp_path: Path) 
         score_file_on_ray(folder / "a.csv", tmp_path / "scored", "unused", document_column="text")
 
 
+@pytest.mark.slow  # starts the module's Ray instance
+def test_ray_file_job_with_no_rows_writes_an_empty_output_folder(
+    ray_instance: Any, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Ray writes nothing for no rows: the job returned without a word and left no output at all."""
+    from genscore_integrations.ray import score_file_on_ray
+
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "header.csv").write_text("id,query,document\n")
+    for source in ("empty.jsonl", "header.csv"):
+        out = tmp_path / f"scored-{source}"
+        score_file_on_ray(tmp_path / source, out, str(tiny_model_dir), **SETTINGS)
+        assert out.is_dir() and list(out.iterdir()) == []
+
+
 def test_the_first_bad_json_line_is_found_across_blocks() -> None:
     import io
 
