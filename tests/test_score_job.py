@@ -575,3 +575,27 @@ def test_a_pandas_categorical_query_column_is_read_as_text(tmp_path: Path, score
     assert report.bad_rows_file is not None
     [bad] = read_jsonl(report.bad_rows_file)
     assert (bad["line"], bad["error"]) == (3, "'document' must be a string, got null")
+
+
+def test_a_json_key_given_twice_is_a_bad_row_not_a_lost_value(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    """json.loads keeps the last value of a repeated key: the row was scored with the second query
+    and written without the first, without a word."""
+    source = tmp_path / "pairs.jsonl"
+    source.write_text(
+        '{"query": "capital of France", "document": "Paris"}\n'
+        '{"query": "capital of France", "query": "tallest mountain", "document": "Everest"}\n'
+        '{"query": "q", "document": "d", "meta": {"tag": 1, "tag": 2}}\n'
+    )
+    with pytest.raises(
+        InvalidRequestError, match=r"line 2: the key 'query' appears twice in one object; line 3"
+    ):
+        _score(source, tmp_path / "scored.jsonl", scorer)
+    report = _score(source, tmp_path / "scored.jsonl", scorer, on_bad_row="skip", restart=True)
+    assert [row["document"] for row in read_jsonl(tmp_path / "scored.jsonl")] == ["Paris"]
+    assert report.bad_rows_file is not None
+    assert [(bad["line"], bad["error"]) for bad in read_jsonl(report.bad_rows_file)] == [
+        (2, "the key 'query' appears twice in one object"),
+        (3, "the key 'tag' appears twice in one object"),
+    ]

@@ -199,12 +199,33 @@ def parse_json_line(line: bytes) -> tuple[dict[str, Any] | None, str | None, str
         return None, "not UTF-8 text", repr(line)
     shown = text.rstrip("\r\n")
     try:
-        record = json.loads(text)
+        record = json.loads(text, object_pairs_hook=_object_of_distinct_keys)
     except json.JSONDecodeError as error:
         return None, f"invalid JSON ({error.msg})", shown
+    except _RepeatedKeyError as error:
+        return None, f"the key {error.key!r} appears twice in one object", shown
     if not isinstance(record, dict):
         return None, "expected a JSON object", shown
     return record, None, shown
+
+
+class _RepeatedKeyError(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _object_of_distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of two values of one key: the first (a query, say) would be lost
+    # without a word, and the output would not hold the input's row.
+    record = dict(pairs)
+    if len(record) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKeyError(key)
+            seen.add(key)
+    return record
 
 
 def first_bad_json_line(stream: Any) -> tuple[int, str] | None:

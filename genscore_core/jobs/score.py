@@ -11,7 +11,7 @@ after an interruption keeps the finished parts, skips their rows and scores the 
 uninterrupted run would have; the work folder records the input file and the settings, and a rerun
 with other ones is refused rather than mixed in.
 
-Bad rows (invalid JSON, a missing or non-string query or document, text the scorer refuses) are
+Bad rows (invalid JSON, a JSON key given twice, a missing or non-string query or document, text the scorer refuses) are
 reported with their line number. With ``on_bad_row="fail"`` (the default) the job stops at the first
 chunk holding any, naming them all; with ``"skip"`` they are left out of the output and listed, with
 the reason, in ``OUTPUT.bad-rows.jsonl``, and the summary counts them. Nothing is dropped silently.
