@@ -20,11 +20,17 @@ YES_ID, NO_ID = 9693, 2152
 
 
 def official_qwen3_scores(
-    model: Any, tokenizer: Any, pairs: list[tuple[str, str]], max_length: int, batch_size: int = 8
+    model: Any,
+    tokenizer: Any,
+    pairs: list[tuple[str, str]],
+    max_length: int,
+    batch_size: int = 8,
+    instruction: str = QWEN3_INSTRUCTION,
 ) -> list[float]:
+    """``instruction`` is the recipe's ``format_instruction`` argument (the card's default if not given)."""
     prefix_ids = tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)
     suffix_ids = tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)
-    texts = [f"<Instruct>: {QWEN3_INSTRUCTION}\n<Query>: {q}\n<Document>: {d}" for q, d in pairs]
+    texts = [f"<Instruct>: {instruction}\n<Query>: {q}\n<Document>: {d}" for q, d in pairs]
     scores: list[float] = []
     for start in range(0, len(texts), batch_size):
         encoded = tokenizer(

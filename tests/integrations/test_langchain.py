@@ -1,7 +1,8 @@
 """LangChain adapters on the tiny random Qwen3: mapping, contracts, async, and real retrieval pipelines.
 
-Random weights carry no relevance signal, so every expectation is computed independently with the
-engine itself (``scorer.rerank`` / ``scorer.score_pairs``) rather than assumed from the texts.
+Random weights carry no relevance signal, so every expected score and order comes from the official
+Qwen3-Reranker recipe (tests/reference_recipe.py) run on a copy of the model loaded with transformers,
+never from genscore's own output (see tests/recipe_ranking.py).
 """
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
+import itertools
 import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from unittest import mock
 from uuid import UUID
 
 import pytest
@@ -32,9 +33,20 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from pydantic import PrivateAttr
 
 import genscore_integrations.langchain as lc
-from genscore_core import GenerativeScorer, InvalidRequestError, RankedResult, RankedResults, ScorerConfig
+from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_integrations.langchain import GenerativeCrossEncoder, GenerativeReranker
 from tests.model_gate import ModelGate
+from tests.recipe_ranking import (
+    NEAR_TIE,
+    SCORE_TOLERANCE,
+    SCORING_ENTRY_POINTS,
+    RecipeReference,
+    assert_order_like_recipe,
+    assert_ranked_like_recipe,
+    expected_indices,
+    spied,
+    threshold_between,
+)
 
 QUERY = "Which river flows through Paris?"
 
@@ -61,18 +73,34 @@ def docs() -> list[Document]:
     ]
 
 
+@pytest.fixture
+def recipe(tiny_model_dir: Path) -> RecipeReference:
+    return RecipeReference(tiny_model_dir)
+
+
 def ids(documents: Iterable[Document]) -> list[str | None]:
     return [d.id for d in documents]
 
 
-def expected(scorer: GenerativeScorer, documents: Sequence[Document], **options: Any) -> RankedResults:
-    """The engine's own ranking of the documents' texts: what the adapter must reproduce."""
-    return scorer.rerank(QUERY, [d.page_content for d in documents], **options)
+def recipe_scores(recipe: RecipeReference, documents: Sequence[Document], **options: Any) -> list[float]:
+    """The official recipe's score of each document's text for QUERY, in input order."""
+    return recipe.scores(QUERY, [d.page_content for d in documents], **options)
 
 
-def mock_scorer() -> Any:
-    """A stand-in that passes the ``scorer`` field's isinstance check."""
-    return mock.create_autospec(GenerativeScorer, instance=True)
+def input_indices(out: Sequence[Document], documents: Sequence[Document]) -> list[int]:
+    """Where each returned document was in the input (the inputs' ids are distinct)."""
+    index_of = {d.id: i for i, d in enumerate(documents)}
+    assert len(index_of) == len(documents), "give the inputs distinct ids"
+    return [index_of[d.id] for d in out]
+
+
+def assert_reranked_like_recipe(
+    out: Sequence[Document], documents: Sequence[Document], scores: list[float], **options: Any
+) -> None:
+    """``out`` keeps what the recipe's ``scores`` keep under ``options`` (top_n, score_threshold), in
+    its order, each with the recipe's score as ``relevance_score``."""
+    got = zip(input_indices(out, documents), (d.metadata["relevance_score"] for d in out))
+    assert_ranked_like_recipe(list(got), scores, **options)
 
 
 # -- public surface and construction -----------------------------------------------------------------
@@ -108,12 +136,13 @@ def test_package_import_does_not_load_frameworks() -> None:
 
 
 def test_built_from_model_settings(
-    tiny_model_dir: Path, scorer: GenerativeScorer, docs: list[Document]
+    tiny_model_dir: Path, recipe: RecipeReference, docs: list[Document]
 ) -> None:
+    instruction = "Given a question, find passages that answer it"
     reranker = GenerativeReranker(
         model=str(tiny_model_dir),
         template="qwen3-reranker",
-        instruction="Given a question, find passages that answer it",
+        instruction=instruction,
         device="cpu",
         dtype="float32",
         max_length=512,
@@ -127,41 +156,55 @@ def test_built_from_model_settings(
         "cpu",
         "float32",
     )
-    assert config.instruction == "Given a question, find passages that answer it"
-    independent = GenerativeScorer(config=config)
+    assert config.instruction == instruction
     out = reranker.compress_documents(docs, QUERY)
-    want = expected(independent, docs, top_n=2)
-    assert ids(out) == [docs[r.index].id for r in want]
-    assert [d.metadata["relevance_score"] for d in out] == pytest.approx([r.score for r in want], abs=1e-6)
+    # The instruction reached the prompt: the recipe scores with it (and not with the card's default).
+    scores = recipe_scores(recipe, docs, instruction=instruction)
+    assert_reranked_like_recipe(out, docs, scores, top_n=2)
+    assert recipe_scores(recipe, docs) != pytest.approx(scores, abs=SCORE_TOLERANCE)
 
 
 @pytest.mark.parametrize("cls", [GenerativeReranker, GenerativeCrossEncoder])
-def test_settings_are_forwarded_to_the_scorer(cls: Any) -> None:
-    with mock.patch.object(lc, "GenerativeScorer", return_value=mock_scorer()) as factory:
-        adapter = cls(
-            model="some/model", instruction="Judge it", device="cuda:1", dtype="bfloat16", max_length=64
-        )
-    factory.assert_called_once_with(
-        "some/model", instruction="Judge it", device="cuda:1", dtype="bfloat16", max_length=64
+def test_settings_are_forwarded_to_the_scorer(cls: Any, tiny_model_dir: Path) -> None:
+    import torch
+
+    adapter = cls(
+        model=str(tiny_model_dir), instruction="Judge it", device="cpu", dtype="bfloat16", max_length=64
     )
-    assert adapter.scorer is factory.return_value
+    assert isinstance(adapter.scorer, GenerativeScorer)
+    config = adapter.scorer.config
+    assert (config.model, config.instruction, config.device, config.dtype, config.max_length) == (
+        str(tiny_model_dir),
+        "Judge it",
+        "cpu",
+        "bfloat16",
+        64,
+    )
+    # Taken up, not only recorded: the weights were loaded in bfloat16 and prompts are cut at 64.
+    assert adapter.scorer.model.dtype == torch.bfloat16
+    assert adapter.scorer.max_length == 64
 
 
 @pytest.mark.parametrize("cls", [GenerativeReranker, GenerativeCrossEncoder])
-def test_every_scorer_setting_is_accepted(cls: Any) -> None:
+def test_every_scorer_setting_is_accepted(cls: Any, tiny_model_dir: Path) -> None:
     """Settings come from ScorerConfig, so new ones (e.g. the server settings) need no adapter change."""
     settings = {"server_url": "http://127.0.0.1:8000", "server_kind": "vllm", "query_share": 0.5}
     assert set(settings) <= set(ScorerConfig.model_fields)
-    with mock.patch.object(lc, "GenerativeScorer", return_value=mock_scorer()) as factory:
-        cls(model="some/model", **settings)
-    factory.assert_called_once_with("some/model", **settings)
+    # A scorer with server_url loads only the tokenizer and reaches the server when it scores, so
+    # building one needs no server.
+    adapter = cls(model=str(tiny_model_dir), **settings)
+    assert {name: getattr(adapter.scorer.config, name) for name in settings} == settings
+    assert adapter.scorer.config.model == str(tiny_model_dir)
 
 
-def test_config_is_forwarded_to_the_scorer() -> None:
-    config = ScorerConfig(model="some/model", max_length=64)
-    with mock.patch.object(lc, "GenerativeScorer", return_value=mock_scorer()) as factory:
-        GenerativeReranker(config=config, top_n=None)
-    factory.assert_called_once_with(None, config=config)
+def test_config_is_forwarded_to_the_scorer(
+    tiny_model_dir: Path, recipe: RecipeReference, docs: list[Document]
+) -> None:
+    config = ScorerConfig(model=str(tiny_model_dir), device="cpu", dtype="float32", max_length=512)
+    reranker = GenerativeReranker(config=config, top_n=None)
+    assert reranker.scorer.config == config
+    out = reranker.compress_documents(docs, QUERY)
+    assert_reranked_like_recipe(out, docs, recipe_scores(recipe, docs))
 
 
 def test_one_scorer_shared_by_several_adapters(scorer: GenerativeScorer) -> None:
@@ -187,10 +230,10 @@ def test_unknown_fields_are_rejected_before_loading(
     cls: Any, with_scorer: bool, scorer: GenerativeScorer
 ) -> None:
     given: dict[str, Any] = {"scorer": scorer} if with_scorer else {"model": "some/model"}
-    with mock.patch.object(lc, "GenerativeScorer") as factory:
+    with spied(lc, "GenerativeScorer") as calls:
         with pytest.raises(TypeError, match=r"unexpected keyword argument.*'topn'"):
             cls(**given, topn=3)
-    factory.assert_not_called()
+    calls["GenerativeScorer"].assert_not_called()
 
 
 @pytest.mark.parametrize(
@@ -222,33 +265,34 @@ def test_wrong_scorer_type_is_rejected() -> None:
 
 
 @pytest.mark.parametrize("top_n", [None, 1, 3, 50])
-def test_matches_the_engine_ranking(
-    scorer: GenerativeScorer, docs: list[Document], top_n: int | None
+def test_matches_the_official_recipe_ranking(
+    scorer: GenerativeScorer, recipe: RecipeReference, docs: list[Document], top_n: int | None
 ) -> None:
     out = GenerativeReranker(scorer=scorer, top_n=top_n).compress_documents(docs, QUERY)
-    want = expected(scorer, docs, top_n=top_n)
     assert len(out) == min(top_n or len(docs), len(docs))
-    assert ids(out) == [docs[r.index].id for r in want]
-    assert [d.page_content for d in out] == [r.document for r in want]
+    assert_reranked_like_recipe(out, docs, recipe_scores(recipe, docs), top_n=top_n)
+    assert [d.page_content for d in out] == [docs[i].page_content for i in input_indices(out, docs)]
     scores = [d.metadata["relevance_score"] for d in out]
-    assert scores == pytest.approx([r.score for r in want], abs=1e-6)
     assert scores == sorted(scores, reverse=True)
     assert all(0.0 <= s <= 1.0 for s in scores)
 
 
-def test_score_threshold_with_and_without_top_n(scorer: GenerativeScorer, docs: list[Document]) -> None:
-    scores = sorted(scorer.score_documents(QUERY, [d.page_content for d in docs]))
-    threshold = (scores[2] + scores[3]) / 2  # strictly between two scores: exactly 4 pass
+def test_score_threshold_with_and_without_top_n(
+    scorer: GenerativeScorer, recipe: RecipeReference, docs: list[Document]
+) -> None:
+    scores = recipe_scores(recipe, docs)
+    threshold = threshold_between(scores, kept=4)  # strictly between two scores: exactly 4 pass
     out = GenerativeReranker(scorer=scorer, top_n=None, score_threshold=threshold).compress_documents(
         docs, QUERY
     )
     assert len(out) == 4
     assert all(d.metadata["relevance_score"] >= threshold for d in out)
-    assert ids(out) == [docs[r.index].id for r in expected(scorer, docs, score_threshold=threshold)]
+    assert_reranked_like_recipe(out, docs, scores, score_threshold=threshold)
     capped = GenerativeReranker(scorer=scorer, top_n=2, score_threshold=threshold).compress_documents(
         docs, QUERY
     )
     assert ids(capped) == ids(out)[:2]
+    assert_reranked_like_recipe(capped, docs, scores, top_n=2, score_threshold=threshold)
     assert GenerativeReranker(scorer=scorer, score_threshold=1.0).compress_documents(docs, QUERY) == []
 
 
@@ -275,7 +319,7 @@ def test_metadata_and_ids_kept_inputs_untouched(scorer: GenerativeScorer, docs: 
     assert docs == snapshot
 
 
-async def test_metadata_values_are_never_copied(scorer: GenerativeScorer) -> None:
+async def test_metadata_values_are_never_copied(scorer: GenerativeScorer, recipe: RecipeReference) -> None:
     import torch
 
     # deepcopy refuses a tensor that is not a graph leaf (RuntimeError) and a very deep tree
@@ -291,28 +335,34 @@ async def test_metadata_values_are_never_copied(scorer: GenerativeScorer) -> Non
         Document(page_content=TEXTS[0], id="tensor", metadata={"emb": not_a_leaf}),
         Document(page_content=TEXTS[1], id="deep", metadata={"tree": deep, "payload": payload}),
     ]
-    want = {docs[r.index].id: r.score for r in expected(scorer, docs)}
+    scores = recipe_scores(recipe, docs)
     reranker = GenerativeReranker(scorer=scorer, top_n=None)
     for out in (reranker.compress_documents(docs, QUERY), await reranker.acompress_documents(docs, QUERY)):
-        assert {d.id: d.metadata["relevance_score"] for d in out} == want
+        assert_reranked_like_recipe(out, docs, scores)
         by_id = {d.id: d for d in out}
         assert by_id["tensor"].metadata["emb"] is not_a_leaf
         assert by_id["deep"].metadata["tree"] is deep and by_id["deep"].metadata["payload"] is payload
     assert all(set(d.metadata) <= {"emb", "tree", "payload"} for d in docs)
 
 
-def test_document_subclass_and_existing_score_are_handled(scorer: GenerativeScorer) -> None:
+def test_document_subclass_and_existing_score_are_handled(
+    scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
     class MyDocument(Document):
         pass
 
     docs = [MyDocument(page_content=t, metadata={"relevance_score": 42.0}) for t in TEXTS[:3]]
     out = GenerativeReranker(scorer=scorer, top_n=None).compress_documents(docs, QUERY)
     assert all(type(d) is MyDocument and d.id is None for d in out)
-    assert all(d.metadata["relevance_score"] != 42.0 for d in out)  # the new score replaces an old one
+    # The new score replaces the old one.
+    want = dict(zip(TEXTS[:3], recipe_scores(recipe, docs)))
+    assert {d.page_content: d.metadata["relevance_score"] for d in out} == pytest.approx(
+        want, abs=SCORE_TOLERANCE
+    )
     assert all(d.metadata["relevance_score"] == 42.0 for d in docs)
 
 
-def test_truncated_flag(scorer: GenerativeScorer) -> None:
+def test_truncated_flag(scorer: GenerativeScorer, recipe: RecipeReference) -> None:
     short = GenerativeScorer.from_model(
         scorer.model, scorer.tokenizer, device="cpu", dtype="float32", max_length=96
     )
@@ -323,8 +373,10 @@ def test_truncated_flag(scorer: GenerativeScorer) -> None:
     out = GenerativeReranker(scorer=short, top_n=None).compress_documents(docs, QUERY)
     flags = {d.id: d.metadata["genscore_truncated"] for d in out}
     assert flags == {"short": False, "long": True}
-    want = {docs[r.index].id: r.truncated for r in expected(short, docs)}
-    assert flags == want
+    # The recipe's prompts agree: only the long one is over 96 tokens; and the long one is scored as
+    # the recipe scores it, cut to 96.
+    assert {d.id: recipe.is_cut(QUERY, d.page_content, max_length=96) for d in docs} == flags
+    assert_reranked_like_recipe(out, docs, recipe_scores(recipe, docs, max_length=96))
 
 
 def test_ties_keep_input_order(scorer: GenerativeScorer) -> None:
@@ -336,28 +388,35 @@ def test_ties_keep_input_order(scorer: GenerativeScorer) -> None:
     assert order[:3] == sorted(order[:3]) and order[3:] == sorted(order[3:])
 
 
-async def test_empty_input_gives_empty_list_without_scoring() -> None:
-    fake = mock_scorer()
-    reranker = GenerativeReranker(scorer=fake)
-    assert reranker.compress_documents([], QUERY) == []
-    assert await reranker.acompress_documents([], QUERY) == []
-    encoder = GenerativeCrossEncoder(scorer=fake)
-    assert encoder.score([]) == []
-    assert await encoder.ascore([]) == []
-    assert fake.mock_calls == []
+async def test_empty_input_gives_empty_list_without_scoring(scorer: GenerativeScorer) -> None:
+    reranker = GenerativeReranker(scorer=scorer)
+    encoder = GenerativeCrossEncoder(scorer=scorer)
+    with spied(scorer, *SCORING_ENTRY_POINTS) as calls:
+        assert reranker.compress_documents([], QUERY) == []
+        assert await reranker.acompress_documents([], QUERY) == []
+        assert encoder.score([]) == []
+        assert await encoder.ascore([]) == []
+    assert {name: spy.mock_calls for name, spy in calls.items()} == {name: [] for name in calls}
 
 
-def test_options_and_texts_are_forwarded() -> None:
-    fake = mock_scorer()
-    fake.rerank.return_value = RankedResults(
-        query=QUERY,
-        results=[RankedResult(index=1, score=0.9, document="b", truncated=True, prompt_tokens=7)],
-    )
-    out = GenerativeReranker(scorer=fake, top_n=1, score_threshold=0.5).compress_documents(
-        (Document(page_content="a", id="a"), Document(page_content="b", id="b")), QUERY
-    )
-    fake.rerank.assert_called_once_with(QUERY, ["a", "b"], top_n=1, score_threshold=0.5)
-    assert [(d.id, d.metadata) for d in out] == [("b", {"relevance_score": 0.9, "genscore_truncated": True})]
+def test_options_and_texts_are_forwarded(scorer: GenerativeScorer, recipe: RecipeReference) -> None:
+    docs = [Document(page_content=text, id=f"doc-{i}") for i, text in enumerate(TEXTS)]
+    scores = recipe_scores(recipe, docs)
+    threshold = threshold_between(scores, kept=3)
+    reranker = GenerativeReranker(scorer=scorer, top_n=1, score_threshold=threshold)
+    with spied(scorer, "rerank") as calls:
+        out = reranker.compress_documents(tuple(docs), QUERY)
+    calls["rerank"].assert_called_once_with(QUERY, TEXTS, top_n=1, score_threshold=threshold)
+    [best] = expected_indices(scores, top_n=1, score_threshold=threshold)
+    assert [(d.id, d.metadata) for d in out] == [
+        (
+            docs[best].id,
+            {
+                "relevance_score": pytest.approx(scores[best], abs=SCORE_TOLERANCE),
+                "genscore_truncated": False,
+            },
+        )
+    ]
 
 
 async def test_an_item_that_is_not_a_document_is_named_before_scoring(scorer: GenerativeScorer) -> None:
@@ -383,47 +442,58 @@ def test_engine_errors_reach_the_caller(scorer: GenerativeScorer, docs: list[Doc
 # -- async ------------------------------------------------------------------------------------------------
 
 
-async def test_acompress_matches_sync(scorer: GenerativeScorer, docs: list[Document]) -> None:
+async def test_acompress_matches_sync(
+    scorer: GenerativeScorer, recipe: RecipeReference, docs: list[Document]
+) -> None:
     reranker = GenerativeReranker(scorer=scorer, top_n=4)
-    assert await reranker.acompress_documents(docs, QUERY) == reranker.compress_documents(docs, QUERY)
+    out = await reranker.acompress_documents(docs, QUERY)
+    assert out == reranker.compress_documents(docs, QUERY)
+    assert_reranked_like_recipe(out, docs, recipe_scores(recipe, docs), top_n=4)
 
 
-async def test_acompress_awaits_the_scorer_async_api() -> None:
-    fake = mock_scorer()
-    fake.arerank.return_value = RankedResults(query=QUERY, results=[])
-    await GenerativeReranker(scorer=fake, top_n=2).acompress_documents([Document(page_content="a")], QUERY)
-    fake.arerank.assert_awaited_once_with(QUERY, ["a"], top_n=2, score_threshold=None)
-    fake.rerank.assert_not_called()
+async def test_acompress_awaits_the_scorer_async_api(
+    scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
+    docs = [Document(page_content=TEXTS[2], id="loire"), Document(page_content=TEXTS[0], id="seine")]
+    with spied(scorer, "rerank", "arerank") as calls:
+        out = await GenerativeReranker(scorer=scorer, top_n=1).acompress_documents(docs, QUERY)
+    calls["arerank"].assert_awaited_once_with(QUERY, [TEXTS[2], TEXTS[0]], top_n=1, score_threshold=None)
+    calls["rerank"].assert_not_called()
+    assert_reranked_like_recipe(out, docs, recipe_scores(recipe, docs), top_n=1)
 
 
 async def test_acompress_does_not_block_the_event_loop(
-    scorer: GenerativeScorer, docs: list[Document]
+    scorer: GenerativeScorer, recipe: RecipeReference, docs: list[Document]
 ) -> None:
-    want = ids(docs[r.index] for r in expected(scorer, docs, top_n=3))
     reranker = GenerativeReranker(scorer=scorer, top_n=3)
     with ModelGate(scorer) as gate:
         out, _ = await asyncio.wait_for(
             asyncio.gather(reranker.acompress_documents(docs, QUERY), gate.open_once_entered()), timeout=120
         )
     assert gate.thread_ids and threading.get_ident() not in gate.thread_ids
-    assert ids(out) == want
+    assert_reranked_like_recipe(out, docs, recipe_scores(recipe, docs), top_n=3)
 
 
 # -- cross encoder ----------------------------------------------------------------------------------------
 
 
-async def test_cross_encoder_scores_match_the_engine(scorer: GenerativeScorer) -> None:
+async def test_cross_encoder_scores_match_the_official_recipe(
+    scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
     pairs = [(QUERY, TEXTS[0]), ("Where is Berlin?", TEXTS[1]), (QUERY, TEXTS[2])]
     encoder = GenerativeCrossEncoder(scorer=scorer)
-    want = scorer.score_pairs(pairs)
-    assert encoder.score(pairs) == pytest.approx(want, abs=1e-6)
-    assert await encoder.ascore(pairs) == pytest.approx(want, abs=1e-6)
+    want = recipe.pair_scores(pairs)
+    assert encoder.score(pairs) == pytest.approx(want, abs=SCORE_TOLERANCE)
+    assert await encoder.ascore(pairs) == pytest.approx(want, abs=SCORE_TOLERANCE)
 
 
-def test_cross_encoder_reranker(scorer: GenerativeScorer, docs: list[Document]) -> None:
+def test_cross_encoder_reranker(
+    scorer: GenerativeScorer, recipe: RecipeReference, docs: list[Document]
+) -> None:
     reranker = CrossEncoderReranker(model=GenerativeCrossEncoder(scorer=scorer), top_n=3)
     out = reranker.compress_documents(docs, QUERY)
-    assert ids(out) == [docs[r.index].id for r in expected(scorer, docs, top_n=3)]
+    # LangChain's CrossEncoderReranker writes no score into the documents: the order is what is checked.
+    assert_order_like_recipe(input_indices(out, docs), recipe_scores(recipe, docs), top_n=3)
 
 
 # -- real pipelines: vector store retriever, ContextualCompressionRetriever, LCEL, callbacks -------------
@@ -436,15 +506,28 @@ def base_retriever(docs: list[Document]) -> Any:
     return store.as_retriever(search_kwargs={"k": 5})
 
 
-def pipeline_expectation(scorer: GenerativeScorer, base_retriever: Any, top_n: int) -> list[str | None]:
+def pipeline_candidates(base_retriever: Any) -> list[Document]:
+    """What the vector store hands the reranker (the store is deterministic)."""
     candidates = base_retriever.invoke(QUERY)
     assert len(candidates) == 5
-    return [candidates[r.index].id for r in expected(scorer, candidates, top_n=top_n)]
+    return list(candidates)
+
+
+def pipeline_expectation(recipe: RecipeReference, base_retriever: Any, top_n: int) -> list[str | None]:
+    """The ids the recipe puts first among the store's candidates, for pipelines whose output has no
+    score to check (used where the recipe's top scores are clearly apart; see the assertion)."""
+    candidates = pipeline_candidates(base_retriever)
+    scores = recipe_scores(recipe, candidates)
+    top = sorted(scores, reverse=True)[: top_n + 1]
+    assert all(a - b > 2 * NEAR_TIE for a, b in itertools.pairwise(top)), (
+        f"near-ties in the recipe's top {top}"
+    )
+    return [candidates[i].id for i in expected_indices(scores, top_n=top_n)]
 
 
 @pytest.mark.parametrize("flavour", ["reranker", "cross-encoder"])
 async def test_contextual_compression_retriever(
-    scorer: GenerativeScorer, base_retriever: Any, docs: list[Document], flavour: str
+    scorer: GenerativeScorer, recipe: RecipeReference, base_retriever: Any, docs: list[Document], flavour: str
 ) -> None:
     compressor: BaseDocumentCompressor = (
         GenerativeReranker(scorer=scorer, top_n=3)
@@ -452,25 +535,26 @@ async def test_contextual_compression_retriever(
         else CrossEncoderReranker(model=GenerativeCrossEncoder(scorer=scorer), top_n=3)
     )
     retriever = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=base_retriever)
-    want = pipeline_expectation(scorer, base_retriever, top_n=3)
-    assert ids(retriever.invoke(QUERY)) == want
+    candidates = pipeline_candidates(base_retriever)
+    scores = recipe_scores(recipe, candidates)
+    assert_order_like_recipe(input_indices(retriever.invoke(QUERY), candidates), scores, top_n=3)
     out = await retriever.ainvoke(QUERY)
-    assert ids(out) == want
+    assert_order_like_recipe(input_indices(out, candidates), scores, top_n=3)
     originals = {d.id: d for d in docs}
     for doc in out:  # what the vector store returned, with the score beside the original metadata
         assert doc.page_content == originals[doc.id].page_content
         assert doc.metadata.items() >= originals[doc.id].metadata.items()
     if flavour == "reranker":
-        assert [d.metadata["relevance_score"] for d in out] == pytest.approx(
-            [scorer.rerank(QUERY, [d.page_content for d in out]).score_of(i) for i in range(3)], abs=1e-6
-        )
+        assert_reranked_like_recipe(out, candidates, scores, top_n=3)
 
 
 def format_docs(documents: list[Document]) -> str:
     return "\n".join(f"[{d.id}] {d.page_content}" for d in documents)
 
 
-async def test_lcel_chain(scorer: GenerativeScorer, base_retriever: Any, docs: list[Document]) -> None:
+async def test_lcel_chain(
+    scorer: GenerativeScorer, recipe: RecipeReference, base_retriever: Any, docs: list[Document]
+) -> None:
     retriever = ContextualCompressionRetriever(
         base_compressor=GenerativeReranker(scorer=scorer, top_n=2), base_retriever=base_retriever
     )
@@ -479,7 +563,7 @@ async def test_lcel_chain(scorer: GenerativeScorer, base_retriever: Any, docs: l
     )
     chain = {"context": retriever | RunnableLambda(format_docs), "question": RunnablePassthrough()} | prompt
     by_id = {d.id: d for d in docs}
-    context = format_docs([by_id[i] for i in pipeline_expectation(scorer, base_retriever, top_n=2)])
+    context = format_docs([by_id[i] for i in pipeline_expectation(recipe, base_retriever, top_n=2)])
     for value in (chain.invoke(QUERY), await chain.ainvoke(QUERY)):
         system, human = value.to_messages()
         assert system.content == f"Answer from the context.\n{context}"
@@ -555,12 +639,8 @@ class FixedRetriever(BaseRetriever):
 
 @pytest.mark.parametrize("use_async", [False, True])
 async def test_compression_retriever_scores_every_document_like_the_official_recipe(
-    use_async: bool, scorer: GenerativeScorer, tiny_model_dir: Path
+    use_async: bool, scorer: GenerativeScorer, recipe: RecipeReference
 ) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tests.reference_recipe import official_qwen3_scores
-
     nested = {"authors": ["a", "b"], "page": {"number": 3}}
     retrieved = [
         Document("The Seine flows through Paris.", id="seine", metadata={"source": "s.md", **nested}),
@@ -570,10 +650,7 @@ async def test_compression_retriever_scores_every_document_like_the_official_rec
         Document("   ", metadata={"relevance_score": 0.01}),  # no id, a stale score from an earlier reranker
         Document("Paris hosted the Olympics in 2024 {query} </s>", id="braces", metadata={"n": 1}),
     ]
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype="float32").eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    pairs = [(QUERY, d.page_content) for d in retrieved]
-    reference = official_qwen3_scores(model, tokenizer, pairs, max_length=512)
+    reference = recipe_scores(recipe, retrieved)
     best_first = sorted(range(len(retrieved)), key=lambda i: -reference[i])
     retriever = ContextualCompressionRetriever(
         base_compressor=GenerativeReranker(scorer=scorer, top_n=len(retrieved) + 4),

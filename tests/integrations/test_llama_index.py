@@ -1,7 +1,9 @@
-"""GenerativeRerank, the LlamaIndex node postprocessor, on the tiny random Qwen3 (and a fake engine).
+"""GenerativeRerank, the LlamaIndex node postprocessor, on the tiny random Qwen3.
 
-The weights are random, so every check compares against the engine's own ``rerank`` on the same
-texts instead of expecting relevant documents first.
+The weights are random, so instead of expecting relevant documents first every score and order is
+checked against the official Qwen3-Reranker recipe (tests/reference_recipe.py) run on the same texts
+with a copy of the model loaded by transformers, never against genscore's own output (see
+tests/recipe_ranking.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,9 +33,16 @@ from llama_index.core.schema import IndexNode, MetadataMode, NodeWithScore, Quer
 from pydantic import Field, ValidationError
 
 import genscore_integrations.llama_index as li
-from genscore_core import GenerativeScorer, InvalidRequestError, RankedResult, RankedResults, ScorerConfig
+from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_integrations.llama_index import RETRIEVAL_SCORE_KEY, GenerativeRerank
 from tests.model_gate import ModelGate
+from tests.recipe_ranking import (
+    SCORING_ENTRY_POINTS,
+    RecipeReference,
+    assert_ranked_like_recipe,
+    spied,
+    threshold_between,
+)
 
 QUERY = "How do generative rerankers score documents?"
 TEXTS = [
@@ -59,57 +69,37 @@ def make_nodes() -> list[NodeWithScore]:
     return nodes
 
 
-def expected(
-    scorer: GenerativeScorer,
-    nodes: Sequence[NodeWithScore],
-    mode: MetadataMode = MetadataMode.EMBED,
-    **options: Any,
-) -> list[tuple[str, float]]:
-    ranked = scorer.rerank(QUERY, [n.node.get_content(metadata_mode=mode) for n in nodes], **options)
-    return [(nodes[r.index].node.node_id, r.score) for r in ranked]
+@pytest.fixture
+def recipe(tiny_model_dir: Path) -> RecipeReference:
+    return RecipeReference(tiny_model_dir)
+
+
+def recipe_scores(
+    recipe: RecipeReference, nodes: Sequence[NodeWithScore], mode: MetadataMode = MetadataMode.EMBED
+) -> list[float]:
+    """The official recipe's score of each node's text (read with ``mode``) for QUERY, in input order."""
+    return recipe.scores(QUERY, [n.node.get_content(metadata_mode=mode) for n in nodes])
 
 
 def ids_scores(nodes: Sequence[NodeWithScore]) -> list[tuple[str, float | None]]:
     return [(n.node.node_id, n.score) for n in nodes]
 
 
-def assert_same_ranking(got: Sequence[NodeWithScore], want: list[tuple[str, float]]) -> None:
-    assert [node_id for node_id, _ in ids_scores(got)] == [node_id for node_id, _ in want]
-    for (_, got_score), (_, want_score) in zip(ids_scores(got), want):
-        assert got_score == pytest.approx(want_score, abs=1e-6)
+def assert_reranked_like_recipe(
+    got: Sequence[NodeWithScore], nodes: Sequence[NodeWithScore], scores: list[float], **options: Any
+) -> None:
+    """``got`` keeps what the recipe's ``scores`` of ``nodes`` keep under ``options`` (top_n,
+    score_threshold), in its order, each with the recipe's score."""
+    index_of = {n.node.node_id: i for i, n in enumerate(nodes)}
+    assert len(index_of) == len(nodes), "give the nodes distinct ids"
+    assert_ranked_like_recipe(
+        [(index_of[node_id], score) for node_id, score in ids_scores(got)], scores, **options
+    )
 
 
-class FakeScorer:
-    """Engine stand-in: records what the adapter asks, answers with fixed scores per text."""
-
-    def __init__(self, scores: dict[str, float] | None = None) -> None:
-        self.config = ScorerConfig(model="fake/model")
-        self.scores = scores or {}
-        self.calls: list[tuple[str, str, list[str], dict[str, Any]]] = []
-
-    def _rank(self, query: str, documents: Sequence[str], **options: Any) -> RankedResults:
-        results = [
-            RankedResult(index=i, score=self.scores.get(d, 0.5), document=d, truncated=False, prompt_tokens=1)
-            for i, d in enumerate(documents)
-        ]
-        results.sort(key=lambda r: -r.score)
-        if options.get("score_threshold") is not None:
-            results = [r for r in results if r.score >= options["score_threshold"]]
-        if options.get("top_n") is not None:
-            results = results[: options["top_n"]]
-        return RankedResults(query=query, results=results)
-
-    def rerank(self, query: str, documents: Sequence[str], **options: Any) -> RankedResults:
-        self.calls.append(("rerank", query, list(documents), options))
-        return self._rank(query, documents, **options)
-
-    async def arerank(self, query: str, documents: Sequence[str], **options: Any) -> RankedResults:
-        self.calls.append(("arerank", query, list(documents), options))
-        return self._rank(query, documents, **options)
-
-
-def fake_rerank(fake: FakeScorer, **options: Any) -> GenerativeRerank:
-    return GenerativeRerank(scorer=fake, **options)  # type: ignore[arg-type]
+def scoring_calls(calls: dict[str, Any]) -> dict[str, list[Any]]:
+    """The calls each spied scorer method received."""
+    return {name: spy.mock_calls for name, spy in calls.items() if spy.mock_calls}
 
 
 class Collector(BaseEventHandler):
@@ -137,13 +127,11 @@ def collector() -> Iterator[Collector]:
 
 
 @pytest.fixture
-def no_model_loading(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail loudly if a test would load a model through the adapter."""
-
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("GenerativeRerank loaded a model")
-
-    monkeypatch.setattr(li, "GenerativeScorer", refuse)
+def no_model_loading() -> Iterator[None]:
+    """Fail if a test loads a model through the adapter (the real constructor is only watched)."""
+    with spied(li, "GenerativeScorer") as calls:
+        yield
+    calls["GenerativeScorer"].assert_not_called()
 
 
 # -- packaging --------------------------------------------------------------------------------------
@@ -176,7 +164,9 @@ def test_is_a_node_postprocessor_built_from_a_ready_scorer(scorer: GenerativeSco
     )
 
 
-def test_built_from_model_settings(tiny_model_dir: Any, scorer: GenerativeScorer) -> None:
+def test_built_from_model_settings(
+    tiny_model_dir: Any, scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
     rerank = GenerativeRerank(
         str(tiny_model_dir), device="cpu", dtype="float32", max_length=512, instruction=None, top_n=3
     )
@@ -185,25 +175,22 @@ def test_built_from_model_settings(tiny_model_dir: Any, scorer: GenerativeScorer
     assert rerank.scorer.config.model == rerank.model == str(tiny_model_dir)
     assert rerank.scorer.max_length == 512
     nodes = make_nodes()
-    assert_same_ranking(rerank.postprocess_nodes(nodes, query_str=QUERY), expected(scorer, nodes, top_n=3))
+    out = rerank.postprocess_nodes(nodes, query_str=QUERY)
+    assert_reranked_like_recipe(out, nodes, recipe_scores(recipe, nodes), top_n=3)
 
 
-def test_settings_and_config_are_forwarded(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[tuple[Any, dict[str, Any]]] = []
-
-    def record(model: str | None = None, **kwargs: Any) -> FakeScorer:
-        seen.append((model, kwargs))
-        return FakeScorer()
-
-    monkeypatch.setattr(li, "GenerativeScorer", record)
-    GenerativeRerank("some/model", device="cpu", max_batch_size=4)
-    config = ScorerConfig(model="other/model", dtype="float32")
-    rerank = GenerativeRerank(config=config)
-    assert seen == [
-        ("some/model", {"config": None, "device": "cpu", "max_batch_size": 4}),
-        (None, {"config": config}),
-    ]
-    assert rerank.model == "other/model"
+def test_settings_and_config_are_forwarded(tiny_model_dir: Path, recipe: RecipeReference) -> None:
+    from_settings = GenerativeRerank(str(tiny_model_dir), device="cpu", max_batch_size=4, top_n=None)
+    assert from_settings.model == from_settings.scorer.config.model == str(tiny_model_dir)
+    assert (from_settings.scorer.config.device, from_settings.scorer.config.max_batch_size) == ("cpu", 4)
+    config = ScorerConfig(model=str(tiny_model_dir), device="cpu", dtype="float32", max_length=512)
+    from_config = GenerativeRerank(config=config, top_n=None)
+    assert from_config.scorer.config == config
+    assert from_config.model == str(tiny_model_dir)
+    nodes = make_nodes()
+    scores = recipe_scores(recipe, nodes)
+    for rerank in (from_settings, from_config):
+        assert_reranked_like_recipe(rerank.postprocess_nodes(nodes, query_str=QUERY), nodes, scores)
 
 
 @pytest.mark.usefixtures("no_model_loading")
@@ -241,75 +228,87 @@ def test_unknown_arguments_and_bad_values_are_rejected_before_loading(scorer: Ge
 # -- 1. reranking -------------------------------------------------------------------------------------
 
 
-def test_scores_and_order_match_the_engine(scorer: GenerativeScorer) -> None:
+def test_scores_and_order_match_the_official_recipe(
+    scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
     nodes = make_nodes()
     out = GenerativeRerank(scorer=scorer, top_n=None).postprocess_nodes(nodes, query_str=QUERY)
     assert len(out) == len(nodes)  # top_n=None keeps all (the default keeps 3)
-    assert_same_ranking(out, expected(scorer, nodes))
+    assert_reranked_like_recipe(out, nodes, recipe_scores(recipe, nodes))
     assert all(isinstance(n.score, float) and 0.0 <= n.score <= 1.0 for n in out)
 
 
-async def test_nodes_from_a_generator_are_all_ranked(scorer: GenerativeScorer) -> None:
+async def test_nodes_from_a_generator_are_all_ranked(
+    scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
     nodes = make_nodes()
+    scores = recipe_scores(recipe, nodes)
     rerank = GenerativeRerank(scorer=scorer, top_n=None)
     for out in (
         rerank.postprocess_nodes((n for n in nodes), query_str=QUERY),  # type: ignore[arg-type]
         await rerank.apostprocess_nodes((n for n in nodes), query_str=QUERY),  # type: ignore[arg-type]
     ):
-        assert_same_ranking(out, expected(scorer, nodes))
+        assert_reranked_like_recipe(out, nodes, scores)
 
 
-def test_top_n_and_score_threshold(scorer: GenerativeScorer) -> None:
+def test_top_n_and_score_threshold(scorer: GenerativeScorer, recipe: RecipeReference) -> None:
     nodes = make_nodes()
-    scores = sorted(score for _, score in expected(scorer, nodes))
-    threshold = scores[len(scores) // 2]
+    scores = recipe_scores(recipe, nodes)
+    threshold = threshold_between(scores, kept=3)  # between two scores: exactly 3 pass
     for options in ({"top_n": 2}, {"score_threshold": threshold}, {"top_n": 1, "score_threshold": threshold}):
         out = GenerativeRerank(scorer=scorer, **{"top_n": None, **options}).postprocess_nodes(
             nodes, query_str=QUERY
         )
-        assert_same_ranking(out, expected(scorer, nodes, **options))
+        assert_reranked_like_recipe(out, nodes, scores, **options)
     out = GenerativeRerank(scorer=scorer, top_n=None, score_threshold=threshold).postprocess_nodes(
         nodes, query_str=QUERY
     )
-    assert len(out) == len(scores) - len(scores) // 2
+    assert len(out) == 3
     assert all(n.score is not None and n.score >= threshold for n in out)
+    # A score equal to the threshold passes. Only the comparison is under test here, so the threshold
+    # is the third score as the postprocessor itself reported it (the recipe's differs by float noise).
+    third = out[2].score
+    assert third is not None
+    at_third = GenerativeRerank(scorer=scorer, top_n=None, score_threshold=third).postprocess_nodes(
+        nodes, query_str=QUERY
+    )
+    assert ids_scores(at_third) == ids_scores(out)
 
 
-def test_query_bundle_is_accepted(scorer: GenerativeScorer) -> None:
+def test_query_bundle_is_accepted(scorer: GenerativeScorer, recipe: RecipeReference) -> None:
     nodes = make_nodes()
     out = GenerativeRerank(scorer=scorer, top_n=3).postprocess_nodes(nodes, QueryBundle(QUERY))
-    assert_same_ranking(out, expected(scorer, nodes, top_n=3))
+    assert_reranked_like_recipe(out, nodes, recipe_scores(recipe, nodes), top_n=3)
 
 
 @pytest.mark.parametrize("mode", list(MetadataMode))
-def test_metadata_mode_chooses_the_scored_text(mode: MetadataMode, scorer: GenerativeScorer) -> None:
+def test_metadata_mode_chooses_the_scored_text(
+    mode: MetadataMode, scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
     nodes = make_nodes()
-    fake = FakeScorer()
-    fake_rerank(fake, metadata_mode=mode).postprocess_nodes(nodes, query_str=QUERY)
-    [(_, query, documents, _)] = fake.calls
-    assert query == QUERY
-    assert documents == [n.node.get_content(metadata_mode=mode) for n in nodes]
-    # And with the real engine the scores are those of that text.
-    out = GenerativeRerank(scorer=scorer, top_n=None, metadata_mode=mode).postprocess_nodes(
-        nodes, query_str=QUERY
-    )
-    assert_same_ranking(out, expected(scorer, nodes, mode))
+    rerank = GenerativeRerank(scorer=scorer, top_n=None, metadata_mode=mode)
+    with spied(scorer, "rerank") as calls:
+        out = rerank.postprocess_nodes(nodes, query_str=QUERY)
+    [call] = calls["rerank"].call_args_list
+    assert call.args == (QUERY, [n.node.get_content(metadata_mode=mode) for n in nodes])
+    # And the scores are those of that text.
+    assert_reranked_like_recipe(out, nodes, recipe_scores(recipe, nodes, mode))
 
 
-def test_default_mode_is_embed_which_hides_excluded_metadata() -> None:
-    fake = FakeScorer()
-    fake_rerank(fake).postprocess_nodes(make_nodes(), query_str=QUERY)
-    documents = fake.calls[0][2]
+def test_default_mode_is_embed_which_hides_excluded_metadata(scorer: GenerativeScorer) -> None:
+    with spied(scorer, "rerank") as calls:
+        GenerativeRerank(scorer=scorer).postprocess_nodes(make_nodes(), query_str=QUERY)
+    documents = calls["rerank"].call_args.args[1]
     assert "source: doc0.md" in documents[0] and "internal-0" not in documents[0]
 
 
-def test_keep_retrieval_score(scorer: GenerativeScorer) -> None:
+def test_keep_retrieval_score(scorer: GenerativeScorer, recipe: RecipeReference) -> None:
     nodes = make_nodes()
     retrieval = {n.node.node_id: n.score for n in nodes}
     out = GenerativeRerank(scorer=scorer, top_n=None, keep_retrieval_score=True).postprocess_nodes(
         nodes, query_str=QUERY
     )
-    assert_same_ranking(out, expected(scorer, nodes))
+    assert_reranked_like_recipe(out, nodes, recipe_scores(recipe, nodes))
     for node in out:
         assert node.node.metadata[RETRIEVAL_SCORE_KEY] == retrieval[node.node.node_id]
         # Bookkeeping stays out of what embedders and the LLM read.
@@ -341,7 +340,9 @@ async def test_inputs_are_never_mutated(scorer: GenerativeScorer) -> None:
     assert [n.model_dump() for n in nodes] == [n.model_dump() for n in before]
 
 
-async def test_node_objects_and_metadata_values_are_shared_not_copied(scorer: GenerativeScorer) -> None:
+async def test_node_objects_and_metadata_values_are_shared_not_copied(
+    scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
     import torch
 
     # An IndexNode's obj is what the node points to (here a whole index): LlamaIndex's own rerankers
@@ -368,13 +369,13 @@ async def test_node_objects_and_metadata_values_are_shared_not_copied(scorer: Ge
             score=0.1,
         ),
     ]
-    want = expected(scorer, nodes)
+    scores = recipe_scores(recipe, nodes)
     rerank = GenerativeRerank(scorer=scorer, top_n=None, keep_retrieval_score=True)
     for out in (
         rerank.postprocess_nodes(nodes, query_str=QUERY),
         await rerank.apostprocess_nodes(nodes, query_str=QUERY),
     ):
-        assert_same_ranking(out, want)
+        assert_reranked_like_recipe(out, nodes, scores)
         by_id = {n.node.node_id: n.node for n in out}
         assert isinstance(by_id["index"], IndexNode) and by_id["index"].obj is index
         assert by_id["tensor"].metadata["emb"] is not_a_leaf
@@ -405,41 +406,43 @@ async def test_an_item_that_is_not_a_node_with_score_is_named(
         rerank.postprocess_nodes(["raw text"], query_str=QUERY)  # type: ignore[list-item]
 
 
-async def test_empty_input_gives_empty_output(collector: Collector) -> None:
-    fake = FakeScorer()
-    rerank = fake_rerank(fake, top_n=3)
-    assert rerank.postprocess_nodes([], query_str=QUERY) == []
-    assert await rerank.apostprocess_nodes([], query_str=QUERY) == []
-    assert fake.calls == [] and collector.events == []
+async def test_empty_input_gives_empty_output(scorer: GenerativeScorer, collector: Collector) -> None:
+    rerank = GenerativeRerank(scorer=scorer, top_n=3)
+    with spied(scorer, *SCORING_ENTRY_POINTS) as calls:
+        assert rerank.postprocess_nodes([], query_str=QUERY) == []
+        assert await rerank.apostprocess_nodes([], query_str=QUERY) == []
+    assert scoring_calls(calls) == {} and collector.events == []
 
 
-async def test_missing_query_is_a_clear_error(collector: Collector) -> None:
-    fake = FakeScorer()
+async def test_missing_query_is_a_clear_error(scorer: GenerativeScorer, collector: Collector) -> None:
     cb = LlamaDebugHandler()
-    rerank = fake_rerank(fake, callback_manager=CallbackManager([cb]))
-    for nodes in (make_nodes(), []):
-        with pytest.raises(InvalidRequestError, match=r"needs the query.*query_str=") as info:
-            rerank.postprocess_nodes(nodes)
-        assert isinstance(info.value, ValueError) and info.value.param == "query"
-        with pytest.raises(InvalidRequestError, match="needs the query"):
-            await rerank.apostprocess_nodes(nodes)
+    rerank = GenerativeRerank(scorer=scorer, callback_manager=CallbackManager([cb]))
+    with spied(scorer, *SCORING_ENTRY_POINTS) as calls:
+        for nodes in (make_nodes(), []):
+            with pytest.raises(InvalidRequestError, match=r"needs the query.*query_str=") as info:
+                rerank.postprocess_nodes(nodes)
+            assert isinstance(info.value, ValueError) and info.value.param == "query"
+            with pytest.raises(InvalidRequestError, match="needs the query"):
+                await rerank.apostprocess_nodes(nodes)
     # Checked before anything happens: no scoring, no events of either kind.
-    assert fake.calls == [] and collector.events == []
+    assert scoring_calls(calls) == {} and collector.events == []
     assert cb.get_event_pairs(CBEventType.RERANKING) == []
 
 
-async def test_an_image_query_without_text_is_a_clear_error(collector: Collector) -> None:
-    fake = FakeScorer()
-    rerank = fake_rerank(fake)
+async def test_an_image_query_without_text_is_a_clear_error(
+    scorer: GenerativeScorer, collector: Collector
+) -> None:
+    rerank = GenerativeRerank(scorer=scorer)
     image_query = QueryBundle(query_str="", image_path="/photos/eiffel.jpg")
-    with pytest.raises(
-        InvalidRequestError, match=r"image query \(image_path='/photos/eiffel.jpg'\) with no text"
-    ):
-        rerank.postprocess_nodes(make_nodes(), image_query)
-    with pytest.raises(InvalidRequestError, match="image query") as info:
-        await rerank.apostprocess_nodes(make_nodes(), image_query)
+    with spied(scorer, *SCORING_ENTRY_POINTS) as calls:
+        with pytest.raises(
+            InvalidRequestError, match=r"image query \(image_path='/photos/eiffel.jpg'\) with no text"
+        ):
+            rerank.postprocess_nodes(make_nodes(), image_query)
+        with pytest.raises(InvalidRequestError, match="image query") as info:
+            await rerank.apostprocess_nodes(make_nodes(), image_query)
     assert info.value.param == "query"
-    assert fake.calls == [] and collector.events == []
+    assert scoring_calls(calls) == {} and collector.events == []
 
 
 # -- 2. events ----------------------------------------------------------------------------------------
@@ -496,13 +499,19 @@ async def test_legacy_reranking_callback_event(use_async: bool, scorer: Generati
 # -- 3. async -----------------------------------------------------------------------------------------
 
 
-async def test_async_path_uses_the_engines_async_method() -> None:
+async def test_async_path_uses_the_engines_async_method(
+    scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
     nodes = make_nodes()
-    fake = FakeScorer({nodes[3].node.get_content(metadata_mode=MetadataMode.EMBED): 0.9})
-    out = await fake_rerank(fake, top_n=1, score_threshold=0.1).apostprocess_nodes(nodes, query_str=QUERY)
-    assert [call[0] for call in fake.calls] == ["arerank"]
-    assert fake.calls[0][3] == {"top_n": 1, "score_threshold": 0.1}
-    assert ids_scores(out) == [("node-3", 0.9)]
+    scores = recipe_scores(recipe, nodes)
+    threshold = threshold_between(scores, kept=2)
+    rerank = GenerativeRerank(scorer=scorer, top_n=1, score_threshold=threshold)
+    with spied(scorer, "rerank", "arerank") as calls:
+        out = await rerank.apostprocess_nodes(nodes, query_str=QUERY)
+    calls["rerank"].assert_not_called()
+    texts = [n.node.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes]
+    calls["arerank"].assert_awaited_once_with(QUERY, texts, top_n=1, score_threshold=threshold)
+    assert_reranked_like_recipe(out, nodes, scores, top_n=1, score_threshold=threshold)
 
 
 async def test_async_does_not_block_the_event_loop(scorer: GenerativeScorer) -> None:
@@ -530,14 +539,18 @@ def make_query_engine(rerank: GenerativeRerank) -> Any:
 
 @pytest.mark.parametrize("use_async", [False, True])
 async def test_query_engine_postprocessing(
-    use_async: bool, scorer: GenerativeScorer, collector: Collector, monkeypatch: pytest.MonkeyPatch
+    use_async: bool,
+    scorer: GenerativeScorer,
+    recipe: RecipeReference,
+    collector: Collector,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     handler = LlamaDebugHandler()
     monkeypatch.setattr(Settings, "callback_manager", CallbackManager([handler]))
     engine = make_query_engine(GenerativeRerank(scorer=scorer, top_n=3))
     response = await engine.aquery(QUERY) if use_async else engine.query(QUERY)
-    want = expected(scorer, make_nodes(), top_n=3)
-    assert_same_ranking(response.source_nodes, want)
+    nodes = make_nodes()  # what the index holds
+    assert_reranked_like_recipe(response.source_nodes, nodes, recipe_scores(recipe, nodes), top_n=3)
     # The mock LLM echoes its prompt: the context is the reranked nodes, best first.
     positions = [response.response.index(n.node.get_content()) for n in response.source_nodes]
     assert positions == sorted(positions)
@@ -545,7 +558,9 @@ async def test_query_engine_postprocessing(
     assert len(handler.get_event_pairs(CBEventType.RERANKING)) == 1
 
 
-async def test_one_scorer_serves_both_frameworks_at_once(scorer: GenerativeScorer) -> None:
+async def test_one_scorer_serves_both_frameworks_at_once(
+    scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
     from langchain_core.documents import Document
 
     from genscore_integrations.langchain import GenerativeReranker
@@ -555,16 +570,16 @@ async def test_one_scorer_serves_both_frameworks_at_once(scorer: GenerativeScore
     llama = GenerativeRerank(scorer=scorer, top_n=None)
     chain = GenerativeReranker(scorer=scorer, top_n=None)
     assert llama.scorer is chain.scorer is scorer
-    want = expected(scorer, nodes)
-    text_of = {n.node.node_id: n.node.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes}
+    scores = recipe_scores(recipe, nodes)
+    index_of_text = {d.page_content: i for i, d in enumerate(documents)}
+    assert len(index_of_text) == len(documents)
 
     def check_llama(out: Sequence[NodeWithScore]) -> None:
-        assert_same_ranking(out, want)
+        assert_reranked_like_recipe(out, nodes, scores)
 
     def check_chain(out: Sequence[Document]) -> None:
-        assert [d.page_content for d in out] == [text_of[node_id] for node_id, _ in want]
-        for document, (_, score) in zip(out, want):
-            assert document.metadata["relevance_score"] == pytest.approx(score, abs=1e-6)
+        got = [(index_of_text[d.page_content], d.metadata["relevance_score"]) for d in out]
+        assert_ranked_like_recipe(got, scores)
 
     # From threads: both adapters, several calls each, at the same time.
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -582,13 +597,13 @@ async def test_one_scorer_serves_both_frameworks_at_once(scorer: GenerativeScore
     check_chain(chain_out)
 
 
-def test_threads_share_one_postprocessor(scorer: GenerativeScorer) -> None:
+def test_threads_share_one_postprocessor(scorer: GenerativeScorer, recipe: RecipeReference) -> None:
     nodes = make_nodes()
     rerank = GenerativeRerank(scorer=scorer, top_n=2)
-    want = expected(scorer, nodes, top_n=2)
+    scores = recipe_scores(recipe, nodes)
     with ThreadPoolExecutor(max_workers=3) as pool:
         for out in pool.map(lambda _: rerank.postprocess_nodes(nodes, query_str=QUERY), range(3)):
-            assert_same_ranking(out, want)
+            assert_reranked_like_recipe(out, nodes, scores, top_n=2)
 
 
 # -- 5. node classes: every node with text is scored on it; media without text is refused ----------------
@@ -612,17 +627,11 @@ def _mixed_nodes() -> list[NodeWithScore]:
 
 @pytest.mark.parametrize("use_async", [False, True])
 async def test_every_node_class_with_text_is_scored_like_the_official_recipe(
-    use_async: bool, scorer: GenerativeScorer, tiny_model_dir: Any
+    use_async: bool, scorer: GenerativeScorer, recipe: RecipeReference
 ) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tests.reference_recipe import official_qwen3_scores
-
     nodes = _mixed_nodes()
     texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype="float32").eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    reference = official_qwen3_scores(model, tokenizer, [(QUERY, t) for t in texts], max_length=512)
+    reference = recipe.scores(QUERY, texts)
     best_first = sorted(range(len(nodes)), key=lambda i: -reference[i])
     rerank = GenerativeRerank(scorer=scorer, top_n=len(nodes) + 5, keep_retrieval_score=True)
     query = QueryBundle(QUERY)
