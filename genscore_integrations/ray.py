@@ -487,11 +487,13 @@ def _input_format(source: str, given: str | None) -> FileFormat:
     it names) says."""
     from pyarrow import fs
 
-    if given is not None:
-        return detect_format(source, given, "format=")
     filesystem, path = _filesystem(source)
-    if filesystem.get_file_info(path).type != fs.FileType.Directory:
-        return detect_format(source, None, "format=")
+    kind = filesystem.get_file_info(path).type
+    if kind == fs.FileType.NotFound:
+        # Before the format: "cannot tell the format" of a folder that is not there would mislead.
+        raise InputFileError(f"{source}: no such file or folder", param="input")
+    if given is not None or kind != fs.FileType.Directory:
+        return detect_format(source, given, "format=")
     suffixes = {PurePath(file).suffix.lower() for file in _folder_files(filesystem, path)}
     formats = {format_of_suffix(suffix) for suffix in suffixes}
     if len(formats) != 1 or None in formats:

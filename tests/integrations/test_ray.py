@@ -290,6 +290,7 @@ def test_ray_file_job_asks_for_format_where_a_folder_does_not_tell_it(tmp_path: 
     with pytest.raises(InputFileError, match=r"holding \['.csv', '.jsonl'\] files; pass format=") as error:
         score_file_on_ray(folder, tmp_path / "out", "unused")
     assert error.value.param == "format"
+    (tmp_path / "pairs-without-extension").write_text('{"query": "q", "document": "d"}\n')
     with pytest.raises(InputFileError, match=r"extension ''; use .jsonl, .csv or .parquet, or pass format="):
         score_file_on_ray(tmp_path / "pairs-without-extension", tmp_path / "out", "unused")
     # A URL is named as given (through Path, "file:///x" would print as "file:/x").
@@ -368,6 +369,18 @@ def test_the_first_bad_json_line_is_found_across_blocks() -> None:
     assert first_bad_json_line(io.BytesIO(good + b'{"a": "\xff"}\n')) == (4, "not UTF-8 text")
     assert first_line_not_utf8(io.BytesIO(good)) is None
     assert first_line_not_utf8(io.BytesIO(good + b"q,caf\xe9")) == 4
+
+
+def test_ray_file_job_says_an_input_that_is_not_there_is_not_there(tmp_path: Path) -> None:
+    """A folder that did not exist was reported as one whose format could not be told."""
+    from genscore_core.jobs import InputFileError
+    from genscore_integrations.ray import score_file_on_ray
+
+    for source in (f"{tmp_path}/no-such-folder/", f"{tmp_path}/no-such.jsonl", f"file://{tmp_path}/gone.csv"):
+        for fmt in (None, "csv"):
+            with pytest.raises(InputFileError, match=f"^{source}: no such file or folder$") as error:
+                score_file_on_ray(source, tmp_path / "out", "unused", format=fmt)
+            assert error.value.param == "input"
 
 
 def test_ray_file_job_refuses_an_output_that_holds_files(tmp_path: Path, tiny_model_dir: Path) -> None:
