@@ -8,12 +8,13 @@ server can answer them with HTTP 400 as the protocol does, and 422 for the rest.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from genscore_core.errors import InvalidRequestError
 
@@ -23,11 +24,31 @@ MAX_LABEL_TOKENS = 128
 # for ``true`` and accept the others silently.
 TokenIds = list[StrictInt]
 
+logger = logging.getLogger(__name__)
+
+
+def log_ignored_fields(request: str, model: type[BaseModel], data: Any) -> None:
+    """Warn, naming them, about the fields of a request body that ``model`` does not know.
+
+    Request bodies ignore unknown fields, as vLLM's and Cohere-style servers do (clients send their
+    own), but not silently: a misspelt option (``apply_sofmax``, ``top_k``) would change the answer
+    without a word anywhere, so the server log names them, as vLLM's does."""
+    if isinstance(data, dict):
+        ignored = sorted(str(key) for key in data.keys() - model.model_fields.keys())
+        if ignored:
+            logger.warning("%s request: ignored unknown field(s) %s", request, ", ".join(ignored))
+
 
 class GenerativeScoringRequest(BaseModel):
     """One query scored against many items by next-token label probabilities."""
 
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _log_ignored_fields(cls, data: Any) -> Any:
+        log_ignored_fields("generative scoring", cls, data)
+        return data
 
     model: str | None = None
     """Model name; echoed back in the response."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-logger = logging.getLogger(__name__)
+from genscore_core.protocol import log_ignored_fields
 
 # The ``type`` of the error body for each status, as OpenAI-compatible servers name them.
 ERROR_TYPES = {
@@ -96,13 +95,7 @@ class RerankRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _log_ignored_fields(cls, data: Any) -> Any:
-        # Unknown fields are ignored, as by vLLM and Cohere-style servers (clients send their own,
-        # such as rank_fields), but not silently: a misspelt "top_k" or "return_document" would
-        # change the answer without a word, so the server log names them, as vLLM's does.
-        if isinstance(data, dict):
-            ignored = sorted(str(key) for key in data.keys() - cls.model_fields.keys())
-            if ignored:
-                logger.warning("rerank request: ignored unknown field(s) %s", ", ".join(ignored))
+        log_ignored_fields("rerank", cls, data)
         return data
 
     def texts(self) -> list[str]:

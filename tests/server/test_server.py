@@ -311,17 +311,34 @@ def test_unknown_rerank_fields_are_ignored_but_logged(
 ) -> None:
     # A misspelt top_n changed the answer (every document came back) without a word anywhere.
     body = {"query": "q", "documents": DOCUMENTS, "top_k": 1, "return_document": True}
-    with caplog.at_level(logging.WARNING, logger="genscore_core.server.schemas"):
+    with caplog.at_level(logging.WARNING, logger="genscore_core.protocol"):
         response = client.post("/v1/rerank", json=body)
     assert response.status_code == 200 and len(response.json()["results"]) == len(DOCUMENTS)
-    warnings = [
-        record.getMessage() for record in caplog.records if record.name == "genscore_core.server.schemas"
-    ]
+    warnings = [record.getMessage() for record in caplog.records if record.name == "genscore_core.protocol"]
     assert warnings == ["rerank request: ignored unknown field(s) return_document, top_k"]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="genscore_core.server.schemas"):
+    with caplog.at_level(logging.WARNING, logger="genscore_core.protocol"):
         known = {"model": None, "query": "q", "documents": ["a"], "top_n": 1, "return_documents": True}
         assert client.post("/v1/rerank", json=known).status_code == 200
+    assert not caplog.records
+
+
+def test_unknown_generative_scoring_fields_are_ignored_but_logged(
+    client: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A misspelt apply_softmax scored over the label tokens, not the vocabulary asked for, silently.
+    misspelt = {**SEED_TEXT_REQUEST, "apply_sofmax": False}
+    with caplog.at_level(logging.WARNING, logger="genscore_core.protocol"):
+        response = client.post("/generative_scoring", json=misspelt)
+    assert response.status_code == 200
+    assert (
+        response.json()["data"] == client.post("/generative_scoring", json=SEED_TEXT_REQUEST).json()["data"]
+    )
+    warnings = [record.getMessage() for record in caplog.records if record.name == "genscore_core.protocol"]
+    assert warnings == ["generative scoring request: ignored unknown field(s) apply_sofmax"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="genscore_core.protocol"):
+        assert client.post("/generative_scoring", json=SEED_TEXT_REQUEST).status_code == 200
     assert not caplog.records
 
 
