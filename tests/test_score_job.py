@@ -599,3 +599,18 @@ def test_a_json_key_given_twice_is_a_bad_row_not_a_lost_value(
         (2, "the key 'query' appears twice in one object"),
         (3, "the key 'tag' appears twice in one object"),
     ]
+
+
+def test_a_csv_quote_never_closed_is_named_not_read_as_the_rest_of_the_file(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    """The csv module's default reads every line after an unclosed quote into that one value: the rows
+    on them were scored as one document and lost without a word."""
+    source = tmp_path / "pairs.csv"
+    source.write_text('query,document\nq,fine\nq,"opened\nq,second\nq,third\n')
+    with pytest.raises(
+        InputFileError, match=r"line 3: a quoted value starts in this row and is never closed"
+    ):
+        _score(source, tmp_path / "scored.csv", scorer, on_bad_row="skip")
+    source.write_text('query,document\nq,"said ""hi""\nthen left"\nq,d\n')  # quoted right: fine
+    assert _score(source, tmp_path / "scored.csv", scorer).rows_written == 2

@@ -272,7 +272,9 @@ class CsvReader(RowReader):
         self._binary: BinaryIO = open(path, "rb")  # closed by close()
         self._lines = 0
         self._parser = _csv_parser()
-        self._reader = self._parser.reader(self._decoded_lines())
+        # strict: a quote opened and never closed is an error; otherwise the parser reads every later
+        # line into that one value, and the rows on them are lost without a word.
+        self._reader = self._parser.reader(self._decoded_lines(), strict=True)
         try:
             with _long_csv_fields(self._parser):
                 self.header: list[str] = next(self._reader)
@@ -321,7 +323,11 @@ class CsvReader(RowReader):
             except StopIteration:
                 return
             except self._parser.Error as error:
-                raise InputFileError(f"{self.path}, line {number}: malformed CSV ({error})") from None
+                if str(error) == "unexpected end of data":
+                    problem = "a quoted value starts in this row and is never closed"
+                else:
+                    problem = f"malformed CSV ({error})"
+                raise InputFileError(f"{self.path}, line {number}: {problem}") from None
             if not values:
                 continue  # a blank line
             seen += 1
