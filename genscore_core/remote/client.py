@@ -39,6 +39,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+ANSWER_BYTES_FLOOR = 64 << 20
+"""An answer may take this many bytes (decoded) beyond twice its request's: an answer holds a few
+numbers per item, or each document echoed back, so a larger one is a server gone wrong, and reading
+it whole (a server streaming without end, a compressed body that inflates to gigabytes) would hold
+memory the request never asked for."""
 IDLE_CONNECTION_EXPIRY_S = 4.0
 """Seconds a pooled connection may stay idle before the client drops it: under the 5 s keep-alive
 vLLM and SGLang servers have by default (uvicorn's; ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``,
@@ -157,20 +162,31 @@ class HttpTransport:
         self, method: str, path: str, payload: dict[str, Any] | None, deadline: float
     ) -> httpx.Response:
         with self._client.stream(method, path, json=payload) as response:
-            chunks = []
+            answer = _Answer(response)
             for chunk in response.iter_bytes():
                 if time.monotonic() > deadline:
                     raise _AttemptTooLong(self.timeout)
-                chunks.append(chunk)
+                self._check_size(path, answer.add(chunk))
             if time.monotonic() > deadline:
                 raise _AttemptTooLong(self.timeout)
-        # The chunks are decoded already: the answer they make must not be decoded again.
-        headers = response.headers.copy()
-        for name in ("content-encoding", "content-length"):
-            headers.pop(name, None)
-        return httpx.Response(
-            response.status_code, headers=headers, content=b"".join(chunks), request=response.request
-        )
+        return answer.whole()
+
+    async def _aread_answer(
+        self, client: httpx.AsyncClient, path: str, payload: dict[str, Any]
+    ) -> httpx.Response:
+        async with client.stream("POST", path, json=payload) as response:
+            answer = _Answer(response)
+            async for chunk in response.aiter_bytes():
+                self._check_size(path, answer.add(chunk))
+        return answer.whole()
+
+    def _check_size(self, path: str, answer: _Answer) -> None:
+        if answer.size > answer.limit:
+            raise RemoteScoringError(
+                f"{self.base_url}{path} answered with more than {answer.limit:,} bytes to a request of "
+                f"{len(answer.response.request.content):,}: refused rather than held in memory",
+                status=answer.response.status_code,
+            )
 
     def _with_retries(
         self, send: Callable[[], httpx.Response], path: str, sleep: Callable[[float], None]
@@ -205,7 +221,7 @@ class HttpTransport:
                 await asyncio.sleep(self._delay(attempt, failure.response))
             try:
                 # Bounds the whole attempt; httpx's own timeouts bound each network operation only.
-                response = await asyncio.wait_for(client.post(path, json=payload), self.timeout)
+                response = await asyncio.wait_for(self._aread_answer(client, path, payload), self.timeout)
             except httpx.DecodingError as error:
                 raise self._undecodable(path, error) from None
             except httpx.TransportError as error:
@@ -347,6 +363,35 @@ _ATTEMPT_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar
     "genscore_attempt_deadline", default=None
 )
 """When the sync attempt running on this thread must end (``time.monotonic()``), if one is."""
+
+
+class _Answer:
+    """A response's body read chunk by chunk (decoded), against the most it may take."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.limit = ANSWER_BYTES_FLOOR + 2 * len(response.request.content)
+        self.size = 0
+        self._chunks: list[bytes] = []
+
+    def add(self, chunk: bytes) -> _Answer:
+        self.size += len(chunk)
+        if self.size <= self.limit:
+            self._chunks.append(chunk)
+        return self
+
+    def whole(self) -> httpx.Response:
+        # The chunks are decoded already: the answer they make must not be decoded again.
+        headers = self.response.headers.copy()
+        for name in ("content-encoding", "content-length"):
+            headers.pop(name, None)
+        return httpx.Response(
+            self.response.status_code,
+            headers=headers,
+            content=b"".join(self._chunks),
+            request=self.response.request,
+        )
+
 
 _CLOCK_SLACK_S = 0.01
 """A socket timeout may end a little before the monotonic clock reaches the deadline it was cut to."""

@@ -8,6 +8,7 @@ import asyncio
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from genscore_core import GenerativeScorer
 from genscore_core.errors import RemoteScoringError
+from genscore_core.remote.client import ANSWER_BYTES_FLOOR
 
 KINDS = ("genscore", "vllm", "sglang", "rerank")
 QUERY = "capital of France"
@@ -207,3 +209,39 @@ def test_a_page_that_is_not_json_is_quoted(tiny_model_dir: Path) -> None:
             error
         )
         assert str(error).endswith("...)")
+
+
+# -- answers larger than any request's ------------------------------------------------------------
+
+
+def _gzip_of_zeros(size: int) -> bytes:
+    """``size`` zero bytes gzip-compressed (about a thousandth of the size), built a MiB at a time."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    piece = bytes(1 << 20)
+    parts = [packer.compress(piece) for _ in range(size // len(piece))]
+    return b"".join(parts) + packer.flush()
+
+
+def _streams_without_end(connection: socket.socket, request: bytes) -> None:
+    connection.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    piece = b" " * (1 << 20)
+    chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    while True:  # until the client hangs up (the server's handler then ends on the OSError)
+        connection.sendall(chunk)
+
+
+@pytest.mark.parametrize("kind", ["genscore", "rerank"])
+def test_an_answer_larger_than_the_request_allows_is_refused(tiny_model_dir: Path, kind: str) -> None:
+    # Read whole before: a compressed body inflating to gigabytes, or a server streaming without end
+    # inside the timeout, held all of it in memory.
+    bomb = _answer(
+        "200 OK", _gzip_of_zeros(ANSWER_BYTES_FLOOR + (8 << 20)), extra="Content-Encoding: gzip\r\n"
+    )
+    for answer in (bomb, _streams_without_end):
+        for error in _refused(tiny_model_dir, answer, kind):
+            assert "answered with more than" in str(error) and "refused rather than held in memory" in str(
+                error
+            )
+            assert error.status == 200
