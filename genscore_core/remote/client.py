@@ -2,7 +2,7 @@
 
 * Connection errors, timeouts and 429/5xx answers are retried ``max_retries`` times, waiting
   ``backoff * 2**(attempt - 1)`` seconds (at most ``max_backoff``, with jitter, at least what a
-  ``Retry-After`` header asks). Scoring requests are idempotent, so retrying them is safe.
+  ``Retry-After`` header asks, in seconds or as an HTTP date). Scoring requests are idempotent, so retrying them is safe.
 * A 401, 403 or 404 answer raises :class:`~genscore_core.RemoteConfigurationError` naming the URL:
   the client's settings (``server_url``, ``server_api_key``) are wrong, not the request.
 * Any other 4xx answer raises :class:`~genscore_core.InvalidRequestError` with the server's message.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import email.utils
 import math
 import random
 import threading
@@ -23,6 +24,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
@@ -77,6 +79,24 @@ def error_message(response: httpx.Response) -> str:
                     str(item.get("msg", item)) if isinstance(item, dict) else str(item) for item in value
                 )
     return str(body)[:500]
+
+
+def retry_after_seconds(value: str, now: datetime | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait: its seconds, or the time until its HTTP date
+    (RFC 9110 allows both; a date already past asks for none). ``None`` when it is neither."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        return None if math.isnan(seconds) else seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000" parses as naive; HTTP dates are always GMT
+        when = when.replace(tzinfo=timezone.utc)
+    return max((when - (now or datetime.now(timezone.utc))).total_seconds(), 0.0)
 
 
 class HttpTransport:
@@ -270,11 +290,9 @@ class HttpTransport:
     def _delay(self, attempt: int, response: httpx.Response | None) -> float:
         delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
         retry_after = response.headers.get("retry-after") if response is not None else None
-        if retry_after is not None:
-            try:
-                delay = max(delay, min(float(retry_after), self.max_backoff))
-            except ValueError:
-                pass
+        asked = retry_after_seconds(retry_after) if retry_after is not None else None
+        if asked is not None:
+            delay = max(delay, min(asked, self.max_backoff))
         return delay
 
     def _decode(self, response: httpx.Response, path: str) -> Any:

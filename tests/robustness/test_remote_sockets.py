@@ -5,12 +5,14 @@ in front of one would."""
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import socket
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import pytest
 
 from genscore_core import GenerativeScorer
 from genscore_core.errors import RemoteScoringError
-from genscore_core.remote.client import ANSWER_BYTES_FLOOR
+from genscore_core.remote.client import ANSWER_BYTES_FLOOR, HttpTransport, retry_after_seconds
 
 KINDS = ("genscore", "vllm", "sglang", "rerank")
 QUERY = "capital of France"
@@ -245,3 +247,74 @@ def test_an_answer_larger_than_the_request_allows_is_refused(tiny_model_dir: Pat
                 error
             )
             assert error.status == 200
+
+
+# -- Retry-After as an HTTP date ------------------------------------------------------------------
+
+
+def _busy_then_answers(retry_after: Callable[[], str]) -> Answer:
+    """Answers 503 with ``Retry-After: retry_after()`` to every other request, 200 to the rest."""
+    requests = iter(range(1 << 30))
+    ok = b'{"ok": true}'
+
+    def answer(connection: socket.socket, request: bytes) -> None:
+        if next(requests) % 2 == 0:
+            body = b'{"error": {"message": "busy"}}'
+            connection.sendall(
+                _head("503 Service Unavailable", len(body), extra=f"Retry-After: {retry_after()}\r\n") + body
+            )
+        else:
+            connection.sendall(_head("200 OK", len(ok)) + ok)
+
+    return answer
+
+
+def _http_date(seconds_from_now: float) -> str:
+    return email.utils.formatdate(time.time() + seconds_from_now, usegmt=True)
+
+
+def _waits_of(url: str, max_backoff: float) -> list[float]:
+    """Seconds a sync and an async request took to a server that asks once to retry later."""
+    http = HttpTransport(url, max_retries=1, backoff=0.001, max_backoff=max_backoff)
+    waits = []
+    try:
+        for send in (
+            lambda: http.post_json("/generative_scoring", {}),
+            lambda: asyncio.run(http.apost_json("/generative_scoring", {})),
+        ):
+            started = time.monotonic()
+            assert send() == {"ok": True}
+            waits.append(time.monotonic() - started)
+    finally:
+        http.close()
+    return waits
+
+
+def test_a_retry_after_date_is_waited_for() -> None:
+    # Was ignored (only seconds were read): the client came back after its own 1 ms backoff.
+    # An HTTP date has whole seconds, so "3 s from now" is 2 to 3 s away when it is read.
+    with socket_server(_busy_then_answers(lambda: _http_date(3))) as url:
+        for waited in _waits_of(url, max_backoff=10.0):
+            assert 1.5 <= waited < 4.0, f"waited {waited:.2f} s for a Retry-After 2 to 3 s ahead"
+
+
+@pytest.mark.parametrize("ahead_s", [3600.0, -3600.0])
+def test_a_retry_after_date_is_capped_like_seconds(ahead_s: float) -> None:
+    # An hour ahead waits max_backoff, as "Retry-After: 3600" does; a date already past asks for no wait.
+    with socket_server(_busy_then_answers(lambda: _http_date(ahead_s))) as url:
+        for waited in _waits_of(url, max_backoff=1.0):
+            if ahead_s > 0:
+                assert 0.9 <= waited < 2.0, f"waited {waited:.2f} s with max_backoff 1 s"
+            else:
+                assert waited < 0.5, f"waited {waited:.2f} s for a date already past"
+
+
+def test_retry_after_reads_both_forms() -> None:
+    now = datetime(2026, 12, 2, 8, 0, 0, tzinfo=timezone.utc)
+    assert retry_after_seconds("7") == 7.0
+    assert retry_after_seconds("Wed, 02 Dec 2026 08:00:30 GMT", now) == 30.0
+    assert retry_after_seconds("Wednesday, 02-Dec-26 08:00:30 GMT", now) == 30.0  # RFC 850 form
+    assert retry_after_seconds("Wed Dec  2 08:00:30 2026", now) == 30.0  # asctime form, GMT
+    assert retry_after_seconds("Fri, 31 Dec 1999 23:59:59 GMT", now) == 0.0
+    assert retry_after_seconds("soon") is None
+    assert retry_after_seconds("nan") is None
