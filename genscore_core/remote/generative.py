@@ -14,6 +14,11 @@ class GenerativeScoringClient(TokenScoringClient):
 
     vLLM checks ``model`` against its served model names: leave ``model`` as ``None`` (the server's
     default model) unless the names are known to match.
+
+    vLLM cuts a prompt over ``--max-model-len`` - 1 without a word. The answer's ``usage.prompt_tokens``
+    is one total per request, and the protocol does not say whether it counts prompts as sent or as
+    scored, so it is not read: a cut cannot be told from the answer, only kept from happening by a
+    ``max_length`` at or below the server's limit (docs/scaling.md, section 3).
     """
 
     path = "/generative_scoring"
