@@ -12,7 +12,8 @@ Endpoints:
 Errors use the protocol's body ``{"error": {"message", "type", "param", "code"}}`` plus a top-level
 ``detail`` with the same message (what Jina-style clients read); ``param`` names the offending field,
 dotted to its entry (``"documents.3"``), or is null where no one field is at fault. 400 for bad requests and exceeded
-limits, 404 for a model this server does not serve (as vLLM answers), 408 for a body that does not
+limits, 401 for a request without the server's API key (``--api-key``; every path but ``/health`` and the
+API description), 404 for a model this server does not serve (as vLLM answers), 408 for a body that does not
 arrive within ``--body-timeout`` (the connection is then closed), 413 for oversized bodies, 422
 for malformed ones, 503 when the queue is full (with ``Retry-After``), 502 (504 for a timeout) when
 the server this one scores through (``--server-url``) fails, 500 for a score the model made NaN or
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
@@ -64,6 +66,7 @@ from genscore_core.server.schemas import (
     RerankResponse,
     RerankResult,
     RerankUsage,
+    api_key_problem,
     error_body,
 )
 
@@ -107,6 +110,8 @@ def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI entries of the error answers an endpoint gives, each with the real error body."""
     reasons = {
         400: "A bad request (the message names the field and item) or an exceeded limit.",
+        401: "The server was started with an API key (--api-key) and the request did not send it as "
+        "Authorization: Bearer <key>.",
         404: "The request names a model this server does not serve.",
         408: "The request body did not arrive within --body-timeout (the connection is closed).",
         413: "The request body is larger than --max-body-bytes.",
@@ -134,6 +139,53 @@ def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 # gateway errors (GATEWAY_ERRORS).
 SCORING_ERRORS = _error_responses(400, 404, 408, 413, 422, 500, 503)
 GATEWAY_ERRORS = _error_responses(502, 504)
+# What every endpoint but /health can answer on a server with an API key.
+AUTH_ERRORS = _error_responses(401)
+
+OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+"""Paths answered without the API key: load balancers check /health without credentials, and the API's
+description (no model, no traffic) stays readable. Everything else, /stats included, needs the key."""
+
+
+class ApiKeyMiddleware:
+    """Answer 401 to a request without ``Authorization: Bearer <api_key>``, before anything reads its
+    body: an unauthenticated request reaches neither the tokenizer nor the engine, and is not counted.
+
+    The key is compared in constant time (:func:`hmac.compare_digest`), so the time of a refusal
+    does not tell how much of a guessed key was right.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        response = JSONResponse(
+            error_body(refusal, 401), status_code=401, headers={"WWW-Authenticate": "Bearer"}
+        )
+        await response(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> str | None:
+        """Why the request is refused, or None when it sent the key."""
+        sent = [value for name, value in scope.get("headers") or [] if name.lower() == b"authorization"]
+        if not sent:
+            return (
+                "this server requires an API key: send it as Authorization: Bearer <key> "
+                "(the key genscore serve was started with, --api-key or GENSCORE_API_KEY)"
+            )
+        scheme, _, token = sent[0].strip().partition(b" ")
+        if len(sent) > 1 or scheme.lower() != b"bearer" or not token.strip():
+            return "the Authorization header must be one 'Bearer <key>'"
+        if not hmac.compare_digest(token.strip(), self.api_key):
+            return "the API key sent (Authorization: Bearer) is not this server's"
+        return None
 
 
 class BodySizeLimitMiddleware:
@@ -220,7 +272,11 @@ class InternalErrorMiddleware:
 
 
 def create_app(
-    scorer: GenerativeScorer, limits: ServerLimits | None = None, *, served_model_name: str | None = None
+    scorer: GenerativeScorer,
+    limits: ServerLimits | None = None,
+    *,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The server application for one scorer.
 
@@ -229,7 +285,11 @@ def create_app(
         limits: Request limits and batching settings.
         served_model_name: The model name answered in responses and ``/v1/models``; default the
             scorer's model.
+        api_key: When given, every path but ``/health`` and the API description (:data:`OPEN_PATHS`)
+            answers 401 unless the request sends ``Authorization: Bearer <api_key>``.
     """
+    if api_key is not None and (problem := api_key_problem(api_key)) is not None:
+        raise ValueError(f"api_key: {problem}")
     limits = limits or ServerLimits()
     name = served_model_name or scorer.config.model
     started = int(time.time())
@@ -267,7 +327,11 @@ def create_app(
     abandon_stats = AbandonStats()
     app.state.abandon_stats = abandon_stats
     app.add_middleware(AbandonedRequestMiddleware, stats=abandon_stats)
+    if api_key is not None:
+        # Outside even that: a request without the key is no request of this server's to count.
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     _add_error_handlers(app)
+    auth_errors = AUTH_ERRORS if api_key is not None else {}
 
     def check_items(count: int, param: str) -> None:
         if count > limits.max_items_per_request:
@@ -282,7 +346,11 @@ def create_app(
         if requested is not None and requested != name:
             raise UnknownModelError(requested, name)
 
-    errors = {**SCORING_ERRORS, **(GATEWAY_ERRORS if scorer.config.server_url is not None else {})}
+    errors = {
+        **SCORING_ERRORS,
+        **auth_errors,
+        **(GATEWAY_ERRORS if scorer.config.server_url is not None else {}),
+    }
     scoring: dict[str, Any] = {"response_model": GenerativeScoringResponse, "responses": errors}
 
     @app.post("/generative_scoring", **scoring)
@@ -345,12 +413,12 @@ def create_app(
     # HEAD too (the same status, no body): uptime monitors and some balancers send it, and got 405.
     app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
-    @app.get("/v1/models", response_model=ModelList)
+    @app.get("/v1/models", response_model=ModelList, responses=auth_errors)
     async def models() -> ModelList:
         card = ModelCard(id=name, created=started, root=scorer.config.model, max_model_len=scorer.max_length)
         return ModelList(data=[card])
 
-    @app.get("/stats")
+    @app.get("/stats", responses=auth_errors)
     async def stats() -> dict[str, Any]:
         counters = batcher.stats
         return {

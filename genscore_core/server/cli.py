@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import gc
 import ipaddress
+import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ from genscore_core.cli_args import (
 )
 from genscore_core.errors import ConfigurationError
 from genscore_core.server.limits import ServerLimits
+from genscore_core.server.schemas import api_key_problem
 
 _LIMIT_FLAGS = {
     "max_items": "max_items_per_request",
@@ -69,6 +71,11 @@ def add_serve_command(
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--served-model-name", help="model name in responses (default: --model)")
+    serve.add_argument(
+        "--api-key",
+        help=f"require every request but GET /health to send Authorization: Bearer <key>; "
+        f"{API_KEY_ENV} gives it without showing it in the process list (this flag wins over it)",
+    )
     # A server shows no progress bar; everything else a scorer takes is a flag.
     add_config_arguments(serve, exclude={"show_progress"}, required={"model"}, aliases=scorer_flag_aliases)
     limits = serve.add_argument_group("request limits and batching")
@@ -167,6 +174,33 @@ def add_serve_command(
     serve.set_defaults(handler=run_serve)
 
 
+API_KEY_ENV = "GENSCORE_API_KEY"
+"""The environment variable giving ``genscore serve`` its API key when ``--api-key`` does not."""
+
+
+def api_key_setting(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """The API key the server requires: ``--api-key``, else :data:`API_KEY_ENV`, else None.
+
+    The flag wins, as vLLM's ``--api-key`` wins over ``VLLM_API_KEY``. A key that is set but empty,
+    or that cannot travel in an HTTP header, is a :class:`ConfigurationError`: serving without a key
+    because a variable expanded to nothing would open the server without a word.
+    """
+    from_flag: str | None = args.api_key
+    key, source = (
+        (from_flag, "--api-key") if from_flag is not None else (environ.get(API_KEY_ENV), API_KEY_ENV)
+    )
+    if key is None:
+        return None
+    if not key:
+        raise ConfigurationError(
+            f"{source} is set but empty; give the key, or unset it to serve without one", setting="api_key"
+        )
+    problem = api_key_problem(key)
+    if problem is not None:
+        raise ConfigurationError(f"{source}: {problem}", setting="api_key")
+    return key
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -174,6 +208,17 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def exposure_warning(host: str, port: int, api_key: str | None) -> str | None:
+    """What to tell the operator of a server open to anyone on the network: one off loopback
+    without an API key; None otherwise."""
+    if _is_loopback(host) or api_key is not None:
+        return None
+    return (
+        f"listening on {host}: anyone who can reach port {port} can use the model; "
+        f"require a key (--api-key or {API_KEY_ENV}) or put it behind a proxy or firewall"
+    )
 
 
 def check_can_listen(host: str, port: int) -> None:
@@ -216,15 +261,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from genscore_core.scorer import GenerativeScorer
 
     limits = server_limits(args)
+    api_key = api_key_setting(args, os.environ)
     check_can_listen(args.host, args.port)
     scorer = GenerativeScorer(**config_settings(args))
-    app = create_app(scorer, limits, served_model_name=args.served_model_name)
-    if not _is_loopback(args.host):
-        print(
-            f"genscore: listening on {args.host}: anyone who can reach port {args.port} can use the model; "
-            "genscore serve has no authentication, so put it behind a proxy or firewall",
-            file=sys.stderr,
-        )
+    app = create_app(scorer, limits, served_model_name=args.served_model_name, api_key=api_key)
+    warning = exposure_warning(args.host, args.port, api_key)
+    if warning is not None:
+        print(f"genscore: {warning}", file=sys.stderr)
     from genscore_core.server.connections import uvicorn_options
 
     freeze_startup_objects()

@@ -25,6 +25,16 @@ ERROR_TYPES = {
 }
 
 
+def api_key_problem(api_key: str) -> str | None:
+    """What makes ``api_key`` unusable as a server's key (clients send it as ``Authorization: Bearer
+    <key>``), or None when it is usable."""
+    if not api_key:
+        return "the key is empty"
+    if not (api_key.isascii() and api_key.isprintable()) or any(c.isspace() for c in api_key):
+        return "the key must be printable ASCII without spaces (clients send it in an HTTP header)"
+    return None
+
+
 def error_body(message: str, code: int, param: str | None = None) -> dict[str, Any]:
     """``{"error": {"message", "type", "param", "code"}, "detail": message}``.
 
@@ -48,7 +58,7 @@ class ErrorInfo(BaseModel):
     message: str
     """What went wrong, naming the offending field or limit."""
     type: str
-    """``BadRequestError``, ``NotFoundError``, ``RequestTimeoutError``, ``RequestTooLargeError``,
+    """``BadRequestError``, ``AuthenticationError``, ``NotFoundError``, ``RequestTimeoutError``, ``RequestTooLargeError``,
     ``UnprocessableEntityError``, ``ServiceUnavailableError``, ``BadGatewayError``,
     ``GatewayTimeoutError`` or ``InternalServerError``."""
     param: str | None = None
