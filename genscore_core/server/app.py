@@ -69,6 +69,7 @@ from genscore_core.server.schemas import (
     api_key_problem,
     error_body,
 )
+from genscore_core.server.waiting import within
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +222,9 @@ class BodySizeLimitMiddleware:
             if body_complete:  # later calls wait for a disconnect, which has no deadline
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+                # Not asyncio.wait_for: a cancellation (the client left) just as the body arrives
+                # would be lost on Python < 3.12, and the request handled for nobody (waiting.py).
+                message = await within(receive(), deadline - loop.time())
             except asyncio.TimeoutError:
                 raise BodyTimeoutError(self.timeout) from None
             if message["type"] == "http.request":

@@ -415,3 +415,44 @@ def test_a_request_dropped_because_its_client_left_is_not_an_internal_error(
     assert sent == []  # nobody to answer
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text
     assert (stats.abandoned, stats.skipped, stats.in_flight) == (1, 1, 0)
+
+
+def test_a_client_leaving_as_its_body_arrives_cancels_the_request_before_the_tokenizer(
+    scorer: GenerativeScorer,
+) -> None:
+    """The watcher notices the disconnect and cancels the handler after the body's last bytes were
+    received but before the handler resumed with them. asyncio.wait_for (the body deadline) swallowed
+    that cancellation on Python < 3.12: the handler went on with the body as if nobody had cancelled it,
+    and the tokenizer refused it with RequestAbandoned. Here the order is the event loop's own, not
+    timing: the fake connection answers at once, so the watcher (waiting for the body since the first
+    step) runs between the body arriving and the handler resuming, every time."""
+    app = create_app(scorer, TEST_LIMITS)
+    body = json.dumps({"query": "q", "documents": ["a", "b"]}).encode()
+    messages = iter([{"type": "http.request", "body": body, "more_body": False}])
+    sent: list[Any] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(messages, {"type": "http.disconnect"})  # the client leaves after its body
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/rerank",
+        "raw_path": b"/v1/rerank",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8000),
+    }
+    asyncio.run(app(scope, receive, send))
+    stats = app.state.abandon_stats
+    assert sent == []  # nobody to answer
+    # Cancelled where it was, reading its body: it never reached the tokenizer to be refused there.
+    assert (stats.abandoned, stats.skipped, stats.tokenized, stats.in_flight) == (1, 0, 0, 0)
