@@ -64,6 +64,7 @@ from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.engine import LaunchedCall, ScoringEngine
 from genscore_core.errors import InvalidRequestError, ServerBusyError
 from genscore_core.server.pacing import DevicePace
+from genscore_core.server.waiting import within
 
 logger = logging.getLogger(__name__)
 
@@ -493,7 +494,9 @@ class RequestBatcher(ScoringBackend):
                     break
                 self._wakeup.clear()
                 try:
-                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                    # Not asyncio.wait_for: stop()'s cancellation, come just as a request woke the
+                    # wait, would be lost on Python < 3.12 and stop() would wait forever (waiting.py).
+                    await within(self._wakeup.wait(), remaining)
                 except asyncio.TimeoutError:
                     break
         return self._take(running=0)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from genscore_core import GenerativeScorer
 from genscore_core.engine import ScoringJob
 from genscore_core.forward import ProgressCallback
 from genscore_core.server import RequestBatcher, ServerBusyError
@@ -154,3 +155,29 @@ async def test_waited_batches_count_the_calls_that_ran_while_a_job_was_queued() 
     assert backend.calls == [[1], [2, 3], [4, 5]]
     # Job 1 waited behind nothing; 2 and 3 behind call [1]; 4 and 5 behind [1] and [2, 3].
     assert batcher.stats.waited_batches == {0: 1, 1: 2, 2: 2}
+
+
+async def test_stopping_as_a_request_wakes_the_worker_stops_it(scorer: GenerativeScorer) -> None:
+    """stop() cancels the worker; a request arriving in the same turn of the event loop woke the
+    worker's wait for company first. asyncio.wait_for swallowed that cancellation on Python < 3.12: the
+    worker went on and stop() waited for it forever. The order is set through the loop's own queue:
+    the wake-up is scheduled before the cancellation, and the wait's completion after it."""
+    engine = scorer.backend  # the tiny model's real engine
+    # A long wait for company that a preparing request keeps open: the worker waits inside it.
+    batcher = RequestBatcher(engine, max_batch_tokens=10**6, max_wait_ms=60_000, preparing=lambda: True)
+    batcher.start()
+    queued = asyncio.ensure_future(batcher.score(job(1)))
+    for _ in range(20):  # the worker takes the job and starts waiting for company
+        await asyncio.sleep(0)
+    worker, wakeup = batcher._task, batcher._wakeup
+    assert worker is not None and wakeup is not None and not worker.done()
+    wakeup.set()  # as a request arriving does
+    asyncio.get_running_loop().call_soon(worker.cancel)  # as stop() does
+    finished, _ = await asyncio.wait({worker}, timeout=5)
+    try:
+        assert finished and worker.cancelled(), "the worker went on after it was cancelled"
+    finally:
+        await batcher.stop()
+    with pytest.raises(ServerBusyError, match="shutting down"):
+        await queued  # a queued request is answered, not left waiting
+    assert batcher.stats.batches == 0
