@@ -18,6 +18,7 @@ import contextvars
 import email.utils
 import math
 import random
+import socket
 import threading
 import time
 import weakref
@@ -152,14 +153,16 @@ class HttpTransport:
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
+        self._closed = threading.Event()
+        """Set by :meth:`close`: no attempt starts after it, and a retry's wait ends at it."""
 
     # -- sync ---------------------------------------------------------------------------------------
 
     def post_json(self, path: str, payload: dict[str, Any]) -> Any:
-        return self._with_retries(lambda: self._send("POST", path, payload), path, time.sleep)
+        return self._with_retries(lambda: self._send("POST", path, payload), path, self._closed.wait)
 
     def get_json(self, path: str) -> Any:
-        return self._with_retries(lambda: self._send("GET", path, None), path, time.sleep)
+        return self._with_retries(lambda: self._send("GET", path, None), path, self._closed.wait)
 
     def _send(self, method: str, path: str, payload: dict[str, Any] | None) -> httpx.Response:
         # httpx's timeouts bound each network operation, not the request: a server sending its
@@ -209,19 +212,24 @@ class HttpTransport:
             )
 
     def _with_retries(
-        self, send: Callable[[], httpx.Response], path: str, sleep: Callable[[float], None]
+        self, send: Callable[[], httpx.Response], path: str, sleep: Callable[[float], object]
     ) -> Any:
         failure = _Failure("no attempt made")
         for attempt in range(self.max_retries + 1):
             if attempt:
                 sleep(self._delay(attempt, failure.response))
+            self._check_open(path)
             try:
                 response = send()
             except httpx.DecodingError as error:
                 raise self._undecodable(path, error) from None
             except httpx.TransportError as error:
+                self._check_open(path, in_flight=True)
                 failure = self._transport_failure(error)
                 continue
+            except RuntimeError:  # httpx's "client has been closed", when close() came first
+                self._check_open(path, in_flight=True)
+                raise
             except _AttemptTooLong as error:
                 failure = _Failure(str(error), timed_out=True)
                 continue
@@ -234,19 +242,25 @@ class HttpTransport:
     # -- async --------------------------------------------------------------------------------------
 
     async def apost_json(self, path: str, payload: dict[str, Any]) -> Any:
+        self._check_open(path)
         client = await self._async_client()
         failure = _Failure("no attempt made")
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(self._delay(attempt, failure.response))
+            self._check_open(path)
             try:
                 # Bounds the whole attempt; httpx's own timeouts bound each network operation only.
                 response = await asyncio.wait_for(self._aread_answer(client, path, payload), self.timeout)
             except httpx.DecodingError as error:
                 raise self._undecodable(path, error) from None
             except httpx.TransportError as error:
+                self._check_open(path, in_flight=True)
                 failure = self._transport_failure(error)
                 continue
+            except RuntimeError:  # httpx's "client has been closed", when close() came first
+                self._check_open(path, in_flight=True)
+                raise
             except asyncio.TimeoutError:
                 failure = _Failure(str(_AttemptTooLong(self.timeout)), timed_out=True)
                 continue
@@ -354,13 +368,28 @@ class HttpTransport:
             timed_out=failure.timed_out,
         )
 
+    def _check_open(self, path: str, in_flight: bool = False) -> None:
+        """Raises once :meth:`close` was called: an attempt it cut short is not the server's failure,
+        and retrying it on a closed client would be httpx's bare ``RuntimeError``."""
+        if not self._closed.is_set():
+            return
+        when = "while the request was in flight" if in_flight else "before the request was sent"
+        raise RemoteScoringError(
+            f"{self.base_url}{path} was not scored: the client was closed (scorer.close()) {when}; "
+            "a closed scorer does not score, make a new one"
+        )
+
     def close(self) -> None:
+        """Closes the connections; a call in flight on another thread ends at once, with an error."""
+        self._closed.set()
         self._client.close()
         with self._lock:
             clients = [entry.client for entry in self._async_clients.values()]
             self._async_clients.clear()
+        # Dropping an entry finalizes its closer, which asyncio schedules on the client's own loop
+        # (thread-safely): that closes the client and ends a call in flight there. Its loop running
+        # here, the client is closed now as well.
         for client in clients:
-            # Closing needs the client's own loop; what cannot be closed here is dropped.
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
@@ -370,6 +399,7 @@ class HttpTransport:
 
     async def aclose(self) -> None:
         """Close the async client of the running loop (and the sync client)."""
+        self._closed.set()
         self._client.close()
         with self._lock:
             entry = self._async_clients.pop(asyncio.get_running_loop(), None)
@@ -440,6 +470,14 @@ class _DeadlineStream(httpcore.NetworkStream):
         self._stream.write(buffer, _time_left(timeout))
 
     def close(self) -> None:
+        # close() alone leaves a read blocked on this socket in another thread (the client closed
+        # during a call) waiting for the server or the timeout; a shutdown wakes it at once.
+        sock = self._stream.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed, or never connected
+                pass
         self._stream.close()
 
     def start_tls(

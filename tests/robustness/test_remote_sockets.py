@@ -318,3 +318,68 @@ def test_retry_after_reads_both_forms() -> None:
     assert retry_after_seconds("Fri, 31 Dec 1999 23:59:59 GMT", now) == 0.0
     assert retry_after_seconds("soon") is None
     assert retry_after_seconds("nan") is None
+
+
+# -- closing --------------------------------------------------------------------------------------
+
+
+def _answers_late(arrived: threading.Event) -> Answer:
+    def answer(connection: socket.socket, request: bytes) -> None:
+        arrived.set()
+        time.sleep(STALL_S)
+        body = b'{"data": []}'
+        connection.sendall(_head("200 OK", len(body)) + body)
+
+    return answer
+
+
+def _in_thread(send: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Exception]]:
+    """``send()`` started on a thread, and where the error it raises will be."""
+    outcome: dict[str, Exception] = {}
+
+    def call() -> None:
+        try:
+            send()
+        except Exception as error:
+            outcome["error"] = error
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    return caller, outcome
+
+
+@pytest.mark.parametrize("kind", ["genscore", "rerank"])
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_close_ends_a_call_in_flight_on_another_thread(tiny_model_dir: Path, kind: str, path: str) -> None:
+    # The sync call waited for the server's answer (up to the timeout) on a socket closed under it,
+    # then retried on the closed client and raised httpx's bare RuntimeError; so did the async one.
+    arrived = threading.Event()
+    with (
+        socket_server(_answers_late(arrived)) as url,
+        _remote(tiny_model_dir, url, kind, server_max_retries=3, server_timeout=30.0) as scorer,
+    ):
+        caller, outcome = _in_thread(_both_paths(scorer)[path == "async"])
+        assert arrived.wait(30), "the request never reached the server"
+        closed_at = time.monotonic()
+        scorer.close()
+        caller.join(STALL_S / 2)
+        assert not caller.is_alive(), "the call went on after close()"
+        assert time.monotonic() - closed_at < 2.0
+    error = outcome["error"]
+    assert isinstance(error, RemoteScoringError), repr(error)
+    assert f"{url}/" in str(error)
+    assert "closed (scorer.close()) while the request was in flight" in str(error)
+
+
+@pytest.mark.parametrize("kind", ["genscore", "rerank"])
+def test_a_closed_scorer_says_so(tiny_model_dir: Path, kind: str) -> None:
+    # Sync calls raised httpx's "Cannot send a request, as the client has been closed", naming no
+    # server; async calls quietly opened new connections.
+    with socket_server(_answers_late(threading.Event())) as url:
+        with _remote(tiny_model_dir, url, kind) as scorer:
+            pass
+        for call in _both_paths(scorer):
+            with pytest.raises(RemoteScoringError) as caught:
+                call()
+            assert f"{url}/" in str(caught.value)
+            assert "closed (scorer.close()) before the request was sent" in str(caught.value)
