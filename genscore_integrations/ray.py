@@ -37,9 +37,12 @@ without regard to their size and bypass the app's limits and error handling.
 
 from __future__ import annotations
 
+import functools
+import io
 import math
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, Union
@@ -47,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Union
 import numpy as np
 
 try:
-    import ray  # noqa: F401 - imported here so that a missing Ray is reported with the extra to install
+    import ray  # imported here so that a missing Ray is reported with the extra to install
 except ImportError as exc:
     raise ImportError(
         'genscore_integrations.ray needs Ray; install it with: pip install "genscore[ray]"'
@@ -59,11 +62,13 @@ from genscore_core.engine import ScoringEngine, StreamedJob
 from genscore_core.errors import ConfigurationError, InvalidRequestError
 from genscore_core.jobs.files import (
     FORMATS,
+    Columns,
+    CsvReader,
     FileFormat,
     InputFileError,
+    JsonLinesReader,
+    RowReader,
     detect_format,
-    first_bad_json_line,
-    first_line_not_utf8,
     format_of_suffix,
 )
 from genscore_core.jobs.score import JobStateError
@@ -412,8 +417,12 @@ def score_file_on_ray(
             old ones, and the folder would hold every row twice.
         Others: as for :func:`score_dataset`.
 
-    Unlike ``genscore score`` this job is not resumable and stops at the first bad row; run
-    ``genscore score`` (with ``--on-bad-row skip``) to find and list bad rows.
+    JSON lines and CSV are read by ``genscore score``'s own row readers, in Ray's read tasks: a
+    row it would list as bad (not JSON, a key given twice, a CSV quote never closed, a row of the
+    wrong width, a query or document missing or not a string...) stops the job with an
+    :class:`InputFileError` naming its file and line. Unlike ``genscore score`` this job is not
+    resumable and stops at the first bad row; run ``genscore score`` (with ``--on-bad-row skip``)
+    to find and list them all.
     """
     import ray.data
 
@@ -431,16 +440,14 @@ def score_file_on_ray(
         # a repartition afterwards, which is an all-to-all barrier: no actor would get a row before the
         # whole input had been read and shuffled.
         blocks = num_blocks or 4 * num_actors
-        if fmt == "jsonl":
-            dataset = ray.data.read_json(source, lines=True, override_num_blocks=blocks)
-        elif fmt == "csv":
-            dataset = ray.data.read_csv(
-                source,
-                convert_options=_all_strings(source, (query_column, document_column)),
-                override_num_blocks=blocks,
-            )
-        else:
+        if fmt == "parquet":
             dataset = ray.data.read_parquet(source, override_num_blocks=blocks)
+        else:
+            if fmt == "csv":
+                _check_csv_headers(source, (query_column, document_column))
+            columns = Columns(query_column, document_column, score_column)
+            rows = _strict_rows(source, fmt, columns)
+            dataset = ray.data.read_datasource(rows, override_num_blocks=blocks)
         scored = score_dataset(
             dataset,
             model,
@@ -466,14 +473,12 @@ def score_file_on_ray(
             else:
                 scored.write_parquet(target, mode=mode)
         except ray.exceptions.RayTaskError as error:
-            if fmt == "parquet" or isinstance(error, ray.exceptions.UserCodeException):
-                raise  # the scoring's own errors name their row already
-            # The readers name a byte position of some block (pandas, for JSON lines) or the file
-            # alone (Arrow, for CSV bytes that are not UTF-8): find the line.
-            bad_line = _first_bad_line(source, fmt)
-            if bad_line is None:
+            # A read task's refusal (file, line, problem) arrives wrapped in Ray's error, whose
+            # message is a worker's traceback: raise it as itself. Nothing else re-reads the input.
+            refusal = _input_refusal(error)
+            if refusal is None:
                 raise
-            raise InputFileError(bad_line, param="input") from error
+            raise InputFileError(str(refusal), param="input") from error
     finally:
         execution.preserve_order = kept_order
     # Ray writes no file, and makes no folder, for no rows; an output that is not there would read
@@ -505,26 +510,6 @@ def _input_format(source: str, given: str | None) -> FileFormat:
     return formats.pop()  # type: ignore[return-value]
 
 
-def _first_bad_line(source: str, fmt: FileFormat) -> str | None:
-    """Where the first line of the input ``source`` (a file or folder, local or a URL) that Ray's
-    reader cannot read is, and why: in JSON lines one that is not a JSON object, in CSV one that is
-    not UTF-8. None where there is no such line."""
-    from pyarrow import fs
-
-    filesystem, path = _filesystem(source)
-    folder = filesystem.get_file_info(path).type == fs.FileType.Directory
-    for file in _folder_files(filesystem, path) if folder else [path]:
-        with filesystem.open_input_stream(file, compression="detect") as stream:
-            if fmt == "jsonl":
-                found = first_bad_json_line(stream)
-            else:
-                number = first_line_not_utf8(stream)
-                found = None if number is None else (number, "not UTF-8 text")
-        if found is not None:
-            return f"{_file_name(source, path, file)}, line {found[0]}: {found[1]}"
-    return None
-
-
 def _check_output(target: str, overwrite: bool) -> None:
     from pyarrow import fs
 
@@ -539,21 +524,15 @@ def _check_output(target: str, overwrite: bool) -> None:
             )
 
 
-def _all_strings(source: str, needed: tuple[str, ...]) -> Any:
-    """pyarrow CSV options that keep every column as text (ids like ``007`` stay ``007``).
-
-    ``source`` is what Ray reads: a file, a folder of files or a URL; the names are the union of
-    every file's header, read by Arrow as Ray's reader will read it (a byte-order mark dropped,
-    compression from the extension). A file whose header lacks a ``needed`` column is refused here,
-    by name, rather than by the first actor that gets one of its rows, once the model is loaded.
-    """
-    import pyarrow as pa
+def _check_csv_headers(source: str, needed: tuple[str, ...]) -> None:
+    """Refuse, by file and name, a CSV file of ``source`` (a file, a folder of files or a URL) whose
+    header lacks a ``needed`` column: here, from each header alone, rather than in a read task
+    once the actors have loaded the model."""
     import pyarrow.csv as pacsv
     from pyarrow import fs
 
     filesystem, path = _filesystem(source)
     folder = filesystem.get_file_info(path).type == fs.FileType.Directory
-    names: dict[str, None] = {}
     for file in _folder_files(filesystem, path) if folder else [path]:
         with filesystem.open_input_stream(file, compression="detect") as stream:
             header = pacsv.open_csv(stream).schema.names
@@ -563,8 +542,109 @@ def _all_strings(source: str, needed: tuple[str, ...]) -> Any:
                 f"{_file_name(source, path, file)}: no {missing[0]!r} column in the header {header}",
                 param=missing[0],
             )
-        names.update(dict.fromkeys(header))
-    return pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), strings_can_be_null=False)
+
+
+def _input_refusal(error: BaseException) -> InputFileError | None:
+    """The :class:`InputFileError` a read task raised, found in the chain of Ray's errors around it."""
+    seen: BaseException | None = error
+    while seen is not None:
+        cause = getattr(seen, "cause", None)  # RayTaskError keeps the task's own error here
+        for candidate in (seen, cause):
+            if isinstance(candidate, InputFileError) and not isinstance(
+                candidate, ray.exceptions.RayTaskError
+            ):
+                return candidate
+        seen = cause if isinstance(cause, BaseException) else seen.__cause__
+    return None
+
+
+@functools.cache
+def _strict_rows_datasource() -> type[Any]:
+    """The class of :func:`_strict_rows` (defined on first use: Ray Data takes a second to import,
+    which a Ray Serve replica has no need of)."""
+    from ray.data.datasource import FileBasedDatasource
+
+    class StrictRowsDatasource(FileBasedDatasource):  # type: ignore[misc]
+        """JSON lines or CSV files read row by row by ``genscore score``'s own readers, in the read tasks.
+
+        Ray's readers are lenient where the local job is strict: pandas keeps the last value of a key
+        given twice in one JSON object, and Arrow reads everything after a CSV quote that is never
+        closed into one value, so the rows there are merged into one and lost. These readers refuse
+        both, and every other row ``genscore score`` would list as bad, naming the file and line, in
+        the same single pass that reads the rows (no pass of its own over the input). CSV values stay
+        strings. Ray reads each file in one task, so line numbers count from the file's start.
+        """
+
+        def __init__(self, source: str, fmt: FileFormat, columns: Columns) -> None:
+            super().__init__(source, file_extensions=None)
+            self._source = source
+            self._root = _filesystem(source)[1]
+            self._format = fmt
+            self._columns = columns
+            block_bytes = ray.data.DataContext.get_current().target_max_block_size
+            self._block_bytes = block_bytes or 128 << 20
+
+        def _read_stream(self, f: pa.NativeFile, path: str) -> Iterator[Any]:
+            name = _file_name(self._source, self._root, path)
+            counted = _CountedStream(f)
+            buffered = io.BufferedReader(counted, buffer_size=1 << 20)
+            reader: RowReader
+            if self._format == "csv":
+                reader = CsvReader(name, self._columns, stream=buffered)
+            else:
+                reader = JsonLinesReader(name, self._columns, stream=buffered)
+            try:
+                rows: list[dict[str, Any]] = []
+                block_start = 0
+                for row in reader:
+                    if row.problem is not None:
+                        raise InputFileError(f"{name}, line {row.number}: {row.problem}", param="input")
+                    assert row.fields is not None
+                    rows.append(row.fields)
+                    if counted.bytes_read - block_start >= self._block_bytes:
+                        yield self._block(reader, rows)
+                        rows, block_start = [], counted.bytes_read
+                if rows:
+                    yield self._block(reader, rows)
+            finally:
+                reader.close()
+
+        def _block(self, reader: RowReader, rows: list[dict[str, Any]]) -> Any:
+            import pandas as pd
+            import pyarrow as pa
+
+            if isinstance(reader, CsvReader):
+                # Every value as text (ids like 007 stay 007), as genscore score writes them.
+                return pa.table(
+                    {name: pa.array([row[name] for row in rows], pa.string()) for name in reader.header}
+                )
+            # Values as JSON gave them, a column of mixed kinds (ids 1 and "a") held as objects.
+            return pd.DataFrame.from_records(rows)
+
+    return StrictRowsDatasource
+
+
+class _CountedStream(io.RawIOBase):
+    """A pyarrow input stream as Python's raw stream (for ``io.BufferedReader``, which gives the
+    readers lines), counting the bytes read: Arrow's streams cannot say where they are."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.bytes_read = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._stream.read(len(buffer))
+        buffer[: len(data)] = data
+        self.bytes_read += len(data)
+        return len(data)
+
+
+def _strict_rows(source: str, fmt: FileFormat, columns: Columns) -> Any:
+    """A Ray datasource reading the JSON lines or CSV ``source`` as ``genscore score`` reads it."""
+    return _strict_rows_datasource()(source, fmt, columns)
 
 
 def _file_name(source: str, path: str, file: str) -> str:
@@ -612,6 +692,11 @@ class GenscoreServer:
     The scorer loads in ``__init__``; the app is built afterwards by ``__serve_build_asgi_app__``
     (Ray Serve's late-bound ingress), so each replica serves its own model with the app's own
     endpoints, limits, errors and request batcher.
+
+    What the replica has loaded is frozen out of garbage collection once it is initialised, as
+    ``genscore serve`` does before serving, by Ray Serve itself (since 2.60, which the extra asks
+    for: ``RAY_SERVE_FREEZE_GC_ON_STARTUP``, on unless set to 0); the replica does not freeze it a
+    second time, so that setting keeps its effect. Its ``/stats`` ``gc`` says how many objects.
     """
 
     def __init__(self, config: ScorerConfig, limits: ServerLimits, served_model_name: str | None) -> None:

@@ -135,15 +135,23 @@ class RowReader:
     """Iterate the rows of an input file after skipping the first ``skip`` of them.
 
     ``total`` and :meth:`position` measure progress (bytes for text formats, rows for Parquet).
+    A text reader also reads an already open binary ``stream`` (a file on S3, say, that Ray's
+    file job reads with these rules); ``path`` then only names it in messages, and ``total`` is 0.
     """
 
     unit = "B"
 
-    def __init__(self, path: Path, columns: Columns, skip: int = 0) -> None:
+    def __init__(
+        self, path: Path | str, columns: Columns, skip: int = 0, stream: BinaryIO | None = None
+    ) -> None:
         self.path = path
         self.columns = columns
         self.skip = skip
-        self.total = path.stat().st_size
+        self.total = os.path.getsize(path) if stream is None else 0
+        self._stream = stream
+
+    def _open_binary(self) -> BinaryIO:
+        return self._stream if self._stream is not None else open(self.path, "rb")
 
     def position(self) -> int:
         raise NotImplementedError
@@ -158,9 +166,11 @@ class RowReader:
 class JsonLinesReader(RowReader):
     """JSON objects, one a line; blank lines are not rows and are passed over."""
 
-    def __init__(self, path: Path, columns: Columns, skip: int = 0) -> None:
-        super().__init__(path, columns, skip)
-        self._file: BinaryIO = open(path, "rb")  # closed by close()
+    def __init__(
+        self, path: Path | str, columns: Columns, skip: int = 0, stream: BinaryIO | None = None
+    ) -> None:
+        super().__init__(path, columns, skip, stream)
+        self._file: BinaryIO = self._open_binary()  # closed by close()
 
     def position(self) -> int:
         return self._file.tell()
@@ -267,9 +277,11 @@ def _numbered_lines(stream: Any) -> Iterator[tuple[int, bytes]]:
 class CsvReader(RowReader):
     """A CSV file with a header row; every value is a string."""
 
-    def __init__(self, path: Path, columns: Columns, skip: int = 0) -> None:
-        super().__init__(path, columns, skip)
-        self._binary: BinaryIO = open(path, "rb")  # closed by close()
+    def __init__(
+        self, path: Path | str, columns: Columns, skip: int = 0, stream: BinaryIO | None = None
+    ) -> None:
+        super().__init__(path, columns, skip, stream)
+        self._binary: BinaryIO = self._open_binary()  # closed by close()
         self._lines = 0
         self._parser = _csv_parser()
         # strict: a quote opened and never closed is an error; otherwise the parser reads every later
@@ -383,7 +395,7 @@ def _long_csv_fields(parser: Any) -> Iterator[None]:
         csv.field_size_limit(earlier)
 
 
-def _refuse_repeated_names(path: Path, names: Sequence[str]) -> None:
+def _refuse_repeated_names(path: Path | str, names: Sequence[str]) -> None:
     # Rows become dicts: a second column of the same name would overwrite the first.
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:

@@ -323,6 +323,49 @@ def test_ray_file_job_names_the_file_and_line_its_reader_cannot_read(
         score_file_on_ray(sheets, tmp_path / "scored", str(tiny_model_dir), **SETTINGS)
 
 
+@pytest.mark.slow  # starts the module's Ray instance
+def test_ray_file_job_refuses_a_repeated_json_key_and_an_unclosed_csv_quote(
+    ray_instance: Any, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """As genscore score does. Ray's pandas reader kept the second "query" of a row, and its Arrow CSV
+    reader read every line after a quote that is never closed into that row's document: both jobs
+    succeeded, scoring a row the input does not hold and dropping the rest without a word."""
+    from genscore_core.jobs import InputFileError
+    from genscore_integrations.ray import score_file_on_ray
+
+    (tmp_path / "pairs.jsonl").write_text(
+        '{"id": 1, "query": "q", "document": "d"}\n{"id": 2, "query": "a", "document": "d", "query": "b"}\n'
+    )
+    with pytest.raises(InputFileError, match=r"pairs\.jsonl, line 2: the key 'query' appears twice"):
+        score_file_on_ray(tmp_path / "pairs.jsonl", tmp_path / "scored", str(tiny_model_dir), **SETTINGS)
+    # The quote opens in the last column, so the merged row still has the header's width.
+    (tmp_path / "pairs.csv").write_text('id,query,document\n1,q,"Paris\n2,q,Berlin\n3,q,Lyon\n')
+    with pytest.raises(InputFileError, match=r"pairs\.csv, line 2: a quoted value .* is never closed"):
+        score_file_on_ray(tmp_path / "pairs.csv", tmp_path / "scored", str(tiny_model_dir), **SETTINGS)
+
+
+@pytest.mark.slow  # starts the module's Ray instance
+def test_ray_file_job_reraises_a_write_failure_without_reading_the_input_again(
+    ray_instance: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure of the write used to be followed by a scan of the whole input for a bad line (a full
+    read of a large S3 input) before it was raised; here, where the input has a line the scan flags,
+    the write's failure was even reported as that line."""
+    import ray.data
+    from ray.exceptions import RayTaskError
+
+    from genscore_integrations.ray import score_file_on_ray
+
+    def failing_write(*args: Any, **kwargs: Any) -> None:
+        raise RayTaskError("Write", "Traceback: ...", OSError("No space left on device"))
+
+    monkeypatch.setattr(ray.data.Dataset, "write_json", failing_write)
+    (tmp_path / "pairs.jsonl").write_text('{"query": "q", "document": "d"}\n[1, 2]\n')
+    with pytest.raises(RayTaskError) as error:
+        score_file_on_ray(tmp_path / "pairs.jsonl", tmp_path / "scored", "unused", **SETTINGS)
+    assert isinstance(error.value.cause, OSError)
+
+
 def test_ray_csv_job_names_the_file_whose_header_lacks_a_column(tmp_path: Path) -> None:
     """Refused before Ray starts (no Ray instance here), where it used to fail in the first actor, after
     the model had loaded, as "no 'document' column (columns: [...])" without naming the file."""
@@ -476,6 +519,14 @@ def _without_ids(body: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+def test_ray_serve_replica_freezes_what_it_loaded_out_of_garbage_collection(ray_serve: str) -> None:
+    """As genscore serve does, so that full collections skip the loaded scorer's objects (well over
+    100,000). Ray Serve 2.60 does it when a replica's initialisation ends (RAY_SERVE_FREEZE_GC_ON_STARTUP);
+    this holds the replica to it, as the docs say, should a Ray release drop it."""
+    stats = httpx.get(ray_serve + "/stats", timeout=60).json()
+    assert stats["gc"]["frozen_objects"] > 100_000, stats["gc"]
+
+
 def test_ray_serve_answers_like_genscore_serve(genscore_serve: str, ray_serve: str) -> None:
     with httpx.Client(timeout=120) as http:
         for path, request in [
