@@ -238,42 +238,6 @@ def _object_of_distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return record
 
 
-def first_bad_json_line(stream: Any) -> tuple[int, str] | None:
-    """The number of the first line of a binary JSON lines ``stream`` that is not a JSON object, and
-    what is wrong with it; None where every line is one (blank lines are passed over)."""
-    for number, line in _numbered_lines(stream):
-        if line.strip():
-            problem = parse_json_line(line)[1]
-            if problem is not None:
-                return number, problem
-    return None
-
-
-def first_line_not_utf8(stream: Any) -> int | None:
-    """The number of the first line of a binary ``stream`` that is not UTF-8 text, or None."""
-    for number, line in _numbered_lines(stream):
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError:
-            return number
-    return None
-
-
-def _numbered_lines(stream: Any) -> Iterator[tuple[int, bytes]]:
-    """The lines of a binary stream (split after "\n", a leading byte-order mark dropped), numbered
-    from 1, read a block at a time: the stream need not offer readline (pyarrow's do not)."""
-    number, rest = 0, b""
-    while True:
-        block = stream.read(1 << 20)
-        lines = (rest + block).split(b"\n")
-        rest = lines.pop() if block else b""
-        for line in lines:
-            number += 1
-            yield number, line.removeprefix(_BOM) if number == 1 else line
-        if not block:
-            return
-
-
 class CsvReader(RowReader):
     """A CSV file with a header row; every value is a string."""
 

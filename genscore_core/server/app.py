@@ -449,7 +449,7 @@ def create_app(
 
 def garbage_collector_counters() -> dict[str, Any]:
     """The objects frozen out of garbage collection (``genscore serve`` freezes what it loaded
-    before serving; 0 in an app served otherwise) and the collections run so far per generation
+    before serving, as Ray Serve does in its replicas; 0 in an app served otherwise) and the collections run so far per generation
     (a full one, generation 2, walks every tracked object not frozen)."""
     return {
         "frozen_objects": gc.get_freeze_count(),

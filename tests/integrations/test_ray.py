@@ -400,20 +400,6 @@ def test_ray_file_job_with_no_rows_writes_an_empty_output_folder(
         assert out.is_dir() and list(out.iterdir()) == []
 
 
-def test_the_first_bad_json_line_is_found_across_blocks() -> None:
-    import io
-
-    from genscore_core.jobs.files import first_bad_json_line, first_line_not_utf8
-
-    long_line = json.dumps({"query": "q", "document": "x" * 1_500_000}).encode()  # spans two 1 MiB reads
-    good = b"\xef\xbb\xbf" + long_line + b"\n\n" + long_line + b"\r\n"
-    assert first_bad_json_line(io.BytesIO(good)) is None
-    assert first_bad_json_line(io.BytesIO(good + b"[1, 2]")) == (4, "expected a JSON object")
-    assert first_bad_json_line(io.BytesIO(good + b'{"a": "\xff"}\n')) == (4, "not UTF-8 text")
-    assert first_line_not_utf8(io.BytesIO(good)) is None
-    assert first_line_not_utf8(io.BytesIO(good + b"q,caf\xe9")) == 4
-
-
 def test_ray_file_job_says_an_input_that_is_not_there_is_not_there(tmp_path: Path) -> None:
     """A folder that did not exist was reported as one whose format could not be told."""
     from genscore_core.jobs import InputFileError
