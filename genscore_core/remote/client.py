@@ -276,6 +276,7 @@ class HttpTransport:
         # leaves a socket open (the client holds its loop, so the weak key is never dropped either).
         loop = asyncio.get_running_loop()
         with self._lock:
+            _abandoned = self._drop_clients_of_closed_loops()  # let go of once the lock is released
             entry = self._async_clients.get(loop)
             if entry is not None and not entry.client.is_closed:
                 return entry.client
@@ -286,6 +287,15 @@ class HttpTransport:
         # ``asyncio.run`` and ``asyncio.Runner`` call before closing the loop) finalizes it.
         await closer.__anext__()
         return client
+
+    def _drop_clients_of_closed_loops(self) -> list[_LoopClient]:
+        """Forgets the clients of loops closed without ``shutdown_asyncgens()`` (a loop of
+        ``new_event_loop()`` + ``run_until_complete()`` + ``close()``): their closers never ran, and
+        each entry's closer holds its loop, so the weak key was never dropped and every such loop
+        kept a client and its sockets for the transport's lifetime. Forgotten, they are collected and
+        their sockets closed. Returned to be let go of outside the lock."""
+        closed = [loop for loop in self._async_clients if loop.is_closed()]
+        return [self._async_clients.pop(loop) for loop in closed]
 
     async def _close_with_loop(
         self, loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient

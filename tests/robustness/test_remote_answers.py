@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import os
@@ -354,3 +355,36 @@ def test_sglang_rows_must_hold_one_probability_per_label(
             call()
         assert f"{faulty_server.url}/v1/score answered a malformed score row" in str(caught.value)
         assert problem in str(caught.value)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")
+def test_async_clients_of_loops_closed_without_shutdown_are_let_go(
+    tiny_model_dir: Path, scorer: GenerativeScorer
+) -> None:
+    # new_event_loop() + run_until_complete() + close() never finalizes the async generator that closes
+    # a loop's client, and the entry held its loop, so each such loop kept a client and a socket.
+    with serve_in_thread(create_app(scorer, TEST_LIMITS)) as live:
+        remote = GenerativeScorer(str(tiny_model_dir), server_url=live.url, max_length=512)
+        expected = [result.index for result in scorer.rerank(QUERY, DOCUMENTS)]
+
+        def in_a_new_loop() -> list[int]:
+            loop = asyncio.new_event_loop()
+            try:
+                return [result.index for result in loop.run_until_complete(remote.arerank(QUERY, DOCUMENTS))]
+            finally:
+                loop.close()
+
+        assert in_a_new_loop() == expected
+        gc.collect()
+        before = _open_files()
+        for _ in range(30):
+            assert in_a_new_loop() == expected
+        gc.collect()
+        # The server closes its end of each connection once it reads the client's close: in its own time.
+        deadline = time.monotonic() + 3.0
+        while (after := _open_files()) - before >= 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        remote.close()
+    assert after - before < 5, (
+        f"{before} open files before 30 event loops closed without shutdown, {after} after"
+    )
