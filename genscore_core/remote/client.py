@@ -32,6 +32,7 @@ from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.config import ServerKind
 from genscore_core.engine import group_prompts
 from genscore_core.errors import InvalidRequestError, RemoteConfigurationError, RemoteScoringError
+from genscore_core.waiting import within
 
 try:
     import httpcore
@@ -251,7 +252,7 @@ class HttpTransport:
             self._check_open(path)
             try:
                 # Bounds the whole attempt; httpx's own timeouts bound each network operation only.
-                response = await asyncio.wait_for(self._aread_answer(client, path, payload), self.timeout)
+                response = await within(self._aread_answer(client, path, payload), self.timeout)
             except httpx.DecodingError as error:
                 raise self._undecodable(path, error) from None
             except httpx.TransportError as error:

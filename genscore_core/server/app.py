@@ -69,7 +69,7 @@ from genscore_core.server.schemas import (
     api_key_problem,
     error_body,
 )
-from genscore_core.server.waiting import within
+from genscore_core.waiting import within
 
 logger = logging.getLogger(__name__)
 

@@ -64,7 +64,7 @@ from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.engine import LaunchedCall, ScoringEngine
 from genscore_core.errors import InvalidRequestError, ServerBusyError
 from genscore_core.server.pacing import DevicePace
-from genscore_core.server.waiting import within
+from genscore_core.waiting import within
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,9 @@ awaited thing has finished but ``wait_for`` has not yet been woken (CPython gh-8
 the result instead of ``CancelledError`` and carries on as if nobody had cancelled it. In the server
 that let a request whose client had just left (cancelled as its last body bytes arrived) go on to the
 tokenizer, which refused it with ``RequestAbandoned``; and it could let the batcher's worker miss the
-cancellation that stops it. :func:`within` waits through ``asyncio.wait``, which always passes a
+cancellation that stops it. The async remote clients bound each attempt the same way, so a call
+cancelled just as its answer arrived went on (a gateway ``genscore serve --server-url`` would score
+for a client that had left). :func:`within` waits through ``asyncio.wait``, which always passes a
 cancellation on.
 """
 
