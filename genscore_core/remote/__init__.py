@@ -36,12 +36,12 @@ __all__ = [
 def make_backend(config: ScorerConfig, **transport_options: Any) -> ScoringBackend:
     """The client of ``config.server_url`` for ``config.server_kind``.
 
-    ``transport_options`` go to :class:`~genscore_core.remote.client.HttpTransport` (``backoff``,
+    ``transport_options`` go to :class:`~genscore_core.remote.transport.HttpTransport` (``backoff``,
     ``max_backoff``, test transports).
     """
     if config.server_url is None:
         raise ValueError("config.server_url is not set")
-    from genscore_core.remote.client import HttpTransport
+    from genscore_core.remote.transport import HttpTransport
 
     api_key = config.server_api_key.get_secret_value() if config.server_api_key is not None else None
     http = HttpTransport(

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from genscore_core.config import ServerKind
-from genscore_core.remote.client import HttpTransport, TokenScoringClient, scores_by_index
+from genscore_core.remote.answers import scores_by_index
+from genscore_core.remote.client import TokenScoringClient
+from genscore_core.remote.transport import HttpTransport
 
 
 class GenerativeScoringClient(TokenScoringClient):

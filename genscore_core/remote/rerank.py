@@ -15,7 +15,8 @@ from typing import Any
 
 from genscore_core.backend import JobTexts, ProgressCallback, ScoringJob
 from genscore_core.errors import InvalidRequestError
-from genscore_core.remote.client import HttpBackend, scores_by_index
+from genscore_core.remote.answers import scores_by_index
+from genscore_core.remote.client import HttpBackend
 
 
 class RerankClient(HttpBackend):

@@ -14,7 +14,8 @@ import math
 from typing import Any
 
 from genscore_core.backend import ScoringJob
-from genscore_core.remote.client import TokenScoringClient, as_probability, item_name
+from genscore_core.remote.answers import as_probability, item_name
+from genscore_core.remote.client import TokenScoringClient
 
 
 class SGLangScoreClient(TokenScoringClient):

@@ -20,7 +20,7 @@ import pytest
 
 from genscore_core import GenerativeScorer
 from genscore_core.errors import RemoteScoringError
-from genscore_core.remote.client import ANSWER_BYTES_FLOOR, HttpTransport, retry_after_seconds
+from genscore_core.remote.transport import ANSWER_BYTES_FLOOR, HttpTransport, retry_after_seconds
 
 KINDS = ("genscore", "vllm", "sglang", "rerank")
 QUERY = "capital of France"

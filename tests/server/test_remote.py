@@ -21,13 +21,9 @@ from genscore_core import (
     RemoteScoringError,
     ScoringJob,
 )
-from genscore_core.remote.client import (
-    IDLE_CONNECTION_EXPIRY_S,
-    REQUEST_TOKEN_BUDGET,
-    HttpTransport,
-    request_spans,
-)
+from genscore_core.remote.client import REQUEST_TOKEN_BUDGET, request_spans
 from genscore_core.remote.generative import GenerativeScoringClient
+from genscore_core.remote.transport import IDLE_CONNECTION_EXPIRY_S, HttpTransport
 from genscore_core.server import ServerLimits, create_app
 
 from ._support import (
