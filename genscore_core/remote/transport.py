@@ -218,17 +218,8 @@ class HttpTransport:
             self._check_open(path)
             try:
                 response = send()
-            except httpx.DecodingError as error:
-                raise self._undecodable(path, error) from None
-            except httpx.TransportError as error:
-                self._check_open(path, in_flight=True)
-                failure = self._transport_failure(error)
-                continue
-            except RuntimeError:  # httpx's "client has been closed", when close() came first
-                self._check_open(path, in_flight=True)
-                raise
-            except _AttemptTooLong as error:
-                failure = _Failure(str(error), timed_out=True)
+            except _ATTEMPT_ERRORS as error:
+                failure = self._failure_of(path, error)
                 continue
             if response.status_code in RETRY_STATUSES:
                 failure = _Failure.of(response)
@@ -249,17 +240,8 @@ class HttpTransport:
             try:
                 # Bounds the whole attempt; httpx's own timeouts bound each network operation only.
                 response = await within(self._aread_answer(client, path, payload), self.timeout)
-            except httpx.DecodingError as error:
-                raise self._undecodable(path, error) from None
-            except httpx.TransportError as error:
-                self._check_open(path, in_flight=True)
-                failure = self._transport_failure(error)
-                continue
-            except RuntimeError:  # httpx's "client has been closed", when close() came first
-                self._check_open(path, in_flight=True)
-                raise
-            except asyncio.TimeoutError:
-                failure = _Failure(str(_AttemptTooLong(self.timeout)), timed_out=True)
+            except _ATTEMPT_ERRORS as error:
+                failure = self._failure_of(path, error)
                 continue
             if response.status_code in RETRY_STATUSES:
                 failure = _Failure.of(response)
@@ -360,6 +342,19 @@ class HttpTransport:
             f"{self.base_url}{path} answered with a body that cannot be decoded as its headers say: {error}",
             status=200,
         )
+
+    def _failure_of(self, path: str, error: BaseException) -> _Failure:
+        """What a failed attempt (sync or async) leaves for the next one; raises where retrying
+        cannot help: an answer that cannot be decoded, or a client closed (httpx's RuntimeError)."""
+        if isinstance(error, httpx.DecodingError):
+            raise self._undecodable(path, error) from None
+        if isinstance(error, httpx.TransportError):
+            self._check_open(path, in_flight=True)
+            return self._transport_failure(error)
+        if isinstance(error, (_AttemptTooLong, asyncio.TimeoutError)):
+            return _Failure(str(_AttemptTooLong(self.timeout)), timed_out=True)
+        self._check_open(path, in_flight=True)
+        raise error
 
     def _transport_failure(self, error: httpx.TransportError) -> _Failure:
         if isinstance(error, httpx.TimeoutException):
@@ -540,6 +535,16 @@ def _deadline_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
 class _AttemptTooLong(Exception):
     def __init__(self, timeout: float) -> None:
         super().__init__(f"no complete answer within the {timeout:g} s timeout")
+
+
+_ATTEMPT_ERRORS = (
+    httpx.DecodingError,
+    httpx.TransportError,
+    RuntimeError,
+    _AttemptTooLong,
+    asyncio.TimeoutError,
+)
+"""What one attempt of a request may raise: :meth:`HttpTransport._failure_of` sorts it."""
 
 
 @dataclass(frozen=True)
