@@ -395,6 +395,18 @@ def _listed(items: Iterable[Any], param: str) -> list[Any]:
         if param == "documents":
             check_documents(items)  # type: ignore[arg-type]
         check_pairs(items)  # type: ignore[arg-type]
+    if _iterates_column_names(items):
+        # A pandas DataFrame iterates its column labels: ``"text"`` would be scored as the only document.
+        fix = (
+            "pass one column: frame['text']"
+            if param == "documents"
+            else "pass zip(frame['query'], frame['document'])"
+        )
+        raise InvalidRequestError(
+            f"{param} must be a list, a tuple or another ordered iterable, got a DataFrame, which iterates "
+            f"its column names; {fix}",
+            param=param,
+        )
     if isinstance(items, (Mapping, set, frozenset)):
         # A dict iterates its keys (ids would be scored as texts); a set has no order that ``index``
         # in the results could refer to.
@@ -411,6 +423,13 @@ def _listed(items: Iterable[Any], param: str) -> list[Any]:
             param=param,
         ) from error
     return list(iterator)
+
+
+def _iterates_column_names(items: object) -> bool:
+    """Whether ``items`` is a data frame (pandas, or one like it): ``iter`` over it gives its column
+    labels, not its rows. Read off the type, so that pandas is not imported for the check."""
+    kind = type(items)
+    return kind.__name__ == "DataFrame" and hasattr(items, "columns") and hasattr(items, "iloc")
 
 
 def _make_config(model: str | None, config: ScorerConfig | None, settings: dict[str, Any]) -> ScorerConfig:
