@@ -30,6 +30,9 @@ from genscore_core.streaming import (
     Prefetcher,
     StreamingForward,
     StreamState,
+    TakenParts,
+    check_all_taken,
+    check_part,
     plan_stream,
 )
 from genscore_core.templates import ScoreMode
@@ -242,39 +245,42 @@ class ScoringEngine(ScoringBackend):
         """:meth:`score_jobs` with the prompts handed over in parts as they are made (tokenized).
 
         ``parts`` is consumed on a producer thread that lays out batch k+1 while the GPU runs batch
-        k; the parts of each job come in prompt order. An exception raised by ``parts`` reaches the
-        caller, after the batches before it ran. Scores equal :meth:`score_jobs` on the whole jobs.
+        k; the parts of each job come in prompt order and hold its ``size`` prompts, no more, no fewer
+        (else ``ValueError`` naming the job). An exception raised by ``parts`` reaches the caller,
+        after the batches before it ran, even one that reads like running out of memory: only the
+        forward's out-of-memory error scores the call again in smaller batches. Scores equal
+        :meth:`score_jobs` on the whole jobs.
         The first batch holds up to ``first_batch_tokens`` tokens, each later one ``batch_growth``
         times its predecessor's target, within the forward's budget. With ``first_batch_early``, the
         first batch leaves at the end of the first part even short of its target (the GPU starts
         while later parts are tokenized); parts that all exist from the start gain nothing by it.
         """
-        items = iter(parts)
+        items = TakenParts(parts)
+        sizes = [job.size for job in jobs]
         forward = self.forward
         if not isinstance(forward, StreamingForward):
-            prompts: list[list[list[int]]] = [[] for _ in jobs]
-            for part in items:
-                prompts[part.job].extend(list(p) for p in part.prompts)
-            whole = [ScoringJob(p, job.label_ids, score_mode=job.mode) for p, job in zip(prompts, jobs)]
-            return self._score_whole(whole, on_progress)
+            return self._score_whole(self._whole_jobs(jobs, items), on_progress)
         state = StreamState()
         with self._lock:
             self._follow_model()  # before the producer lays batches out for the forward's device
             try:
                 planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens, batch_growth)
-                planned = plan_stream(
-                    [job.size for job in jobs], items, planner, state, first_batch_early=first_batch_early
-                )
+                planned = plan_stream(sizes, items, planner, state, first_batch_early=first_batch_early)
                 with Prefetcher(planned, forward.prepare_stream_batch) as batches:
                     hidden, keys = forward.run_stream(batches, on_progress)
                 rows: list[list[int]] = [[0] * len(p.distinct) for p in state.jobs]
                 for row, key in enumerate(keys):
                     rows[key.job][key.prompt] = row
             except (torch.OutOfMemoryError, RuntimeError) as error:
-                if not is_out_of_memory(error):
+                # An error of the parts is the caller's, whatever it says: never scored again.
+                if error is items.error or not is_out_of_memory(error):
                     raise
+                if items.error is not None:
+                    # The parts failed while the producer was being stopped after the forward ran
+                    # out of memory: scoring again would go on without the prompts they lacked.
+                    raise items.error  # noqa: B904 - the out-of-memory error stays its context, not its cause
                 del error
-                hidden, rows = self._score_again(state, items)
+                hidden, rows = self._score_again(state, sizes, items)
             job_scores = self._stream_scores(hidden, jobs, rows)
             scores: list[list[float]] = []
             for job, recorded, values in zip(jobs, state.jobs, job_scores):
@@ -318,17 +324,34 @@ class ScoringEngine(ScoringBackend):
             scores[j] = job_scores.double().tolist()
         return scores
 
+    @staticmethod
+    def _whole_jobs(jobs: Sequence[StreamedJob], items: Iterable[JobPart]) -> list[ScoringJob]:
+        """The streamed jobs with all their parts, for a forward that does not stream."""
+        sizes = [job.size for job in jobs]
+        taken = [0] * len(jobs)
+        prompts: list[list[list[int]]] = [[] for _ in jobs]
+        for part in items:
+            check_part(sizes, taken, part)
+            taken[part.job] += len(part.prompts)
+            prompts[part.job].extend(list(p) for p in part.prompts)
+        check_all_taken(sizes, taken)
+        return [ScoringJob(p, job.label_ids, score_mode=job.mode) for p, job in zip(prompts, jobs)]
+
     def _score_again(
-        self, state: StreamState, items: Iterable[JobPart]
+        self, state: StreamState, sizes: Sequence[int], items: Iterable[JobPart]
     ) -> tuple[torch.Tensor, list[list[int]]]:
         """After an out-of-memory error mid-stream: every distinct prompt through the forward's own
         policy (it splits batches and lowers the budget). The producer has stopped; the parts it
         did not take are taken here. Progress already reported is reported again."""
         logger.warning("out of memory while streaming batches; scoring the call again in smaller batches")
+        taken = [len(job.where) for job in state.jobs]
         for part in items:
+            check_part(sizes, taken, part)
+            taken[part.job] += len(part.prompts)
             recorded = state.jobs[part.job]
             for prompt in part.prompts:
                 recorded.add(np.asarray(prompt, dtype=np.int32))
+        check_all_taken(sizes, taken)
         groups = [group_prompts([p.tolist() for p in job.distinct]) for job in state.jobs if job.distinct]
         hidden = self.forward.last_hidden_states(groups)
         rows: list[list[int]] = []

@@ -262,6 +262,54 @@ class StreamState:
     jobs: list[JobPrompts] = field(default_factory=list)
 
 
+def check_part(sizes: Sequence[int], taken: Sequence[int], part: JobPart) -> None:
+    """``part`` is of one of the call's jobs and does not take it past its declared size, ``taken[j]``
+    prompts of job ``j`` having come before it. Checked before the part is planned: a job's group
+    is closed (its kept prefix released) once its size is reached, so a prompt past it would reach a
+    batch that reads a prefix no longer kept."""
+    job = part.job
+    if not 0 <= job < len(sizes):
+        raise ValueError(
+            f"a part is of job {job}, but the call has {len(sizes)} jobs (0 to {len(sizes) - 1})"
+        )
+    if taken[job] + len(part.prompts) > sizes[job]:
+        raise ValueError(
+            f"job {job} was declared with {sizes[job]} prompts, but its parts hold more "
+            f"({taken[job] + len(part.prompts)} by this part)"
+        )
+
+
+def check_all_taken(sizes: Sequence[int], taken: Sequence[int]) -> None:
+    """Every job's parts held the prompts it was declared with: a short job would otherwise get
+    fewer scores than prompts, silently."""
+    for job, (size, count) in enumerate(zip(sizes, taken)):
+        if count != size:
+            raise ValueError(f"job {job} was declared with {size} prompts, but its parts held {count}")
+
+
+class TakenParts(Iterator[JobPart]):
+    """The parts of a call as they are taken, with the error their iterator raised, if any.
+
+    That error is the caller's (a document that cannot be tokenized, a tokenizer that failed), even
+    when it reads like running out of memory: the engine then neither scores the call again in
+    smaller batches nor lets the error be lost while the producer is stopped after a failure of the
+    forward (:meth:`~genscore_core.engine.ScoringEngine.score_stream`).
+    """
+
+    def __init__(self, parts: Iterable[JobPart]) -> None:
+        self._parts = iter(parts)
+        self.error: BaseException | None = None
+
+    def __next__(self) -> JobPart:
+        try:
+            return next(self._parts)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            self.error = error
+            raise
+
+
 def plan_stream(
     sizes: Sequence[int],
     parts: Iterable[JobPart],
@@ -275,13 +323,15 @@ def plan_stream(
 
     A job's prompts that start with the prefix its first part shares and go on past it form one
     group (id ``j``); the others form a second group, scored after all parts, whose prefix is the
-    one its own prompts share.
+    one its own prompts share. A part of no job, or parts holding more or fewer prompts than their
+    job's size, raise ``ValueError`` naming the job (:func:`check_part`, :func:`check_all_taken`).
     """
     state.jobs = [JobPrompts() for _ in sizes]
     prefixes: dict[int, np.ndarray] = {}
     seen = [0] * len(sizes)
     spilled: dict[int, list[int]] = {}  # job -> its distinct prompts outside its main group
     for part_number, part in enumerate(parts):
+        check_part(sizes, seen, part)
         job = part.job
         rows = TokenRows.from_lists(part.prompts)
         if job not in prefixes:
@@ -310,6 +360,7 @@ def plan_stream(
         ripe = planner.ripe(first_part=first_batch_early and part_number == 0)
         if ripe is not None:
             yield ripe
+    check_all_taken(sizes, seen)
     for job in range(len(sizes)):
         planner.close(job)
     for number, (job, indices) in enumerate(spilled.items()):

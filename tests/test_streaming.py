@@ -477,3 +477,146 @@ def test_a_streamed_rerank_reports_prompts_as_the_whole_path_does(
     assert sum(p.truncated for p in whole) == 4
     assert ranked.prompt_tokens == sum(len(p.token_ids) for p in whole)
     assert by_index[7].score == by_index[3].score
+
+
+def _official_check(scorer: GenerativeScorer, reference_model: tuple[object, object]) -> None:
+    """The engine scores a small call as the official recipe does (it is not left broken)."""
+    rng = random.Random(5)
+    pairs = [("capital of france", _text(rng, rng.randint(3, 30))) for _ in range(7)]
+    model, tokenizer = reference_model
+    expected = official_qwen3_scores(model, tokenizer, pairs, max_length=scorer.max_length)
+    got = scorer.score_pairs(pairs)
+    assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) <= 1e-5
+
+
+def _prompts_of(scorer: GenerativeScorer, count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    pairs = [("capital of france", _text(rng, rng.randint(20, 40))) for _ in range(count)]
+    [job] = scorer.prepare_pairs(pairs).jobs
+    return job.prompts
+
+
+@pytest.mark.parametrize(
+    ("declared", "parts_of", "message"),
+    [
+        # Fewer prompts than declared: the old engine returned 12 scores for a job of 18.
+        (18, [(0, 0, 6), (0, 6, 12)], "job 0 was declared with 18 prompts, but its parts held 12"),
+        # More: the old engine released the job's kept prefix at 6 prompts, then failed on a KeyError.
+        (6, [(0, 0, 6), (0, 6, 12)], "job 0 was declared with 6 prompts, but its parts hold more"),
+        # A part of a job the call does not have: IndexError, or, for -1, the last job's scores.
+        (12, [(0, 0, 6), (1, 6, 12)], "a part is of job 1, but the call has 1 jobs"),
+        (12, [(0, 0, 6), (-1, 6, 12)], "a part is of job -1, but the call has 1 jobs"),
+    ],
+)
+def test_parts_that_do_not_match_their_jobs_are_refused_naming_the_job(
+    small_batch_scorer: GenerativeScorer,
+    reference_model: tuple[object, object],
+    declared: int,
+    parts_of: list[tuple[int, int, int]],
+    message: str,
+) -> None:
+    scorer = small_batch_scorer
+    prompts = _prompts_of(scorer, 12, seed=3)
+    parts = [JobPart(job, prompts[start:stop]) for job, start, stop in parts_of]
+    streamed = [StreamedJob(declared, scorer.front_end.label_token_ids)]
+    with pytest.raises(ValueError, match=message):
+        scorer.engine.score_stream(streamed, parts)
+    assert not [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
+    _official_check(scorer, reference_model)
+
+
+def _failing_parts(prompts: list[list[int]], error: BaseException, at: int) -> Iterator[JobPart]:
+    for number, start in enumerate(range(0, len(prompts), 4)):
+        if number == at:
+            raise error
+        yield JobPart(0, prompts[start : start + 4])
+
+
+def test_an_error_of_the_parts_that_reads_like_out_of_memory_reaches_the_caller(
+    small_batch_scorer: GenerativeScorer, reference_model: tuple[object, object]
+) -> None:
+    """A tokenizer's error that mentions running out of memory is the caller's: the old engine took
+    it for the forward's, scored again whatever parts were left (none: the generator had died) and
+    returned 8 scores for a job of 20."""
+    scorer = small_batch_scorer
+    prompts = _prompts_of(scorer, 20, seed=4)
+    failure = RuntimeError("tokenizer: out of memory while encoding a batch")
+    streamed = [StreamedJob(len(prompts), scorer.front_end.label_token_ids)]
+    with pytest.raises(RuntimeError, match="tokenizer: out of memory") as raised:
+        scorer.engine.score_stream(streamed, _failing_parts(prompts, failure, at=2))
+    assert raised.value is failure
+    assert not [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
+    _official_check(scorer, reference_model)
+
+
+def test_parts_that_fail_while_the_forward_runs_out_of_memory_report_their_error(
+    small_batch_scorer: GenerativeScorer,
+    reference_model: tuple[object, object],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The forward runs out of memory on its first batch once the parts have failed on the producer
+    thread, so the failure is still queued when the producer is stopped. The old engine dropped it
+    there, scored again what the producer had taken and returned a job short of its prompts."""
+    scorer = small_batch_scorer
+    engine = scorer.engine
+    prompts = _prompts_of(scorer, 20, seed=6)
+    parts_failed = threading.Event()
+    failure = PromptTooLongError("document 9 cannot be built", param="documents", index=9)
+
+    def parts() -> Iterator[JobPart]:
+        for number, start in enumerate(range(0, len(prompts), 4)):
+            if number == 2:
+                parts_failed.set()
+                raise failure
+            yield JobPart(0, prompts[start : start + 4])
+
+    real = engine.forward.decode
+    decoded: list[int] = []
+
+    def decode(*args: Any, **kwargs: Any) -> Any:
+        decoded.append(1)
+        if len(decoded) > 1:  # the batches of a call scored again
+            return real(*args, **kwargs)
+        assert parts_failed.wait(30), "the producer reached the failing part"
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(engine.forward, "decode", decode)
+    streamed = [StreamedJob(len(prompts), scorer.front_end.label_token_ids)]
+    with pytest.raises(PromptTooLongError, match="document 9") as raised:
+        engine.score_stream(streamed, parts())
+    assert raised.value.index == 9
+    monkeypatch.undo()
+    assert not [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
+    _official_check(scorer, reference_model)
+
+
+def test_the_forward_out_of_memory_mid_stream_scores_every_prompt_again(
+    small_batch_scorer: GenerativeScorer,
+    reference_model: tuple[object, object],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The out-of-memory policy still holds with the parts checked: the forward fails on its third
+    streamed batch, the call is scored again in the forward's own batches, and every score equals
+    the official recipe's."""
+    scorer = small_batch_scorer
+    engine = scorer.engine
+    rng = random.Random(8)
+    pairs = [("capital of france", _text(rng, rng.randint(10, 40))) for _ in range(18)]
+    [job] = scorer.prepare_pairs(pairs).jobs
+    real = engine.forward.decode
+    streamed_batches: list[int] = []
+
+    def decode(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("large"):  # the streamed path's batches
+            streamed_batches.append(1)
+            if len(streamed_batches) == 3:
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.forward, "decode", decode)
+    parts = [JobPart(0, job.prompts[i : i + 4]) for i in range(0, len(job.prompts), 4)]
+    [got] = engine.score_stream([StreamedJob(len(job.prompts), job.label_ids, job.mode)], parts)
+    assert len(streamed_batches) == 3
+    model, tokenizer = reference_model
+    expected = official_qwen3_scores(model, tokenizer, pairs, max_length=scorer.max_length)
+    assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) <= 1e-5
