@@ -91,7 +91,18 @@ class ServerBusyError(GenScoreError):
 
 class ScoreRangeError(GenScoreError):
     """The model produced a score that is not finite, or outside the range of its score mode
-    (overflow in half precision, broken weights): such a score is never returned."""
+    (overflow in half precision, broken weights): such a score is never returned.
+
+    ``param`` and ``index`` name the input the score belongs to (``"documents"``, ``"pairs"``,
+    ``"items"`` and its position there) when the scorer knows it: a score that a backend handed to
+    :class:`~genscore_core.GenerativeScorer` is always named so.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None, index: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.index = index
 
 
 class KernelUnavailableError(ConfigurationError):

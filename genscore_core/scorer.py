@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -13,7 +13,7 @@ from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn 
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob, in_worker_thread
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine
-from genscore_core.errors import InvalidRequestError
+from genscore_core.errors import InvalidRequestError, ScoreRangeError
 from genscore_core.frontend import ScoringFrontEnd, check_documents, check_pairs, overlap_first_chars
 from genscore_core.loading import (
     check_causal_lm_config,
@@ -25,11 +25,13 @@ from genscore_core.loading import (
     resolve_device,
     resolve_dtype,
 )
+from genscore_core.long_documents import WindowedPairs
 from genscore_core.prepared import PreparedPairs, PreparedScore
 from genscore_core.prompts import EncodedPrompt, PromptInfo
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse, check_text
 from genscore_core.recipes import Recipe
 from genscore_core.results import RankedResults, check_rank_options, rank_results
+from genscore_core.scoring import first_bad_score, score_range
 from genscore_core.templates import PromptTemplate, ScoreMode
 
 RANKED_ON_THE_LOOP = 64
@@ -176,7 +178,7 @@ class GenerativeScorer:
     def score(self, request: GenerativeScoringRequest | Mapping[str, Any]) -> GenerativeScoringResponse:
         """Answer a generative scoring request (vLLM's ``/generative_scoring`` semantics)."""
         prepared = self.prepare_score(request)
-        [scores] = self._run([prepared.job])
+        [scores] = self._run([prepared.job], name=_items_named)
         return prepared.response(scores)
 
     async def ascore(
@@ -184,7 +186,8 @@ class GenerativeScorer:
     ) -> GenerativeScoringResponse:
         """:meth:`score` without blocking the event loop."""
         prepared = await asyncio.to_thread(self.prepare_score, request)
-        [scores] = await self.backend.ascore_jobs([prepared.job])
+        jobs = [prepared.job]
+        [scores] = self._checked(jobs, await self.backend.ascore_jobs(jobs), _items_named)
         return prepared.response(scores)
 
     def prepare_score(self, request: GenerativeScoringRequest | Mapping[str, Any]) -> PreparedScore:
@@ -210,16 +213,20 @@ class GenerativeScorer:
     def score_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[float]:
         """Score of each (query, document) pair, in input order; pairs may mix queries (any iterable
         of pairs, read once: a generator, ``zip(queries, documents)``)."""
-        return [score for score, _ in self._score_texts(_listed(pairs, "pairs"))]
+        return [score for score, _ in self._score_texts(_listed(pairs, "pairs"), param="pairs")]
 
     async def ascore_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[float]:
         """:meth:`score_pairs` without blocking the event loop."""
         pairs = _listed(pairs, "pairs")
         if self._streams(None):
-            scored = await in_worker_thread(lambda progress: self._score_texts(pairs, also=progress))
+            scored = await in_worker_thread(
+                lambda progress: self._score_texts(pairs, also=progress, param="pairs")
+            )
             return [score for score, _ in scored]
         prepared = await asyncio.to_thread(self.front_end.prepare_pairs, pairs)
-        return [score for score, _ in prepared.assemble(await self.backend.ascore_jobs(prepared.jobs))]
+        scores = self._checked(prepared.jobs, await self.backend.ascore_jobs(prepared.jobs),
+                               _pairs_named(prepared, "pairs"))  # fmt: skip
+        return [score for score, _ in prepared.assemble(scores)]
 
     def rerank(
         self,
@@ -281,7 +288,8 @@ class GenerativeScorer:
             max_tokens_per_doc=max_tokens_per_doc,
             max_prompt_tokens=max_prompt_tokens,
         )
-        scores = await self.backend.ascore_jobs(prepared.jobs)
+        scores = self._checked(prepared.jobs, await self.backend.ascore_jobs(prepared.jobs),
+                               _pairs_named(prepared, "documents"))  # fmt: skip
         if len(documents) <= RANKED_ON_THE_LOOP:
             return ranked(prepared.assemble(scores))
         return await asyncio.to_thread(lambda: ranked(prepared.assemble(scores)))
@@ -304,8 +312,10 @@ class GenerativeScorer:
         max_tokens_per_doc: int | None = None,
         *,
         also: ProgressCallback | None = None,
+        param: str = "documents",
     ) -> Sequence[tuple[float, PromptInfo]]:
         """(score, prompt) of each pair in input order; ``also`` is called with the progress too.
+        ``param`` names the pairs in errors about their scores.
 
         With a local engine that streams, the documents are tokenized part by part on the engine's
         producer thread while the GPU runs the batches already laid out (:mod:`genscore_core.streaming`);
@@ -313,7 +323,7 @@ class GenerativeScorer:
         """
         if not self._streams(max_tokens_per_doc):
             prepared = self.front_end.prepare_pairs(pairs, max_tokens_per_doc=max_tokens_per_doc)
-            return prepared.assemble(self._run(prepared.jobs, also))
+            return prepared.assemble(self._run(prepared.jobs, also, name=_pairs_named(prepared, param)))
         engine = self.backend
         assert isinstance(engine, ScoringEngine)
         stream = self.front_end.stream_pairs(pairs)
@@ -322,7 +332,7 @@ class GenerativeScorer:
             if first_chars is not None:
                 return self._score_overlapped(engine, pairs, first_chars, also)
             prepared = self.front_end.prepare_pairs(pairs)
-            return prepared.assemble(self._run(prepared.jobs, also))
+            return prepared.assemble(self._run(prepared.jobs, also, name=_pairs_named(prepared, param)))
         with self._progress(len(pairs), also) as progress:
             scores = engine.score_stream(stream.jobs, stream.parts(), on_progress=progress)
         return stream.assemble(scores)
@@ -364,9 +374,39 @@ class GenerativeScorer:
 
             yield update
 
-    def _run(self, jobs: list[ScoringJob], also: ProgressCallback | None = None) -> list[list[float]]:
+    def _run(
+        self, jobs: list[ScoringJob], also: ProgressCallback | None = None, *, name: ItemName
+    ) -> list[list[float]]:
         with self._progress(sum(len(job.prompts) for job in jobs), also) as progress:
-            return self.backend.score_jobs(jobs, on_progress=progress)
+            scores = self.backend.score_jobs(jobs, on_progress=progress)
+        return self._checked(jobs, scores, name)
+
+    def _checked(
+        self, jobs: Sequence[ScoringJob], scores: list[list[float]], name: ItemName
+    ) -> list[list[float]]:
+        """``scores`` as the backend returned them, once each is known to be a score of its job's
+        mode: one list per job, one score per prompt. The local engine checks its own, but a
+        backend may be anyone's (``GenerativeScorer(front_end=, backend=)``), and what leaves the
+        scorer is a score or an error naming the input it belongs to."""
+        counts = [len(job.prompts) for job in jobs]
+        if len(scores) != len(jobs) or [len(values) for values in scores] != counts:
+            raise RuntimeError(
+                f"{self.backend!r} returned {[len(values) for values in scores]} scores for jobs of "
+                f"{counts} prompts: one score per prompt is its contract (ScoringBackend.score_jobs)"
+            )
+        for job_index, (job, values) in enumerate(zip(jobs, scores)):
+            bad = first_bad_score(values, job.mode)
+            if bad is None:
+                continue
+            param, index, where = name(job_index, bad)
+            low, high = score_range(job.mode)
+            raise ScoreRangeError(
+                f"{where} was scored {values[bad]!r} by {self.backend!r}, not a finite number within "
+                f"[{low}, {high}] as score mode {job.mode!r} requires",
+                param=param,
+                index=index,
+            )
+        return scores
 
     def close(self) -> None:
         """Release what the backend holds (a server client's connections; nothing for a local model)."""
@@ -430,6 +470,33 @@ def _iterates_column_names(items: object) -> bool:
     labels, not its rows. Read off the type, so that pandas is not imported for the check."""
     kind = type(items)
     return kind.__name__ == "DataFrame" and hasattr(items, "columns") and hasattr(items, "iloc")
+
+
+ItemName = Callable[[int, int], tuple[str, int, str]]
+"""``(job, prompt) -> (param, index, words)``: the input a prompt of a call was built from, named for
+an error (``"documents", 3, "documents[3]"``)."""
+
+
+def _items_named(job: int, prompt: int) -> tuple[str, int, str]:
+    """A protocol request is one job; its prompts are its items."""
+    return "items", prompt, f"items[{prompt}]"
+
+
+def _pairs_named(prepared: PreparedPairs, param: str) -> ItemName:
+    """Names the input pair of a prompt of ``prepared``; a window of a chunked document is named
+    as its document's, with its place among the document's windows."""
+
+    def name(job: int, prompt: int) -> tuple[str, int, str]:
+        position = prepared.positions[job][prompt]
+        if not isinstance(prepared, WindowedPairs):
+            return param, position, f"{param}[{position}]"
+        owner = prepared.owners[position]
+        windows = [window for window, of in enumerate(prepared.owners) if of == owner]
+        if len(windows) == 1:
+            return param, owner, f"{param}[{owner}]"
+        return param, owner, f"window {windows.index(position) + 1} of {len(windows)} of {param}[{owner}]"
+
+    return name
 
 
 def _make_config(model: str | None, config: ScorerConfig | None, settings: dict[str, Any]) -> ScorerConfig:

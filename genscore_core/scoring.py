@@ -12,6 +12,8 @@ the kernel does not compute, so that mode walks the vocabulary in chunks in torc
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -38,6 +40,20 @@ def check_scores(scores: torch.Tensor, mode: ScoreMode) -> None:
             f"prompt {row} scored {float(scores[row])!r}, not a finite number within [{low}, {high}] as "
             f"score mode {mode!r} requires (half-precision overflow? try dtype='float32')"
         )
+
+
+def first_bad_score(values: Sequence[object], mode: ScoreMode) -> int | None:
+    """Position of the first of ``values`` that is not a float (an int passes, a bool does not),
+    not finite, or outside the range of ``mode``; None when every one is a score of ``mode``."""
+    low, high = score_range(mode)
+    if all(type(value) is float and low <= value <= high and math.isfinite(value) for value in values):
+        return None  # every score of a healthy call: one pass, no conversion
+    for position, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return position
+        if not (math.isfinite(value) and low <= value <= high):
+            return position
+    return None
 
 
 class LabelHead:

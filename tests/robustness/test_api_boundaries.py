@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
-from genscore_core import GenerativeScorer, InvalidRequestError
+from genscore_core import GenerativeScorer, InvalidRequestError, ScoreRangeError, ScoringBackend, ScoringJob
+from genscore_core.backend import ProgressCallback
 
 QUERY = "capital of france"
 DOCUMENTS = ["Paris is the capital of France.", "Berlin is the capital of Germany.", "A river."]
@@ -37,3 +40,93 @@ def test_a_data_frame_is_refused_not_read_as_its_column_names(
     assert caught.value.param == param
     # One column is a Series, read as its rows.
     assert len(scorer.rerank(QUERY, frame["text"])) == len(DOCUMENTS)
+
+
+class CorruptingBackend(ScoringBackend):
+    """A backend of the user's own (``GenerativeScorer(front_end=, backend=)``): the real engine's
+    scores, with the score of prompt ``prompt`` of job ``job`` replaced by ``value``."""
+
+    def __init__(self, engine: ScoringBackend, value: object, job: int = 0, prompt: int = 0) -> None:
+        self.engine, self.value, self.job, self.prompt = engine, value, job, prompt
+
+    def score_jobs(
+        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+    ) -> list[list[float]]:
+        scores = self.engine.score_jobs(jobs, on_progress)
+        scores[self.job][self.prompt] = self.value  # type: ignore[call-overload]
+        return scores
+
+    def __repr__(self) -> str:
+        return "CorruptingBackend()"
+
+
+BAD_SCORES = [float("nan"), float("inf"), -0.25, 1.5, None, "0.5", True]
+
+
+@pytest.mark.parametrize("value", BAD_SCORES, ids=repr)
+def test_a_backend_score_that_is_not_a_probability_never_leaves(
+    scorer: GenerativeScorer, value: object
+) -> None:
+    # Two queries: job 1 holds the pairs of the second query, the bad score is its second prompt.
+    pairs = [(QUERY, DOCUMENTS[0]), ("rivers", DOCUMENTS[1]), (QUERY, DOCUMENTS[2]), ("rivers", DOCUMENTS[2])]
+    custom = GenerativeScorer(
+        front_end=scorer.front_end, backend=CorruptingBackend(scorer.backend, value, job=1, prompt=1)
+    )
+    for call in (lambda: custom.score_pairs(pairs), lambda: asyncio.run(custom.ascore_pairs(pairs))):
+        with pytest.raises(ScoreRangeError) as caught:
+            call()
+        assert (caught.value.param, caught.value.index) == ("pairs", 3)
+        assert f"pairs[3] was scored {value!r} by CorruptingBackend()" in caught.value.message
+        assert "as score mode 'label-softmax' requires" in caught.value.message
+
+    one_query = GenerativeScorer(
+        front_end=scorer.front_end, backend=CorruptingBackend(scorer.backend, value, prompt=2)
+    )
+    for call in (
+        lambda: one_query.rerank(QUERY, DOCUMENTS),
+        lambda: asyncio.run(one_query.arerank(QUERY, DOCUMENTS)),
+        lambda: one_query.score_documents(QUERY, DOCUMENTS),
+    ):
+        with pytest.raises(ScoreRangeError) as caught:
+            call()
+        assert (caught.value.param, caught.value.index) == ("documents", 2)
+    request = {"query": QUERY, "items": DOCUMENTS, "label_token_ids": scorer.label_token_ids}
+    for call in (lambda: one_query.score(request), lambda: asyncio.run(one_query.ascore(request))):
+        with pytest.raises(ScoreRangeError, match=r"items\[2\] was scored") as caught:
+            call()
+        assert (caught.value.param, caught.value.index) == ("items", 2)
+
+
+def test_a_bad_window_score_names_its_document_and_window(tiny_model_dir: Path) -> None:
+    """A NaN for one window of a chunked document: with "max", the other windows would have hidden it."""
+    chunking = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="float32", max_length=96,
+                                long_documents="chunk")  # fmt: skip
+    long_document = " ".join(f"word{i}" for i in range(200))
+    documents = ["short", long_document]
+    windows = len(chunking.prepare_pairs([(QUERY, long_document)]).prompts)
+    assert windows >= 3
+    custom = GenerativeScorer(
+        front_end=chunking.front_end,
+        backend=CorruptingBackend(chunking.backend, float("nan"), prompt=2),  # the document's 2nd window
+    )
+    with pytest.raises(ScoreRangeError) as caught:
+        custom.rerank(QUERY, documents)
+    assert (caught.value.param, caught.value.index) == ("documents", 1)
+    assert f"window 2 of {windows} of documents[1] was scored nan" in caught.value.message
+
+
+def test_a_backend_answering_too_few_scores_is_an_error_not_a_shorter_answer(
+    scorer: GenerativeScorer,
+) -> None:
+    class Short(ScoringBackend):
+        def score_jobs(
+            self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
+        ) -> list[list[float]]:
+            return [scores[:-1] for scores in scorer.backend.score_jobs(jobs, on_progress)]
+
+    custom = GenerativeScorer(front_end=scorer.front_end, backend=Short())
+    request = {"query": QUERY, "items": DOCUMENTS, "label_token_ids": scorer.label_token_ids}
+    with pytest.raises(RuntimeError, match=r"returned \[2\] scores for jobs of \[3\] prompts"):
+        custom.score(request)
+    with pytest.raises(RuntimeError, match=r"returned \[2\] scores for jobs of \[3\] prompts"):
+        asyncio.run(custom.ascore(request))
