@@ -415,9 +415,10 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="on the CPU, a tiny model, short windows")
     parser.add_argument("--variant", action="append", default=[], help='"NAME|TREE|FLAGS|ENV" (repeatable)')
     parser.add_argument("--clients", default="32,1", help="client counts, in order (default 32,1)")
-    parser.add_argument("--seconds", type=float, default=5.0, help="measuring window per client count")
-    parser.add_argument("--window-warmup", type=float, default=1.0, help="load before each window (s)")
-    parser.add_argument("--warmup", type=float, default=3.0, help="4-client warm-up after start (s)")
+    parser.add_argument("--seconds", type=float, default=15.0, help="measuring window per client count")
+    # Shorter windows read the start of a load (clients started together stay in step for seconds).
+    parser.add_argument("--window-warmup", type=float, default=5.0, help="load before each window (s)")
+    parser.add_argument("--warmup", type=float, default=10.0, help="4-client warm-up after start (s)")
     parser.add_argument(
         "--steady-one", action="store_true", help="every body twice before the 1-client window"
     )

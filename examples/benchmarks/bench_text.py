@@ -507,11 +507,13 @@ async def client_load(
     return ClientLoad(sorted(latencies), answered_pairs, measure_s)
 
 
-LEVEL_WARMUP_S = 3.0
-
-
 def server_benchmark(
-    report: Report, folder: Path, words: list[str], levels: Sequence[int], measure_s: float
+    report: Report,
+    folder: Path,
+    words: list[str],
+    levels: Sequence[int],
+    measure_s: float,
+    level_warmup_s: float,
 ) -> None:
     import httpx
 
@@ -523,9 +525,11 @@ def server_benchmark(
         asyncio.run(client_load(url, bodies, 4, 0.0, 3.0))  # warm-up: compilation, allocator
         for clients in levels:
             before = httpx.get(f"{url}/stats").json()
-            # Each level's window opens after 3 s of its own load: a new level first fills the
-            # queue and grows the allocator's pool for larger calls, which is not its steady state.
-            load = asyncio.run(client_load(url, bodies, clients, LEVEL_WARMUP_S, measure_s))
+            # Each level's window opens after `level_warmup_s` of its own load. Clients started
+            # together come back together: for several seconds the calls alternate between large
+            # and small and the GPU idles between them, which is the start of a load, not its
+            # steady state (docs/benchmarks.md, "Reading W5: steady state").
+            load = asyncio.run(client_load(url, bodies, clients, level_warmup_s, measure_s))
             after = httpx.get(f"{url}/stats").json()
             latencies = load.latencies
             if not latencies:
@@ -658,7 +662,14 @@ def gpu_benchmark(report: Report, args: argparse.Namespace) -> None:
             levels = [1, 4] if dry else [1, 8, 32, 64]
             print(report.table(), flush=True)  # the rows so far, should the server part fail
             try:
-                server_benchmark(report, folder, words, levels, 3.0 if dry else args.server_seconds)
+                server_benchmark(
+                    report,
+                    folder,
+                    words,
+                    levels,
+                    3.0 if dry else args.server_seconds,
+                    1.0 if dry else args.server_warmup,
+                )
             except Exception as error:  # reported, so that the rest of the table still comes out
                 report.note(f"W5 failed: {error!r}")
         finally:
@@ -729,7 +740,10 @@ def main() -> None:
     parser.add_argument("--no-cpu", action="store_true")
     parser.add_argument("--no-server", action="store_true")
     parser.add_argument("--profile", action="store_true", help="host (cProfile) and GPU busy-time profiles")
-    parser.add_argument("--server-seconds", type=float, default=6.0, help="measuring window per client count")
+    parser.add_argument(
+        "--server-seconds", type=float, default=15.0, help="measuring window per client count"
+    )
+    parser.add_argument("--server-warmup", type=float, default=8.0, help="load before each window (s)")
     parser.add_argument("--cpu-docs", type=int, default=32, help="documents of the CPU W1")
     parser.add_argument(
         "--no-w2-large", dest="w2_large", action="store_false", help="skip W2 64x100 (6,400 pairs a call)"
