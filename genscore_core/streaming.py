@@ -18,6 +18,7 @@ scored once, and prompts that do not start with that prefix are scored as a grou
 from __future__ import annotations
 
 import itertools
+import math
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -163,6 +164,9 @@ class BatchPlanner:
     ) -> None:
         if max_batch_tokens <= 0:
             raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
+        if first_batch_tokens <= 0:
+            # A target of 0 grows to 0: every later batch would hold one prompt.
+            raise ValueError(f"first_batch_tokens must be positive, got {first_batch_tokens}")
         if growth < 1:
             raise ValueError(f"growth must be at least 1, got {growth}")
         self.max_batch_tokens = max_batch_tokens
@@ -250,7 +254,8 @@ class BatchPlanner:
         self._reset()
         # The next target grows from this one's, not from what this batch held: a first batch cut
         # short by its part still leaves the later targets (and their graphs' shapes) as they were.
-        self._target = min(int(self.growth * self._target), self.max_batch_tokens)
+        # Rounded up: rounded down, a growth under 1 + 1/target never moved the target at all.
+        self._target = min(math.ceil(self.growth * self._target), self.max_batch_tokens)
         self.closed_batches += 1
         return batch
 

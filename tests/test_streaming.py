@@ -180,6 +180,18 @@ def test_batches_fill_their_targets_to_within_one_prompt(growth: float) -> None:
         BatchPlanner(500, 96, 0.5)
 
 
+def test_a_small_growth_still_grows_the_targets_and_a_first_target_must_be_positive() -> None:
+    """Targets grow by ``growth`` rounded up: rounded down, 8 tokens grown by 1.1 stayed 8 for every
+    batch of the call (and a first target of 0 stayed 0: a batch a prompt, with no error)."""
+    planner = BatchPlanner(40, 8, 1.1)
+    closed = [planner.add(0, np.empty(0, np.int32), np.ones(1, np.int32), RowKey(0, i)) for i in range(400)]
+    sizes = [batch.tokens for batch in closed if batch is not None]
+    assert sizes[:6] == [8, 9, 10, 11, 13, 15]
+    assert max(sizes) == 40, "up to the budget"
+    with pytest.raises(ValueError, match="first_batch_tokens must be positive, got 0"):
+        BatchPlanner(40, 0)
+
+
 def test_a_nearly_full_batch_leaves_with_its_part() -> None:
     """A batch that a prompt as large as any seen would overflow goes out at the end of its part,
     before the next part is taken (tokenized)."""
