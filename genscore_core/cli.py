@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pydantic import ValidationError
 
 from genscore_core.cli_args import add_config_arguments, config_settings, flag_of, positive_int
+from genscore_core.config import ScorerConfig
 from genscore_core.errors import GenScoreError, InvalidRequestError, RemoteScoringError
 from genscore_core.jobs.cli import add_score_command
 from genscore_core.server.cli import add_serve_command
@@ -52,10 +54,54 @@ class InputError(Exception):
     """Bad command-line input: reported on one line, exit code 2."""
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def is_utf8_text(text: str) -> bool:
     """False for text holding lone surrogates: what Python makes of bytes that are not UTF-8 in
-    ``argv`` (and, under the C/POSIX locale, on stdin)."""
-    return not any("\ud800" <= char <= "\udfff" for char in text)
+    ``argv``, and in the input files, which are read with ``surrogateescape``."""
+    return _LONE_SURROGATE.search(text) is None
+
+
+class _NotStandardJSON(ValueError):
+    """A value Python's JSON reader takes but JSON has not: NaN, Infinity, a number beyond a float."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotStandardJSON(f"{name} is not a JSON value (write null or a string)")
+
+
+def _finite_number(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotStandardJSON(f"the number {text} is too large for a float")
+    return value
+
+
+def loads_standard_json(text: str) -> Any:
+    """``json.loads`` held to standard JSON.
+
+    Python's reader also takes ``NaN`` and ``Infinity``, and reads ``1e999`` as infinity; the output
+    would carry them back as ``NaN`` and ``Infinity``, which no strict JSON reader (jq, a browser's
+    ``JSON.parse``) accepts. Raises :class:`json.JSONDecodeError`, or ``_NotStandardJSON`` for those.
+    """
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_number)
+
+
+def _parsed_line(line: str, where: str) -> Any:
+    """One JSON line, or :class:`InputError` saying where and what is wrong with it."""
+    try:
+        return loads_standard_json(line)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{where}: invalid JSON ({error.msg})") from None
+    except _NotStandardJSON as error:
+        raise InputError(f"{where}: {error}") from None
+
+
+def _check_utf8_line(line: str, where: str) -> None:
+    # The input is decoded with surrogateescape: each byte that is not UTF-8 became a lone surrogate.
+    if not is_utf8_text(line):
+        raise InputError(f"{where}: not UTF-8 text")
 
 
 def read_documents(stream: TextIO, source: str, input_format: str = "auto") -> list[dict[str, Any]]:
@@ -87,16 +133,14 @@ def _read_documents(
             continue
         if json_lines is None:
             if line.lstrip().startswith("["):
-                return _json_array(line + "\n" + stream.read(), source), None
+                return _json_array(line + "\n" + stream.read(), source, first_line=number), None
             json_lines = line.lstrip().startswith("{")
+        _check_utf8_line(line, f"{source}, line {number}")
         lines.append(number)
         if not json_lines:
             documents.append({"text": line})
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InputError(f"{source}, line {number}: invalid JSON ({error.msg})") from None
+        record = _parsed_line(line, f"{source}, line {number}")
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise InputError(f"{source}, line {number}: expected a JSON object with a string 'text' field")
         _check_fields(record, f"{source}, line {number}")
@@ -137,10 +181,8 @@ def read_queries(stream: TextIO, source: str) -> list[QueryRecord]:
         if not line.strip():
             continue
         where = f"{source}, line {number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InputError(f"{where}: invalid JSON ({error.msg})") from None
+        _check_utf8_line(line, where)
+        record = _parsed_line(line, where)
         if not isinstance(record, dict):
             raise InputError(f'{where}: expected a JSON object {{"query": ..., "documents": [...]}}')
         unknown = [key for key in record if key not in _QUERY_KEYS]
@@ -169,12 +211,20 @@ def _check_fields(record: dict[str, Any], where: str) -> None:
         raise InputError(f"{where}: field {clash[0]!r} is reserved for the output; rename it")
 
 
-def _json_array(text: str, source: str, detected: bool = True) -> list[dict[str, Any]]:
+def _json_array(text: str, source: str, detected: bool = True, first_line: int = 1) -> list[dict[str, Any]]:
+    """The documents of one JSON array; ``text`` starts at line ``first_line`` of ``source``."""
+    not_utf8 = _LONE_SURROGATE.search(text)
+    if not_utf8 is not None:
+        line = first_line + text.count("\n", 0, not_utf8.start())
+        raise InputError(f"{source}, line {line}: not UTF-8 text")
     try:
-        array = json.loads(text)
+        array = loads_standard_json(text)
     except json.JSONDecodeError as error:
         what = "starts with '[' but is not" if detected else "is not"
-        raise InputError(f"{source}: {what} one JSON array (line {error.lineno}: {error.msg})") from None
+        line = first_line + error.lineno - 1
+        raise InputError(f"{source}: {what} one JSON array (line {line}: {error.msg})") from None
+    except _NotStandardJSON as error:
+        raise InputError(f"{source}: {error}") from None
     if not isinstance(array, list):
         raise InputError(f"{source}: expected one JSON array of documents")
     documents = _documents_of(array, source)
@@ -199,14 +249,15 @@ def _documents_of(array: list[Any], where: str) -> list[dict[str, Any]]:
 
 
 def _open_documents(path: str | None) -> tuple[TextIO, str]:
-    # Strict UTF-8 whatever the locale: under C/POSIX, Python decodes stdin with surrogateescape,
-    # which turns each invalid byte into a lone surrogate that no tokenizer can encode.
+    # UTF-8 whatever the locale, with surrogateescape: each byte that is not UTF-8 becomes a lone
+    # surrogate, which the readers find and report with its line (a strict decoder fails on a block
+    # of the file, with no line to name).
     if path is None or path == "-":
         if isinstance(sys.stdin, io.TextIOWrapper):
-            sys.stdin.reconfigure(encoding="utf-8", errors="strict")
+            sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")
         return sys.stdin, "stdin"
     try:
-        return open(path, encoding="utf-8", errors="strict"), path  # closed by the caller
+        return open(path, encoding="utf-8", errors="surrogateescape"), path  # closed by the caller
     except OSError as error:
         raise InputError(f"cannot read {path}: {error.strerror}") from None
 
@@ -238,7 +289,7 @@ def _rerank(args: argparse.Namespace) -> int:
     settings = config_settings(args)
     settings["show_progress"] = not args.no_progress and total >= _PROGRESS_MIN_DOCUMENTS
     args.progress_bar = settings["show_progress"]
-    with GenerativeScorer(**settings) as scorer:  # one model load, whatever the number of queries
+    with _loaded_scorer(GenerativeScorer, settings) as scorer:  # one load, whatever the number of queries
         rankings = rank_queries(scorer, records, top_n=args.top_n, progress=args.progress_bar)
     out = sys.stdout
     if isinstance(out, io.TextIOWrapper):
@@ -253,6 +304,19 @@ def _rerank(args: argparse.Namespace) -> int:
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
     out.flush()
     return 0
+
+
+def _loaded_scorer(build: type[GenerativeScorer], settings: dict[str, Any]) -> GenerativeScorer:
+    """The scorer of the command's settings; a model that cannot be loaded is bad input.
+
+    transformers says that a folder holds no weights, or that the hub cannot be reached and the
+    model is not in the cache, with an ``OSError``: one line naming ``--model``, not a traceback.
+    """
+    try:
+        return build(**settings)
+    except OSError as error:
+        model = settings.get("model", ScorerConfig.model_fields["model"].default)
+        raise InputError(f"--model {model}: {error}") from None
 
 
 def rank_queries(
@@ -464,6 +528,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (``genscore rerank ... | head -1``): nothing left to say to it.
         _discard_stdout()
         return EXIT_BROKEN_PIPE
+    except OSError as error:  # a full disk, a file that went away: one line, as genscore score says it
+        where = f"{error.filename}: " if error.filename else ""
+        return _fail(f"{where}{error.strerror or error}", EXIT_BAD_INPUT)
     except RemoteScoringError as error:
         return _fail(str(error), EXIT_SERVER_UNAVAILABLE)
     except ValidationError as error:

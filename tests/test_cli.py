@@ -90,6 +90,11 @@ def test_rerank_json_lines_file_carries_fields_and_top_n(tiny_model_dir: Path, t
             "stdin, line 3: expected a JSON object with a string 'text' field",
         ),
         ('{"text": "ok", "score": 3}\n', "stdin, line 1: field 'score' is reserved"),
+        # Python's json reads these, but the output would carry them back as NaN and Infinity, which
+        # no strict JSON reader takes: refused where they stand.
+        ('{"text": "ok", "rank": NaN}\n', "stdin, line 1: NaN is not a JSON value"),
+        ('{"text": "ok"}\n\n{"text": "far", "x": 1e999}\n', "stdin, line 3: the number 1e999 is too large"),
+        ('["ok", {"text": "b", "weight": -Infinity}]', "stdin: -Infinity is not a JSON value"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny_model_dir: Path, stdin: str, message: str) -> None:
@@ -186,6 +191,19 @@ def test_a_model_folder_without_model_files_is_named_one_line_and_exit_2(tmp_pat
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert f"the folder {empty.resolve()} holds neither config.json nor tokenizer files" in result.stderr
+
+
+def test_a_model_folder_without_weights_is_one_line_naming_the_model_and_exit_2(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # Config and tokenizer, no weights: transformers refuses the folder with an OSError.
+    folder = tmp_path / "no-weights"
+    shutil.copytree(tiny_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    result = _run("rerank", "--model", str(folder), "--device", "cpu", "--query", "q", stdin="a document\n")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"genscore: error: --model {folder}: ")
+    assert "model.safetensors" in result.stderr
 
 
 @pytest.mark.slow

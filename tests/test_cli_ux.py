@@ -166,6 +166,10 @@ def test_the_model_is_loaded_once_for_all_queries(
         ('{"query": "q", "documents": ["a"], "top": 1}', "line 1: unknown field 'top'"),
         ('{"query": "q", "documents": [{"text": "a", "score": 1}]}', "field 'score' is reserved"),
         ("not json", "line 1: invalid JSON"),
+        (
+            '{"query": "q", "documents": ["a"]}\n{"query": "q", "id": NaN, "documents": ["a"]}',
+            "line 2: NaN is not",
+        ),
         ("", "no queries to rerank for"),
     ],
 )
@@ -196,6 +200,26 @@ def test_a_document_the_scorer_refuses_is_named_by_its_line(
     assert main([*argv, "--model", str(tiny_model_dir)]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and f"{path}{where}" in error and "lone surrogate" in error, error
+
+
+@pytest.mark.parametrize(
+    ("flag", "content", "line"),
+    [
+        ("--documents", b"fine\n\nfine too\ncaf\xe9 au lait\n", 4),  # text lines
+        ("--documents", b'{"text": "fine"}\n{"text": "caf\xe9"}\n', 2),  # JSON lines
+        ("--documents", b'\n["fine",\n "fine too",\n "caf\xe9"]\n', 4),  # one JSON array
+        ("--queries", b'{"query": "q", "documents": ["a"]}\n{"query": "caf\xe9", "documents": ["a"]}\n', 2),
+    ],
+)
+def test_bytes_that_are_not_utf8_are_named_by_their_line(
+    flag: str, content: bytes, line: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "latin-1"
+    path.write_bytes(content)
+    query = ["--query", "q"] if flag == "--documents" else []
+    # Read before any model is loaded: the model named here does not exist.
+    assert main(["rerank", *query, flag, str(path), "--model", str(tmp_path / "no-model")]) == 2
+    assert capsys.readouterr().err == f"genscore: error: {path}, line {line}: not UTF-8 text\n"
 
 
 def test_query_and_queries_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:

@@ -94,7 +94,7 @@ def test_invalid_bytes_are_not_utf8_text_under_the_c_locale(tiny_model_dir: Path
     result = _run(
         tiny_model_dir, "--query", QUERY, stdin=b"good line\nbad \xff\n", LC_ALL=locale, LANG=locale
     )
-    assert (result.returncode, result.stderr) == (2, b"genscore: error: stdin: not UTF-8 text\n")
+    assert (result.returncode, result.stderr) == (2, b"genscore: error: stdin, line 2: not UTF-8 text\n")
     result = _run(tiny_model_dir, "--query", b"bad \xff query", stdin=b"fine\n", LC_ALL=locale, LANG=locale)
     assert (result.returncode, result.stderr) == (2, b"genscore: error: --query is not UTF-8 text\n")
 
