@@ -261,13 +261,14 @@ class ScoringEngine(ScoringBackend):
         if not isinstance(forward, StreamingForward):
             return self._score_whole(self._whole_jobs(jobs, items), on_progress)
         state = StreamState()
+        reported = ReportedProgress(on_progress) if on_progress is not None else None
         with self._lock:
             self._follow_model()  # before the producer lays batches out for the forward's device
             try:
                 planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens, batch_growth)
                 planned = plan_stream(sizes, items, planner, state, first_batch_early=first_batch_early)
                 with Prefetcher(planned, forward.prepare_stream_batch) as batches:
-                    hidden, keys = forward.run_stream(batches, on_progress)
+                    hidden, keys = forward.run_stream(batches, reported)
                 rows: list[list[int]] = [[0] * len(p.distinct) for p in state.jobs]
                 for row, key in enumerate(keys):
                     rows[key.job][key.prompt] = row
@@ -280,7 +281,7 @@ class ScoringEngine(ScoringBackend):
                     # out of memory: scoring again would go on without the prompts they lacked.
                     raise items.error  # noqa: B904 - the out-of-memory error stays its context, not its cause
                 del error
-                hidden, rows = self._score_again(state, sizes, items)
+                hidden, rows = self._score_again(state, sizes, items, reported)
             job_scores = self._stream_scores(hidden, jobs, rows)
             scores: list[list[float]] = []
             for job, recorded, values in zip(jobs, state.jobs, job_scores):
@@ -338,11 +339,16 @@ class ScoringEngine(ScoringBackend):
         return [ScoringJob(p, job.label_ids, score_mode=job.mode) for p, job in zip(prompts, jobs)]
 
     def _score_again(
-        self, state: StreamState, sizes: Sequence[int], items: Iterable[JobPart]
+        self,
+        state: StreamState,
+        sizes: Sequence[int],
+        items: Iterable[JobPart],
+        reported: ReportedProgress | None,
     ) -> tuple[torch.Tensor, list[list[int]]]:
         """After an out-of-memory error mid-stream: every distinct prompt through the forward's own
         policy (it splits batches and lowers the budget). The producer has stopped; the parts it
-        did not take are taken here. Progress already reported is reported again."""
+        did not take are taken here. Progress goes on from what the stream reported, so each prompt
+        is counted once and a cancelled call still stops at its next batch."""
         logger.warning("out of memory while streaming batches; scoring the call again in smaller batches")
         taken = [len(job.where) for job in state.jobs]
         for part in items:
@@ -353,7 +359,7 @@ class ScoringEngine(ScoringBackend):
                 recorded.add(np.asarray(prompt, dtype=np.int32))
         check_all_taken(sizes, taken)
         groups = [group_prompts([p.tolist() for p in job.distinct]) for job in state.jobs if job.distinct]
-        hidden = self.forward.last_hidden_states(groups)
+        hidden = self.forward.last_hidden_states(groups, reported.again() if reported else None)
         rows: list[list[int]] = []
         offset = 0
         for job in state.jobs:
@@ -564,6 +570,33 @@ class LaunchedCall:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(device.device))
         return cls(launched.jobs, rows, host, event)
+
+
+class ReportedProgress:
+    """A streamed call's progress callback that counts the prompts it passed on: after an
+    out-of-memory error the call's prompts are scored again (:meth:`again`), and those already
+    reported are not reported twice."""
+
+    def __init__(self, on_progress: ProgressCallback) -> None:
+        self._on_progress = on_progress
+        self.count = 0
+
+    def __call__(self, done: int) -> None:
+        self.count += done
+        self._on_progress(done)
+
+    def again(self) -> ProgressCallback:
+        """The callback of the call scored again: its first ``count`` prompts were reported already."""
+        skip = self.count
+
+        def progress(done: int) -> None:
+            nonlocal skip
+            fresh = max(done - skip, 0)
+            skip = max(skip - done, 0)
+            # Called with 0 too: a cancelled call (backend.in_worker_thread) stops at its next batch.
+            self._on_progress(fresh)
+
+        return progress
 
 
 def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], list[int]]:

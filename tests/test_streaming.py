@@ -602,18 +602,20 @@ def test_parts_that_fail_while_the_forward_runs_out_of_memory_report_their_error
     _official_check(scorer, reference_model)
 
 
-def test_the_forward_out_of_memory_mid_stream_scores_every_prompt_again(
+def test_the_forward_out_of_memory_mid_stream_scores_every_prompt_again_and_counts_it_once(
     small_batch_scorer: GenerativeScorer,
     reference_model: tuple[object, object],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The out-of-memory policy still holds with the parts checked: the forward fails on its third
-    streamed batch, the call is scored again in the forward's own batches, and every score equals
-    the official recipe's."""
+    """The forward fails on its third streamed batch: the call is scored again in the forward's own
+    batches, every score equals the official recipe's, and progress counts each prompt once, as
+    the out-of-memory policy says (the old engine reported none of the batches scored again: 12 of
+    19 prompts, and a cancelled call was not stopped there)."""
     scorer = small_batch_scorer
     engine = scorer.engine
     rng = random.Random(8)
     pairs = [("capital of france", _text(rng, rng.randint(10, 40))) for _ in range(18)]
+    pairs.insert(11, pairs[2])  # a duplicate, reported at the end of the call
     [job] = scorer.prepare_pairs(pairs).jobs
     real = engine.forward.decode
     streamed_batches: list[int] = []
@@ -627,8 +629,12 @@ def test_the_forward_out_of_memory_mid_stream_scores_every_prompt_again(
 
     monkeypatch.setattr(engine.forward, "decode", decode)
     parts = [JobPart(0, job.prompts[i : i + 4]) for i in range(0, len(job.prompts), 4)]
-    [got] = engine.score_stream([StreamedJob(len(job.prompts), job.label_ids, job.mode)], parts)
+    progress: list[int] = []
+    streamed = [StreamedJob(len(job.prompts), job.label_ids, job.mode)]
+    [got] = engine.score_stream(streamed, parts, on_progress=progress.append)
     assert len(streamed_batches) == 3
+    assert sum(progress) == len(pairs), f"progress {progress}"
+    assert len([done for done in progress if done]) > 3, "the batches scored again were reported"
     model, tokenizer = reference_model
     expected = official_qwen3_scores(model, tokenizer, pairs, max_length=scorer.max_length)
     assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) <= 1e-5
