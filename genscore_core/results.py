@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from pydantic import BaseModel, ConfigDict
 
@@ -49,11 +50,22 @@ class RankedResults(BaseModel):
     def __len__(self) -> int:
         return len(self.results)
 
-    def __getitem__(self, position: int) -> RankedResult:
+    @overload
+    def __getitem__(self, position: int) -> RankedResult: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> list[RankedResult]: ...
+
+    def __getitem__(self, position: int | slice) -> RankedResult | list[RankedResult]:
+        """The result at ``position`` (best first), or a list of them for a slice (``ranked[:3]``)."""
         return self.results[position]
 
     def top_k(self, k: int) -> list[RankedResult]:
-        return self.results[:k]
+        """The ``k`` best results (all of them when there are fewer)."""
+        # A plain slice would take a negative k from the end: top_k(-1) gave all but the worst.
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise InvalidRequestError(f"k must be an integer of 0 or more, got {k!r}", param="k")
+        return self.results[: int(k)]
 
     def score_of(self, index: int) -> float:
         """Score of the document that was at ``index`` in the input."""
@@ -80,7 +92,7 @@ def rank_results(
     if score_threshold is not None:
         order = [i for i in order if scored[i][0] >= score_threshold]
     if top_n is not None:
-        order = order[:top_n]
+        order = order[: int(top_n)]
     results = []
     for i in order:
         score, p = scored[i]
@@ -114,14 +126,17 @@ def check_rank_options(top_n: object, score_threshold: object) -> None:
     """Raise :class:`~genscore_core.InvalidRequestError` naming the option unless both are usable.
 
     ``top_n`` must be ``None`` or a positive integer, ``score_threshold`` ``None`` or a number in [0, 1].
-    Adapters call it on their own settings before they load a model.
+    NumPy's integers and floats count (``top_n=np.int64(5)``, a threshold read off an array); a bool
+    does not. Adapters call it on their own settings before they load a model.
     """
-    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+    if top_n is not None and (
+        isinstance(top_n, bool) or not isinstance(top_n, numbers.Integral) or top_n < 1
+    ):
         raise InvalidRequestError(f"top_n must be a positive integer or None, got {top_n!r}", param="top_n")
     if score_threshold is not None and (
         isinstance(score_threshold, bool)
-        or not isinstance(score_threshold, (int, float))
-        or not 0.0 <= score_threshold <= 1.0
+        or not isinstance(score_threshold, numbers.Real)
+        or not 0.0 <= float(score_threshold) <= 1.0
     ):
         raise InvalidRequestError(
             f"score_threshold must be a number within [0, 1] or None, got {score_threshold!r}",

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from genscore_core import GenerativeScorer, InvalidRequestError, ScoreRangeError, ScoringBackend, ScoringJob
+from genscore_core import (
+    GenerativeScorer,
+    InvalidRequestError,
+    RankedResult,
+    RankedResults,
+    ScoreRangeError,
+    ScoringBackend,
+    ScoringJob,
+)
 from genscore_core.backend import ProgressCallback
 
 QUERY = "capital of france"
@@ -130,3 +140,45 @@ def test_a_backend_answering_too_few_scores_is_an_error_not_a_shorter_answer(
         custom.score(request)
     with pytest.raises(RuntimeError, match=r"returned \[2\] scores for jobs of \[3\] prompts"):
         asyncio.run(custom.ascore(request))
+
+
+def test_top_k_refuses_a_negative_k_rather_than_counting_from_the_end(scorer: GenerativeScorer) -> None:
+    ranked = scorer.rerank(QUERY, DOCUMENTS)
+    assert ranked.top_k(0) == []
+    assert ranked.top_k(2) == ranked.results[:2]
+    assert ranked.top_k(10) == ranked.results
+    for k in (-1, True, 1.0):
+        with pytest.raises(InvalidRequestError, match=rf"k must be an integer of 0 or more, got {k!r}"):
+            ranked.top_k(k)  # type: ignore[arg-type]
+
+
+def test_results_slice_to_a_list_and_say_so_to_type_checkers(scorer: GenerativeScorer) -> None:
+    ranked = scorer.rerank(QUERY, DOCUMENTS)
+    assert ranked[:2] == ranked.results[:2] and ranked[-1] is ranked.results[-1]
+    # mypy reads these overloads: ranked[:2] is a list[RankedResult], ranked[0] one RankedResult.
+    answers = {
+        get_type_hints(overload)["position"]: get_type_hints(overload)["return"]
+        for overload in typing.get_overloads(RankedResults.__getitem__)
+    }
+    assert answers == {int: RankedResult, slice: list[RankedResult]}
+
+
+def test_numpy_numbers_are_rank_options_like_python_ones(scorer: GenerativeScorer) -> None:
+    # top_n computed with numpy (np.int64) and a threshold read off an array (np.float32) were refused
+    # as "must be a positive integer, got np.int64(2)".
+    scores = scorer.score_documents(QUERY, DOCUMENTS)
+    threshold = sorted(scores)[1]
+    expected = scorer.rerank(QUERY, DOCUMENTS, top_n=1, score_threshold=threshold)
+    assert len(expected) == 1
+    for top_n, score_threshold in [(np.int64(1), np.float64(threshold)), (np.int8(1), np.float32(threshold))]:
+        got = scorer.rerank(QUERY, DOCUMENTS, top_n=top_n, score_threshold=score_threshold)  # type: ignore[arg-type]
+        assert [r.index for r in got] == [r.index for r in expected]
+        got = asyncio.run(scorer.arerank(QUERY, DOCUMENTS, top_n=top_n))  # type: ignore[arg-type]
+        assert [r.index for r in got] == [r.index for r in expected]
+    for top_n in (np.bool_(True), np.int64(0), np.float64(1.0)):
+        with pytest.raises(InvalidRequestError) as caught:
+            scorer.rerank(QUERY, DOCUMENTS, top_n=top_n)  # type: ignore[arg-type]
+        assert caught.value.param == "top_n"
+    with pytest.raises(InvalidRequestError) as caught:
+        scorer.rerank(QUERY, DOCUMENTS, score_threshold=np.float32("nan"))  # type: ignore[arg-type]
+    assert caught.value.param == "score_threshold"
