@@ -35,8 +35,22 @@ def check_names(owner: str, given: Iterable[str], own: Iterable[str]) -> None:
         )
 
 
+def check_model(owner: str, model: object) -> None:
+    """Refuse a ready scorer given as the model (``Adapter(scorer)``): it would reach the scorer's
+    settings as a model name and fail there, saying only that the model must be a string."""
+    if _looks_like_scorer(model):
+        raise TypeError(
+            f"{owner} got a {type(model).__name__} as its model; pass a ready scorer as scorer=, "
+            "the model (a name or a folder) first or as model="
+        )
+
+
+def _looks_like_scorer(value: object) -> bool:
+    return callable(getattr(value, "rerank", None)) and callable(getattr(value, "arerank", None))
+
+
 def check_scorer(scorer: object) -> None:
-    if not (callable(getattr(scorer, "rerank", None)) and callable(getattr(scorer, "arerank", None))):
+    if not _looks_like_scorer(scorer):
         raise TypeError(
             f"scorer must be a genscore_core.GenerativeScorer (with rerank and arerank), "
             f"got {type(scorer).__name__}"

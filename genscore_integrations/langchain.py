@@ -41,6 +41,7 @@ from genscore_core import (
 )
 from genscore_integrations._scorer_args import (
     SCORER_SETTINGS,
+    check_model,
     check_names,
     pickled_settings,
     saved_settings,
@@ -71,7 +72,8 @@ TRUNCATED_KEY = "genscore_truncated"
 """Metadata key of the flag telling whether the document was shortened to fit the prompt length."""
 WINDOW_KEY = "genscore_window"
 """Metadata key of ``[start, end)``, the character span of the window whose score was reported, present when
-the scorer chunks long documents (``long_documents="chunk"``)."""
+the scorer chunks long documents (``long_documents="chunk"``), and removed otherwise (it described an earlier
+score)."""
 
 
 def _constructor_input(owner: type[BaseModel], model: str | None, data: Any) -> Any:
@@ -84,6 +86,7 @@ def _constructor_input(owner: type[BaseModel], model: str | None, data: Any) -> 
         if "model" in data:
             raise TypeError(f"{owner.__name__} got the model twice: positionally and as model=")
         data = {**data, "model": model}
+    check_model(owner.__name__, data.get("model"))
     settings = {key: value for key, value in data.items() if key in SCORER_SETTINGS}
     rest = {key: value for key, value in data.items() if key not in SCORER_SETTINGS}
     # The scorer class is looked up here, at call time, so that tests can stand in for it.
@@ -137,8 +140,9 @@ class GenerativeReranker(BaseDocumentCompressor):
     one loaded model, or from the settings a scorer takes (the model, first or as ``model=``, and
     ``template``, ``instruction``, ``device``, ``dtype``, ``max_length``, ... or ``config``). An
     unknown name, or a scorer together with settings that differ from its own, raises ``TypeError``
-    (as :class:`~genscore_integrations.llama_index.GenerativeRerank` does); a bad ``top_n`` or
-    ``score_threshold`` raises :class:`~genscore_core.InvalidRequestError`. All before any loading.
+    (as :class:`~genscore_integrations.llama_index.GenerativeRerank` does), and so does a scorer given
+    as the model (``GenerativeReranker(scorer)``); a bad ``top_n`` or ``score_threshold`` raises
+    :class:`~genscore_core.InvalidRequestError`. All before any loading.
 
     ``model_dump()`` records the options and every setting of the scorer (not the weights), so
     ``GenerativeReranker(**reranker.model_dump())`` scores as ``reranker`` does;
@@ -292,6 +296,8 @@ def _with_score(document: Document, result: RankedResult) -> Document:
     metadata[TRUNCATED_KEY] = result.truncated
     if result.window is not None:
         metadata[WINDOW_KEY] = list(result.window)
+    else:  # a window left by an earlier, chunked reranking would describe a score no longer there
+        metadata.pop(WINDOW_KEY, None)
     return document.model_copy(update={"metadata": metadata})
 
 

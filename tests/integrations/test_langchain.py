@@ -256,6 +256,18 @@ def test_invalid_options_are_rejected(options: dict[str, Any], scorer: Generativ
         GenerativeReranker(model="./no-such-model-folder", **options)
 
 
+@pytest.mark.parametrize("cls", [GenerativeReranker, GenerativeCrossEncoder])
+def test_a_scorer_given_as_the_model_is_refused_saying_scorer(cls: Any, scorer: GenerativeScorer) -> None:
+    # Adapter(scorer) reads naturally, but the first argument is the model name: say where it goes.
+    message = r"got a GenerativeScorer as its model; pass a ready scorer as scorer="
+    with spied(lc, "GenerativeScorer") as calls:
+        with pytest.raises(TypeError, match=message):
+            cls(scorer)
+        with pytest.raises(TypeError, match=message):
+            cls(model=scorer, top_n=2) if cls is GenerativeReranker else cls(model=scorer)
+    calls["GenerativeScorer"].assert_not_called()  # refused before any scorer is built
+
+
 def test_wrong_scorer_type_is_rejected() -> None:
     with pytest.raises(TypeError, match=r"must be a genscore_core\.GenerativeScorer"):
         GenerativeReranker(scorer="Qwen/Qwen3-Reranker-0.6B")  # type: ignore[arg-type]
@@ -360,6 +372,24 @@ def test_document_subclass_and_existing_score_are_handled(
         want, abs=SCORE_TOLERANCE
     )
     assert all(d.metadata["relevance_score"] == 42.0 for d in docs)
+
+
+async def test_a_window_left_by_an_earlier_reranking_is_removed(
+    scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
+    # Reranked before by a chunking scorer: its window describes a score this reranking replaces.
+    earlier = {"relevance_score": 0.9, "genscore_window": [0, 12], "source": "a.md"}
+    docs = [
+        Document(page_content=TEXTS[0], id="seen", metadata=dict(earlier)),
+        Document(page_content=TEXTS[1], id="new"),
+    ]
+    scores = recipe_scores(recipe, docs)
+    reranker = GenerativeReranker(scorer=scorer, top_n=None)  # truncates: reports no window
+    for out in (reranker.compress_documents(docs, QUERY), await reranker.acompress_documents(docs, QUERY)):
+        assert_reranked_like_recipe(out, docs, scores)
+        assert all("genscore_window" not in d.metadata for d in out)
+        assert {d.id: d.metadata.get("source") for d in out} == {"seen": "a.md", "new": None}
+    assert docs[0].metadata == earlier  # the input is left as it was
 
 
 def test_truncated_flag(scorer: GenerativeScorer, recipe: RecipeReference) -> None:
