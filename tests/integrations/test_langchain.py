@@ -268,6 +268,24 @@ def test_a_scorer_given_as_the_model_is_refused_saying_scorer(cls: Any, scorer: 
     calls["GenerativeScorer"].assert_not_called()  # refused before any scorer is built
 
 
+async def test_numpy_options_are_taken_as_the_scorer_takes_them(
+    scorer: GenerativeScorer, recipe: RecipeReference, docs: list[Document]
+) -> None:
+    import numpy as np
+
+    scores = recipe_scores(recipe, docs)
+    threshold = threshold_between(scores, kept=3)  # strictly between two scores: exactly 3 pass
+    reranker = GenerativeReranker(scorer=scorer, top_n=np.int64(2), score_threshold=np.float32(threshold))
+    assert (type(reranker.top_n), type(reranker.score_threshold)) == (int, float)
+    for out in (reranker.compress_documents(docs, QUERY), await reranker.acompress_documents(docs, QUERY)):
+        assert_reranked_like_recipe(out, docs, scores, top_n=2, score_threshold=float(np.float32(threshold)))
+    assert GenerativeReranker.model_validate({"scorer": scorer, "top_n": np.int64(5)}).top_n == 5
+    assert reranker.model_dump()["top_n"] == 2  # the dump stays plain JSON
+    with pytest.raises(InvalidRequestError) as raised:
+        GenerativeReranker(scorer=scorer, top_n=np.int64(0))
+    assert raised.value.param == "top_n"
+
+
 def test_wrong_scorer_type_is_rejected() -> None:
     with pytest.raises(TypeError, match=r"must be a genscore_core\.GenerativeScorer"):
         GenerativeReranker(scorer="Qwen/Qwen3-Reranker-0.6B")  # type: ignore[arg-type]
