@@ -182,15 +182,8 @@ class ScoringFrontEnd:
         of its prompts holds at most ``max_length`` tokens.
         """
         check_pairs(pairs)
-        if max_tokens_per_doc is not None and (
-            isinstance(max_tokens_per_doc, bool)
-            or not isinstance(max_tokens_per_doc, int)
-            or max_tokens_per_doc < 1
-        ):
-            raise InvalidRequestError(
-                f"max_tokens_per_doc must be a positive integer, got {max_tokens_per_doc!r}",
-                param="max_tokens_per_doc",
-            )
+        check_token_count(max_tokens_per_doc, "max_tokens_per_doc")
+        check_token_count(max_prompt_tokens, "max_prompt_tokens")
         if max_tokens_per_doc is None and self.config.long_documents == "truncate":
             return self._prepare_whole(pairs)
         documents = [document for _, document in pairs]
@@ -500,6 +493,12 @@ def overlap_first_chars(pairs: Sequence[tuple[str, str]], share: float) -> int |
     if any(q != query for q, _ in pairs) or len({d for _, d in pairs}) < len(pairs):
         return None
     return max(1, int(share * sum(len(d) for _, d in pairs)))
+
+
+def check_token_count(value: object, param: str) -> None:
+    """``value`` is None or a positive integer (a count of tokens), else InvalidRequestError naming ``param``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise InvalidRequestError(f"{param} must be a positive integer, got {value!r}", param=param)
 
 
 def check_documents(documents: Sequence[str]) -> None:

@@ -14,7 +14,13 @@ from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob, 
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine
 from genscore_core.errors import InvalidRequestError, ScoreRangeError
-from genscore_core.frontend import ScoringFrontEnd, check_documents, check_pairs, overlap_first_chars
+from genscore_core.frontend import (
+    ScoringFrontEnd,
+    check_documents,
+    check_pairs,
+    check_token_count,
+    overlap_first_chars,
+)
 from genscore_core.loading import (
     check_causal_lm_config,
     check_loaded_causal_lm,
@@ -272,6 +278,7 @@ class GenerativeScorer:
         rest is tokenized (:meth:`ScoringFrontEnd.prepare_pairs`).
         """
         check_rank_options(top_n, score_threshold)
+        check_token_count(max_prompt_tokens, "max_prompt_tokens")  # truncation never reads it: check it here
         check_text(query, "query")
         documents = _listed(documents, "documents")
 

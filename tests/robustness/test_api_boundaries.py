@@ -182,3 +182,24 @@ def test_numpy_numbers_are_rank_options_like_python_ones(scorer: GenerativeScore
     with pytest.raises(InvalidRequestError) as caught:
         scorer.rerank(QUERY, DOCUMENTS, score_threshold=np.float32("nan"))  # type: ignore[arg-type]
     assert caught.value.param == "score_threshold"
+
+
+@pytest.mark.parametrize("long_documents", ["truncate", "chunk"])
+def test_a_prompt_token_bound_that_is_not_a_count_is_refused(
+    tiny_model_dir: Path, long_documents: str
+) -> None:
+    # It was read unchecked: -1 refused every chunked document as too long, "4096" raised a TypeError
+    # from a comparison, and with truncation any value passed silently.
+    scorer = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="float32", max_length=96,
+                              long_documents=long_documents)  # fmt: skip
+    long_document = " ".join(f"word{i}" for i in range(200))
+    for bound in (-1, 0, "4096", 2.5, True):
+        with pytest.raises(
+            InvalidRequestError, match=f"max_prompt_tokens must be a positive integer, got {bound!r}"
+        ) as caught:
+            asyncio.run(scorer.arerank(QUERY, [long_document], max_prompt_tokens=bound))  # type: ignore[arg-type]
+        assert caught.value.param == "max_prompt_tokens"
+        with pytest.raises(InvalidRequestError, match="max_prompt_tokens must be a positive integer"):
+            scorer.front_end.prepare_pairs([(QUERY, long_document)], max_prompt_tokens=bound)  # type: ignore[arg-type]
+    # A usable bound still works: the document's prompts fit within it.
+    assert len(asyncio.run(scorer.arerank(QUERY, [long_document], max_prompt_tokens=100_000))) == 1
