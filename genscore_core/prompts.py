@@ -13,6 +13,7 @@ from genscore_core.templates import PromptTemplate, RenderedBody
 from genscore_core.token_pieces import PIECE_CHARS, joined, pieces_of, splits_exactly, worth_cutting
 from genscore_core.truncation import (
     cut_to_token_budget,
+    cut_where_settled,
     drop_tail_of_range,
     max_chars_per_token,
     query_token_cap,
@@ -279,7 +280,7 @@ class TemplatePromptBuilder:
         """:meth:`build`'s prompts, each with whether its document lost tokens to fit (a prompt is
         also ``truncated`` when only its query was shortened)."""
         names = range(len(documents)) if indices is None else indices
-        query, *documents = bounded_texts(self.tokenizer, [query, *documents], self.body_budget)
+        query, *documents = bounded_texts(self.tokenizer, [query, *documents], self.body_budget, self._lock)
         bodies = [self.template.render_body(query, doc, self.instruction) for doc in documents]
         prompts = []
         cuts = []
@@ -301,7 +302,7 @@ class TemplatePromptBuilder:
         cap is applied to the ids of every prompt (:meth:`build`)."""
         if self.tokenization.always_caps_query:
             return query, False
-        [query] = bounded_texts(self.tokenizer, [query], self.body_budget)
+        [query] = bounded_texts(self.tokenizer, [query], self.body_budget, self._lock)
         body = self.template.render_body(query, "", self.instruction)
         [(ids, offsets)] = self.tokenization.encode([body])
         capped = self.tokenization.cap_query(
@@ -503,8 +504,8 @@ def build_raw_prompts(
     # The query is never cut into, only refused when too long: it keeps max_length + 1 tokens.
     query = request.query
     if isinstance(query, str):
-        [query] = bounded_texts(tokenizer, [query], max_length)
-    text_items = bounded_texts(tokenizer, text_items, max_length)
+        [query] = bounded_texts(tokenizer, [query], max_length, lock)
+    text_items = bounded_texts(tokenizer, text_items, max_length, lock)
     with lock:
         if isinstance(query, str):
             query_ids: list[int] = tokenizer.encode(query, add_special_tokens=request.add_special_tokens)
@@ -520,9 +521,26 @@ def build_raw_prompts(
     return prompts
 
 
-def bounded_texts(tokenizer: Any, texts: list[str], tokens: int) -> list[str]:
+def bounded_texts(
+    tokenizer: Any, texts: list[str], tokens: int, lock: threading.Lock | None = None
+) -> list[str]:
     """The texts cut, before tokenization, to what a prompt of ``tokens`` tokens can use of them.
 
-    Memory then follows the prompt length, not the input's (see :func:`cut_to_token_budget`).
+    Memory then follows the prompt length, not the input's: each text is cut at the bound of
+    :func:`~genscore_core.truncation.cut_to_token_budget`, and, given the tokenizer's ``lock``, a
+    long one further where trials show that the prompt's tokens are settled
+    (:func:`~genscore_core.truncation.cut_where_settled`).
     """
-    return cut_to_token_budget(texts, tokens, max_chars_per_token(tokenizer))
+    chars_per_token = max_chars_per_token(tokenizer)
+    texts = cut_to_token_budget(texts, tokens, chars_per_token)
+    if chars_per_token is None or lock is None:
+        return texts
+    held = lock
+
+    def offsets_of(text: str) -> list[tuple[int, int]]:
+        with held:
+            encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets: list[tuple[int, int]] = encoded["offset_mapping"]
+        return offsets
+
+    return cut_where_settled(texts, tokens, chars_per_token, offsets_of)
