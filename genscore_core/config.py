@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -88,6 +89,13 @@ class ScorerConfig(BaseModel):
     """Retries after a connection error, a timeout or a 429/5xx answer, with exponential backoff."""
     server_batch_size: int = Field(default=256, gt=0)
     """Most items in one HTTP request; bigger jobs are split into requests sent in parallel."""
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _folder_name(cls, model: object) -> object:
+        # from_pretrained takes a Path as readily as a string (make_tiny_model returns one); the
+        # setting keeps the string, which responses and the command line print.
+        return os.fspath(model) if isinstance(model, os.PathLike) else model
 
     @field_validator("dtype", mode="before")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -68,7 +69,8 @@ class GenerativeScorer:
         1
 
     Args:
-        model: Hub id or local folder of a causal LM (default ``Qwen/Qwen3-Reranker-0.6B``).
+        model: Hub id or local folder (a string or a ``pathlib.Path``) of a causal LM (default
+            ``Qwen/Qwen3-Reranker-0.6B``).
         config: A ready :class:`ScorerConfig`; or pass its fields as keyword arguments.
         front_end, backend: Ready parts, instead of a model name and settings.
         **settings: Fields of :class:`ScorerConfig` (``template``, ``instruction``, ``max_length``,
@@ -78,7 +80,7 @@ class GenerativeScorer:
 
     def __init__(
         self,
-        model: str | None = None,
+        model: str | os.PathLike[str] | None = None,
         *,
         config: ScorerConfig | None = None,
         front_end: ScoringFrontEnd | None = None,
@@ -115,13 +117,16 @@ class GenerativeScorer:
         return cls(front_end=front_end, backend=engine)
 
     @classmethod
-    def from_server(cls, server_url: str, model: str = DEFAULT_MODEL, **settings: Any) -> GenerativeScorer:
+    def from_server(
+        cls, server_url: str, model: str | os.PathLike[str] = DEFAULT_MODEL, **settings: Any
+    ) -> GenerativeScorer:
         """Score through the server at ``server_url``; only the tokenizer of ``model`` is loaded here.
 
         Prompts are still built here (so scores equal local ones, ``docs/scaling.md``);
         ``server_kind`` picks the protocol and the other ``server_*`` settings the client's behaviour.
         """
-        front_end, backend = _server_parts(ScorerConfig(model=model, server_url=server_url, **settings))
+        config = ScorerConfig(model=os.fspath(model), server_url=server_url, **settings)
+        front_end, backend = _server_parts(config)
         return cls(front_end=front_end, backend=backend)
 
     # -- what the parts know -------------------------------------------------------------------------
@@ -506,12 +511,14 @@ def _pairs_named(prepared: PreparedPairs, param: str) -> ItemName:
     return name
 
 
-def _make_config(model: str | None, config: ScorerConfig | None, settings: dict[str, Any]) -> ScorerConfig:
+def _make_config(
+    model: str | os.PathLike[str] | None, config: ScorerConfig | None, settings: dict[str, Any]
+) -> ScorerConfig:
     if config is not None:
         if model is not None or settings:
             raise TypeError("pass either config= or model settings, not both")
         return config
-    return ScorerConfig(model=model or DEFAULT_MODEL, **settings)
+    return ScorerConfig(model=os.fspath(model) if model else DEFAULT_MODEL, **settings)
 
 
 def _load(config: ScorerConfig) -> tuple[ScoringFrontEnd, ScoringBackend]:

@@ -18,10 +18,12 @@ from genscore_core import (
     RankedResult,
     RankedResults,
     ScoreRangeError,
+    ScorerConfig,
     ScoringBackend,
     ScoringJob,
 )
 from genscore_core.backend import ProgressCallback
+from tests.reference_recipe import official_qwen3_scores
 
 QUERY = "capital of france"
 DOCUMENTS = ["Paris is the capital of France.", "Berlin is the capital of Germany.", "A river."]
@@ -203,3 +205,15 @@ def test_a_prompt_token_bound_that_is_not_a_count_is_refused(
             scorer.front_end.prepare_pairs([(QUERY, long_document)], max_prompt_tokens=bound)  # type: ignore[arg-type]
     # A usable bound still works: the document's prompts fit within it.
     assert len(asyncio.run(scorer.arerank(QUERY, [long_document], max_prompt_tokens=100_000))) == 1
+
+
+def test_a_model_folder_may_be_a_path(tiny_model_dir: Path, scorer: GenerativeScorer) -> None:
+    # make_tiny_model returns a Path and from_pretrained takes one; the scorer refused it (string_type).
+    assert isinstance(tiny_model_dir, Path)
+    from_path = GenerativeScorer(tiny_model_dir, device="cpu", dtype="float32", max_length=512)
+    assert from_path.config.model == str(tiny_model_dir)
+    assert ScorerConfig(model=tiny_model_dir).model == str(tiny_model_dir)  # type: ignore[arg-type]
+    expected = official_qwen3_scores(
+        from_path.model, from_path.tokenizer, [(QUERY, d) for d in DOCUMENTS], from_path.max_length
+    )
+    assert from_path.score_documents(QUERY, DOCUMENTS) == pytest.approx(expected, abs=1e-5)
