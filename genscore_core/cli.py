@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import ValidationError
 
-from genscore_core.cli_args import add_config_arguments, config_settings, flag_of, positive_int
+from genscore_core.cli_args import (
+    add_config_arguments,
+    config_settings,
+    flag_of,
+    non_negative_int,
+    positive_int,
+)
 from genscore_core.config import ScorerConfig
 from genscore_core.errors import GenScoreError, InvalidRequestError, RemoteScoringError
 from genscore_core.jobs.cli import add_score_command
@@ -500,9 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--train-steps",
-        type=int,
+        type=non_negative_int,  # a negative count wrote the untrained start, labelled as trained
         default=DEMO_TRAIN_STEPS,
-        help=f"AdamW steps over all parameters (default {DEMO_TRAIN_STEPS})",
+        help=f"AdamW steps over all parameters; 0 writes the untrained start (default {DEMO_TRAIN_STEPS})",
     )
     demo.add_argument("--force", action="store_true", help="write into a non-empty folder")
     demo.set_defaults(handler=_make_demo_model)

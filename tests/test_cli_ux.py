@@ -298,3 +298,16 @@ def test_make_tiny_model_keeps_a_non_empty_folder_without_force(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]
     assert main(["make-tiny-model", str(tmp_path), "--force"]) == 0
     assert (tmp_path / "config.json").is_file()
+
+
+@pytest.mark.parametrize("steps", ["-5", "two"])
+def test_make_demo_model_refuses_a_step_count_that_is_not_one(
+    steps: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A negative count trained nothing, and the folder said "DEMO MODEL ... ranks by word overlap".
+    out = tmp_path / "demo"
+    with pytest.raises(SystemExit) as done:
+        main(["make-demo-model", str(out), "--train-steps", steps])
+    assert done.value.code == 2
+    assert "argument --train-steps: expected a non-negative integer" in capsys.readouterr().err
+    assert not out.exists()
