@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,8 @@ from typing import Any
 import torch
 
 from genscore_core.errors import ConfigurationError, ModelNotFoundError, NotARerankerError
+
+logger = logging.getLogger(__name__)
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -32,6 +36,19 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         raise ValueError(f"unknown device {device!r}: {error}") from error
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} was asked for, but CUDA is not available on this machine")
+    if resolved.type == "meta":
+        # Loading would succeed and the first score fail far from here ("Tensor.item() cannot be
+        # called on meta tensors"): a meta tensor has a shape but no values.
+        raise ValueError(f"device {device!r} holds no values (shapes only); choose 'cpu', 'cuda' or 'auto'")
+    try:
+        # One empty tensor tells whether this build of torch and this machine have the device
+        # ("mps" on Linux, "cuda:3" with one GPU), before a model is loaded onto it.
+        torch.empty(0, device=resolved)
+    except (RuntimeError, AssertionError) as error:
+        # torch's own words run to a list of every dispatch key for some devices: keep the first line.
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = reason if len(reason) <= 160 else reason[:157] + "..."
+        raise ValueError(f"device {device!r} cannot be used on this machine: {reason}") from error
     return resolved
 
 
@@ -119,14 +136,131 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any
 
     check_model_source(name_or_path)
     check_tokenizer_files(name_or_path)
+    check_hub_reachable(name_or_path)
 
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    with loading_failures(name_or_path, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(
+            name_or_path, trust_remote_code=trust_remote_code, local_files_only=from_cache_only(name_or_path)
+        )
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(
             f"{name_or_path!r} has no fast (Rust) tokenizer; genscore needs one for character offsets, "
             "which template truncation relies on"
         )
     return tokenizer
+
+
+HUB_CHECK_TIMEOUT = 10.0
+"""Seconds the one request of :func:`check_hub_reachable` may take (huggingface_hub's own default
+for such a request)."""
+
+
+_CACHE_ONLY: set[str] = set()
+"""Hub ids whose hub did not answer when this process last loaded them, and which are loaded from the
+local cache only (as with ``HF_HUB_OFFLINE=1``) until it answers again."""
+
+
+def check_hub_reachable(name_or_path: str) -> None:
+    """Ask the hub once, without retrying, whether it answers, before a hub id is loaded.
+
+    huggingface_hub retries every file it has no cached copy of five times, with backoff (23 s a
+    file), and transformers asks for many optional ones (vocab.json, merges.txt,
+    special_tokens_map.json, ...): without network, a hub id took 47 s of "Retrying in 8s" lines to
+    end in an error that named no model, and a model fully in the cache took three minutes to load.
+    So when the hub does not answer, a model in the cache is loaded from the cache only (a warning
+    says so; :func:`from_cache_only`), and one that is not is refused at once. Nothing is checked
+    for a local folder, or in offline mode (``HF_HUB_OFFLINE=1``: the cache only already).
+
+    Raises:
+        ModelNotFoundError: The hub did not answer and the model is not in the cache; naming the
+            model, the cache, the address tried and what went wrong.
+    """
+    if Path(name_or_path).expanduser().exists():
+        return
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+
+    if constants.HF_HUB_OFFLINE:
+        return
+    try:
+        cached = [try_to_load_from_cache(name_or_path, f) for f in ("config.json", "tokenizer_config.json")]
+    except HFValidationError:
+        return  # not a valid hub id: transformers says so
+    url = hf_hub_url(name_or_path, "config.json")
+    try:
+        get_hf_file_metadata(url, timeout=HUB_CHECK_TIMEOUT)
+    except HfHubHTTPError:
+        pass  # the hub answered (no such repository, gated, no such file): transformers says what
+    except Exception as error:  # no answer at all: the HTTP client's own error types
+        if any(isinstance(path, str) for path in cached):
+            logger.warning(
+                "the hub did not answer (%s: %s); loading %s from the Hugging Face cache only",
+                url, error, name_or_path,
+            )  # fmt: skip
+            _CACHE_ONLY.add(name_or_path)
+            return
+        raise ModelNotFoundError(
+            f"model {name_or_path!r} is not a local folder and not in the Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}), and the hub did not answer ({url}: {type(error).__name__}: "
+            f"{error}). Download it where the hub is reachable (or point HF_ENDPOINT at a mirror), or "
+            "pass the path of a folder that holds it",
+            setting="model",
+        ) from error
+    _CACHE_ONLY.discard(name_or_path)
+
+
+def from_cache_only(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` is to be read from the local cache only (``local_files_only``): its hub
+    did not answer :func:`check_hub_reachable`, and asking it for each file would retry each."""
+    return name_or_path in _CACHE_ONLY
+
+
+def _unreadable_files(name_or_path: str) -> list[str]:
+    """The JSON and safetensors files of a local folder that cannot be parsed (headers only)."""
+    folder = Path(name_or_path).expanduser()
+    if not folder.is_dir():
+        return []
+    broken = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            broken.append(path.name)
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception:  # SafetensorError, or whatever else a torn file raises
+            broken.append(path.name)
+    return broken
+
+
+@contextlib.contextmanager
+def loading_failures(name_or_path: str, part: str) -> Iterator[None]:
+    """transformers' errors on loading ``part`` of a model, as a :class:`ConfigurationError` that names
+    the model (and, for a local folder, the files that cannot be read).
+
+    transformers raises ``OSError`` for a file it cannot find or download, ``JSONDecodeError`` for a
+    torn tokenizer.json, and safetensors its own ``SafetensorError`` ("header too large", naming no
+    file) for a torn weights file: none of them a genscore error, so the command line printed a
+    traceback, and the last two did not say which file was at fault.
+    """
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, ValueError, SafetensorError) as error:
+        if isinstance(error, ValueError) and not isinstance(error, json.JSONDecodeError):
+            raise  # transformers' own words (an unknown model type, custom code not trusted)
+        broken = _unreadable_files(name_or_path)
+        where = f"; unreadable (corrupted or partly written?): {', '.join(broken)}" if broken else ""
+        kind = ModelNotFoundError if isinstance(error, OSError) and not broken else ConfigurationError
+        raise kind(
+            f"model {name_or_path!r}: cannot load its {part}: {type(error).__name__}: {error}{where}",
+            setting="model",
+        ) from error
 
 
 # Class names of models whose next-token head is part of the checkpoint (Qwen3ForCausalLM,
@@ -242,7 +376,10 @@ def load_causal_lm(
             "through a server that has it (server_url=)",
             setting="model",
         )
-    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    with loading_failures(name_or_path, "config.json"):
+        config = AutoConfig.from_pretrained(
+            name_or_path, trust_remote_code=trust_remote_code, local_files_only=from_cache_only(name_or_path)
+        )
     check_causal_lm_config(config, name_or_path)
     placement: dict[str, Any] = {}
     if device.type == "cuda" and _accelerate_available():
@@ -251,12 +388,13 @@ def load_causal_lm(
         # model is loaded on the CPU and moved).
         index = device.index if device.index is not None else torch.cuda.current_device()
         placement["device_map"] = {"": torch.device("cuda", index)}
-    with transformers_progress_bars(show_progress):
+    with transformers_progress_bars(show_progress), loading_failures(name_or_path, "weights"):
         loaded: Any = AutoModelForCausalLM.from_pretrained(
             name_or_path,
             dtype=dtype,
             trust_remote_code=trust_remote_code,
             output_loading_info=True,
+            local_files_only=from_cache_only(name_or_path),
             **placement,
         )
     model, info = loaded

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from genscore_core.loading import from_cache_only
 from genscore_core.templates import (
     QWEN3_RERANKER,
     PromptTemplate,
@@ -272,7 +273,14 @@ def _model_file(model: str, file: str) -> Path | None:
     try:
         from transformers.utils import cached_file
 
-        found = cached_file(model, file, _raise_exceptions_for_missing_entries=False)
+        found = cached_file(
+            model,
+            file,
+            _raise_exceptions_for_missing_entries=False,
+            # The hub did not answer the loading's first request: each file asked of it would be
+            # retried with backoff (23 s each), so the cache alone tells.
+            local_files_only=from_cache_only(model),
+        )
     except (OSError, ValueError):
         return None
     return None if found is None else Path(found)

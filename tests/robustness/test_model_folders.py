@@ -3,12 +3,20 @@ what is missing, never a confusing one from deep in loading or scores of an empt
 
 from __future__ import annotations
 
+import io
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from genscore_core import GenerativeScorer, ModelNotFoundError
+from genscore_core import ConfigurationError, GenerativeScorer, ModelNotFoundError
+from genscore_core.cli import main as cli_main
+from tests.doc_blocks import REPO
+from tests.server._support import free_port
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -57,3 +65,129 @@ def test_a_sharded_checkpoint_scores_as_the_single_file(tiny_model_dir: Path, tm
     whole = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="float32", max_length=128)
     parts = GenerativeScorer(str(sharded), device="cpu", dtype="float32", max_length=128)
     assert parts.score_pairs(pairs) == whole.score_pairs(pairs)
+
+
+# -- folders whose files are missing or torn: a genscore error naming the model and the file ----------
+# transformers raised OSError, JSONDecodeError or safetensors' SafetensorError ("header too large",
+# naming no file): none a genscore error, so `genscore rerank` printed a traceback and exited 1.
+
+
+def _copy(source: Path, folder: Path) -> Path:
+    return _copy_without(source, folder, ())
+
+
+def test_a_folder_without_weights_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
+    folder = _copy_without(tiny_model_dir, tmp_path / "no-weights", ("model.safetensors",))
+    with pytest.raises(ModelNotFoundError) as caught:
+        GenerativeScorer(str(folder), device="cpu", dtype="float32")
+    message = str(caught.value)
+    assert repr(str(folder)) in message and "cannot load its weights" in message
+    assert "model.safetensors" in message  # what transformers looked for
+    assert caught.value.setting == "model"
+
+
+@pytest.mark.parametrize(
+    ("torn", "part"),
+    [("model.safetensors", "weights"), ("config.json", "tokenizer"), ("tokenizer.json", "tokenizer")],
+)
+def test_a_torn_file_is_named(tiny_model_dir: Path, tmp_path: Path, torn: str, part: str) -> None:
+    # A download cut short: the first bytes of the file only. (config.json is read first by the
+    # tokenizer, which asks it for the tokenizer class.)
+    folder = _copy(tiny_model_dir, tmp_path / "torn")
+    whole = (folder / torn).read_bytes()
+    (folder / torn).write_bytes(whole[:7])
+    with pytest.raises(ConfigurationError) as caught:
+        GenerativeScorer(str(folder), device="cpu", dtype="float32")
+    message = str(caught.value)
+    assert repr(str(folder)) in message and f"cannot load its {part}" in message
+    assert f"unreadable (corrupted or partly written?): {torn}" in message
+    assert caught.value.setting == "model"
+
+
+def test_the_command_line_names_a_torn_folder_on_one_line(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _copy(tiny_model_dir, tmp_path / "torn")
+    (folder / "model.safetensors").write_bytes(b"garbage" * 10)
+    monkeypatch.setattr("sys.stdin", io.StringIO("a document\n"))
+    code = cli_main(["rerank", "--model", str(folder), "--device", "cpu", "--query", "q"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert error[-1].startswith("genscore: error: model ") and "model.safetensors" in error[-1]
+    assert not any(line.startswith("Traceback") for line in error)
+
+
+# -- devices ------------------------------------------------------------------------------------------
+
+
+def _missing_device() -> str:
+    """A device this machine lacks (a build without MPS, or a CUDA index past the GPUs there are)."""
+    if not torch.backends.mps.is_available():
+        return "mps"
+    return f"cuda:{torch.cuda.device_count()}"
+
+
+@pytest.mark.parametrize("device", ["meta", _missing_device()])
+def test_a_device_that_cannot_hold_the_model_is_refused_by_name(tiny_model_dir: Path, device: str) -> None:
+    # "meta" loaded, then failed at the first score ("Tensor.item() cannot be called on meta
+    # tensors"); "mps" on Linux failed inside transformers with a RuntimeError after the tokenizer loaded.
+    with pytest.raises(ValueError, match=rf"device '{device}' ") as caught:
+        GenerativeScorer(str(tiny_model_dir), device=device, dtype="float32")
+    assert not isinstance(caught.value, RuntimeError)
+    assert len(str(caught.value)) < 400  # torch's list of dispatch keys is not repeated
+
+
+# -- a hub id without network -------------------------------------------------------------------------
+
+
+def _load_in_fresh_process(model: str, hf_home: Path, endpoint: str) -> subprocess.CompletedProcess[str]:
+    """``GenerativeScorer(model)`` in a process whose hub is ``endpoint`` and whose cache is ``hf_home``
+    (huggingface_hub reads both when imported)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=endpoint, PYTHONPATH=str(REPO))
+    code = (
+        "import sys, time\n"
+        "from genscore_core import GenerativeScorer\n"
+        "start = time.monotonic()\n"
+        "try:\n"
+        f"    scorer = GenerativeScorer({model!r}, device='cpu', dtype='float32', max_length=128)\n"
+        "    print('SCORES', scorer.score_pairs([('q', 'd')]))\n"
+        "except Exception as error:\n"
+        "    print('ERROR', type(error).__name__, error)\n"
+        "print('SECONDS', time.monotonic() - start)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=True
+    )
+
+
+def _seconds(done: subprocess.CompletedProcess[str]) -> float:
+    return float(done.stdout.split("SECONDS")[-1])
+
+
+def test_a_hub_id_that_is_not_cached_fails_at_once_without_network(tmp_path: Path) -> None:
+    # The hub is a closed port on loopback. huggingface_hub retried each file five times with backoff
+    # (1+2+4+8+8 s) and transformers asked twice: 47 s, then an OSError naming no model.
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    done = _load_in_fresh_process("someorg/some-reranker", tmp_path / "hf-home", endpoint)
+    assert "ERROR ModelNotFoundError model 'someorg/some-reranker' is not a local folder" in done.stdout
+    assert endpoint in done.stdout and str(tmp_path / "hf-home") in done.stdout
+    assert _seconds(done) < 15, done.stdout
+
+
+def test_a_cached_hub_id_loads_from_the_cache_at_once_without_network(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # Each file the cache lacks (vocab.json, merges.txt, special_tokens_map.json, modules.json, ...)
+    # was asked of the hub with five retries: three minutes to load a model wholly in the cache.
+    home = tmp_path / "hf-home"
+    snapshot = home / "hub" / "models--someorg--cached-reranker" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for file in tiny_model_dir.iterdir():
+        (snapshot / file.name).symlink_to(file)
+    (home / "hub" / "models--someorg--cached-reranker" / "refs").mkdir()
+    (home / "hub" / "models--someorg--cached-reranker" / "refs" / "main").write_text("0" * 40)
+    done = _load_in_fresh_process("someorg/cached-reranker", home, f"http://127.0.0.1:{free_port()}")
+    assert "SCORES [" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "loading someorg/cached-reranker from the Hugging Face cache only" in done.stderr
+    assert _seconds(done) < 15, done.stdout
