@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from genscore_core import GenerativeScorer
+from tests.recipe_ranking import RecipeReference, assert_ranked_like_recipe
 
 GENSCORE = shutil.which("genscore")
 QUERY = "capital of France"
@@ -35,40 +35,34 @@ def _run(
     )
 
 
-def _expect_ranked(
-    result: subprocess.CompletedProcess[bytes], scorer: GenerativeScorer, texts: list[str]
-) -> list[dict]:
+def _expect_ranked(result: subprocess.CompletedProcess[bytes], model: Path, texts: list[str]) -> list[dict]:
+    """The output ranks ``texts`` as the official recipe does on ``model`` (scores and order)."""
     assert result.returncode == 0, result.stderr.decode()
     lines = [json.loads(line) for line in result.stdout.decode().splitlines()]
-    expected = scorer.rerank(QUERY, texts)
-    assert [line["index"] for line in lines] == [r.index for r in expected]
-    for line, ranked in zip(lines, expected):
+    reference = RecipeReference(model).scores(QUERY, texts, max_length=512)
+    assert_ranked_like_recipe([(line["index"], line["score"]) for line in lines], reference)
+    for line in lines:
         assert line["text"] == texts[line["index"]]
-        assert line["score"] == pytest.approx(ranked.score, abs=1e-6)
     return lines
 
 
 @pytest.mark.slow
-def test_a_byte_order_mark_is_not_text(
-    tiny_model_dir: Path, scorer: GenerativeScorer, tmp_path: Path
-) -> None:
+def test_a_byte_order_mark_is_not_text(tiny_model_dir: Path, tmp_path: Path) -> None:
     plain = tmp_path / "plain.txt"
     plain.write_bytes(b"\xef\xbb\xbf" + "\n".join(TEXTS).encode() + b"\n")
-    _expect_ranked(_run(tiny_model_dir, "--query", QUERY, "--documents", str(plain)), scorer, TEXTS)
+    _expect_ranked(_run(tiny_model_dir, "--query", QUERY, "--documents", str(plain)), tiny_model_dir, TEXTS)
     lines = b"\xef\xbb\xbf" + b"\n".join(json.dumps({"text": t}).encode() for t in TEXTS)
-    _expect_ranked(_run(tiny_model_dir, "--query", QUERY, stdin=lines), scorer, TEXTS)
+    _expect_ranked(_run(tiny_model_dir, "--query", QUERY, stdin=lines), tiny_model_dir, TEXTS)
 
 
 @pytest.mark.slow
-def test_a_json_array_is_read_as_documents(
-    tiny_model_dir: Path, scorer: GenerativeScorer, tmp_path: Path
-) -> None:
+def test_a_json_array_is_read_as_documents(tiny_model_dir: Path, tmp_path: Path) -> None:
     strings = tmp_path / "strings.json"
     strings.write_text(json.dumps(TEXTS, indent=2))
-    _expect_ranked(_run(tiny_model_dir, "--query", QUERY, "--documents", str(strings)), scorer, TEXTS)
+    _expect_ranked(_run(tiny_model_dir, "--query", QUERY, "--documents", str(strings)), tiny_model_dir, TEXTS)
     records = [{"text": t, "id": f"doc-{i}"} for i, t in enumerate(TEXTS)]
     lines = _expect_ranked(
-        _run(tiny_model_dir, "--query", QUERY, stdin=json.dumps(records).encode()), scorer, TEXTS
+        _run(tiny_model_dir, "--query", QUERY, stdin=json.dumps(records).encode()), tiny_model_dir, TEXTS
     )
     assert all(line["id"] == f"doc-{line['index']}" for line in lines)
 
