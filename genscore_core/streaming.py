@@ -410,6 +410,10 @@ class StreamingForward(Protocol):
         """Run prepared batches in order; (float32 hidden states [rows, H], the row keys in order)."""
 
 
+PRODUCER_STOP_POLL_S = 0.05
+"""How often a producer waiting on a full queue looks whether its consumer has left."""
+
+
 class _End:
     pass
 
@@ -424,7 +428,9 @@ class Prefetcher(Generic[T, U]):
     consumer; an exception of the producer (or of ``items``) is raised to the consumer in order.
 
     Leaving the ``with`` block, normally or on an error of the consumer, stops the producer after
-    the item it is working on and joins it: no thread outlives the call.
+    the item it is working on and joins it: no thread outlives the call. The producer never waits
+    on a full queue for a consumer that has left, so it ends by itself even when that join is
+    interrupted in turn (a second Ctrl-C).
     """
 
     def __init__(self, items: Iterable[T], produce: Callable[[T], U], depth: int = 2) -> None:
@@ -438,13 +444,24 @@ class Prefetcher(Generic[T, U]):
     def _run(self) -> None:
         try:
             for item in self._items:
-                if self._stop.is_set():
-                    break
-                self._queue.put(self._produce(item))
+                if self._stop.is_set() or not self._put(self._produce(item)):
+                    return
         except BaseException as error:  # raised to the consumer by __iter__
-            self._queue.put(_Failure(error))
+            self._put(_Failure(error))
             return
-        self._queue.put(_End())
+        self._put(_End())
+
+    def _put(self, item: U | _End | _Failure) -> bool:
+        """Queue ``item`` for the consumer; False, dropping it, once the consumer has left."""
+        while not self._stop.is_set():
+            try:
+                # A full queue is waited on in slices, to see the stop; a free slot wakes the wait
+                # at once, so a consumer that keeps up never waits a slice.
+                self._queue.put(item, timeout=PRODUCER_STOP_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def __enter__(self) -> Prefetcher[T, U]:
         self._thread.start()
@@ -463,9 +480,11 @@ class Prefetcher(Generic[T, U]):
 
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
-        # The producer always ends with one _End or _Failure; taking items until it frees a producer
-        # blocked on the full queue, which then sees the stop at its next item.
-        while not self._ended:
-            if isinstance(self._queue.get(), (_End, _Failure)):
-                self._ended = True
         self._thread.join()
+        # Results made for nobody (batches already on the device) are freed now, not when the
+        # caller drops the prefetcher: the engine may score the call again meanwhile.
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break

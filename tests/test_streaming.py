@@ -311,6 +311,40 @@ def test_a_consumer_that_stops_early_stops_the_producer() -> None:
     assert not prefetcher._thread.is_alive()
 
 
+def test_a_producer_ends_by_itself_when_the_exit_that_joins_it_is_interrupted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second KeyboardInterrupt that lands while the first one's exit waits for the producer: the
+    old exit drained the queue to free a producer blocked on it, so interrupted there it left the
+    producer blocked on a full queue for good, holding its items. Now the producer sees the consumer
+    has left and ends."""
+    blocked = threading.Event()
+
+    def items() -> Iterator[int]:
+        for i in range(1000):
+            if i == 2:  # item 0 taken, item 1 queued: the producer blocks on putting this one
+                blocked.set()
+            yield i
+
+    prefetcher = Prefetcher(items(), lambda x: x, depth=1)
+    real_join = prefetcher._thread.join
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt  # the second Ctrl-C
+
+    with pytest.raises(KeyboardInterrupt):
+        with prefetcher as results:
+            for _ in results:
+                assert blocked.wait(10)
+                # Whatever the exit waits on (the queue, the thread) is interrupted.
+                monkeypatch.setattr(prefetcher._queue, "get", interrupted)
+                monkeypatch.setattr(prefetcher._thread, "join", interrupted)
+                raise KeyboardInterrupt  # the first Ctrl-C
+    monkeypatch.undo()
+    real_join(10)
+    assert not prefetcher._thread.is_alive(), "the producer ended by itself"
+
+
 @pytest.fixture(scope="module")
 def small_batch_scorer(scorer: GenerativeScorer) -> GenerativeScorer:
     """The session's tiny model with a small packed budget, so a call runs many batches."""
