@@ -520,10 +520,22 @@ def check_pairs(pairs: Sequence[tuple[str, str]]) -> None:
     for position, pair in enumerate(pairs):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise InvalidRequestError(
-                f"pairs[{position}] is not a (query, document) pair", param="pairs", index=position
+                f"pairs[{position}] is not a (query, document) pair: got {_what_it_is(pair)}",
+                param="pairs",
+                index=position,
             )
         check_text(pair[0], "query", position)
         check_text(pair[1], "documents", position)
+
+
+def _what_it_is(value: object) -> str:
+    """What a caller passed where a pair was due, for an error: its type, and a sequence's length."""
+    kind = type(value).__name__
+    if isinstance(value, (tuple, list)):
+        return f"a {kind} of {len(value)} item{'s' if len(value) != 1 else ''}"
+    if isinstance(value, str):
+        return f"the str {value[:40]!r}{'...' if len(value) > 40 else ''} (pass (query, document) tuples)"
+    return f"a {kind}"
 
 
 def resolve_score_mode(setting: str, template_mode: ScoreMode, labels: int) -> ScoreMode:

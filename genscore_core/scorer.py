@@ -462,7 +462,10 @@ def _listed(items: Iterable[Any], param: str) -> list[Any]:
     if isinstance(items, (Mapping, set, frozenset)):
         # A dict iterates its keys (ids would be scored as texts); a set has no order that ``index``
         # in the results could refer to.
-        fix = "pass list(mapping.values())" if isinstance(items, Mapping) else "a set has no order"
+        if not isinstance(items, Mapping):
+            fix = "a set has no order"
+        else:  # texts by id; or, for pairs, documents by query
+            fix = "pass list(mapping.values())" if param == "documents" else "pass list(mapping.items())"
         raise InvalidRequestError(
             f"{param} must be a list, a tuple or another ordered iterable, got {type(items).__name__}; {fix}",
             param=param,

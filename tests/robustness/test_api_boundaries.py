@@ -217,3 +217,33 @@ def test_a_model_folder_may_be_a_path(tiny_model_dir: Path, scorer: GenerativeSc
         from_path.model, from_path.tokenizer, [(QUERY, d) for d in DOCUMENTS], from_path.max_length
     )
     assert from_path.score_documents(QUERY, DOCUMENTS) == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("pairs", "index", "said"),
+    [
+        (["query, document"], 0, "got the str 'query, document' (pass (query, document) tuples)"),
+        ([(QUERY, DOCUMENTS[0]), (QUERY, DOCUMENTS[1], "extra")], 1, "got a tuple of 3 items"),
+        ([(QUERY, DOCUMENTS[0]), [QUERY]], 1, "got a list of 1 item"),
+        ([None], 0, "got a NoneType"),
+        (np.array([[QUERY, DOCUMENTS[0]]]), 0, "got a ndarray"),
+    ],
+)
+def test_a_bad_pair_is_named_with_what_it_is(
+    scorer: GenerativeScorer, pairs: Any, index: int, said: str
+) -> None:
+    for call in (lambda: scorer.score_pairs(pairs), lambda: asyncio.run(scorer.ascore_pairs(pairs))):
+        with pytest.raises(InvalidRequestError) as caught:
+            call()
+        assert (caught.value.param, caught.value.index) == ("pairs", index)
+        assert caught.value.message == f"pairs[{index}] is not a (query, document) pair: {said}"
+
+
+def test_a_dict_of_pairs_is_told_to_pass_its_items(scorer: GenerativeScorer) -> None:
+    # {query: document} iterates its queries; the fix for pairs is items(), not values().
+    by_query = {QUERY: DOCUMENTS[0], "rivers": DOCUMENTS[2]}
+    with pytest.raises(InvalidRequestError, match=r"got dict; pass list\(mapping.items\(\)\)"):
+        scorer.score_pairs(by_query)  # type: ignore[arg-type]
+    assert scorer.score_pairs(list(by_query.items())) == scorer.score_pairs(
+        [(QUERY, DOCUMENTS[0]), ("rivers", DOCUMENTS[2])]
+    )
