@@ -138,7 +138,7 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any
     check_tokenizer_files(name_or_path)
     check_hub_reachable(name_or_path)
 
-    with loading_failures(name_or_path, "tokenizer"):
+    with loading_failures(name_or_path, "tokenizer", trust_remote_code=trust_remote_code):
         tokenizer = AutoTokenizer.from_pretrained(
             name_or_path, trust_remote_code=trust_remote_code, local_files_only=from_cache_only(name_or_path)
         )
@@ -237,15 +237,44 @@ def _unreadable_files(name_or_path: str) -> list[str]:
     return broken
 
 
+def shipped_code(name_or_path: str) -> list[str]:
+    """The classes a model's config.json and tokenizer_config.json map to its own code (``auto_map``),
+    as ``"AutoConfig -> configuration_x.XConfig"``; [] for a hub id not in the cache."""
+    found: list[str] = []
+    for file in ("config.json", "tokenizer_config.json"):
+        path = Path(name_or_path).expanduser() / file
+        if not path.is_file():
+            from huggingface_hub import try_to_load_from_cache
+
+            try:
+                cached = try_to_load_from_cache(name_or_path, file)
+            except ValueError:  # not a hub id either (HFValidationError)
+                continue
+            if not isinstance(cached, str):
+                continue
+            path = Path(cached)
+        try:
+            auto_map = json.loads(path.read_text(encoding="utf-8")).get("auto_map") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(auto_map, dict):
+            found.extend(
+                f"{key} -> {target}" for key, target in auto_map.items() if f"{key} -> {target}" not in found
+            )
+    return found
+
+
 @contextlib.contextmanager
-def loading_failures(name_or_path: str, part: str) -> Iterator[None]:
+def loading_failures(name_or_path: str, part: str, *, trust_remote_code: bool = False) -> Iterator[None]:
     """transformers' errors on loading ``part`` of a model, as a :class:`ConfigurationError` that names
     the model (and, for a local folder, the files that cannot be read).
 
     transformers raises ``OSError`` for a file it cannot find or download, ``JSONDecodeError`` for a
     torn tokenizer.json, and safetensors its own ``SafetensorError`` ("header too large", naming no
     file) for a torn weights file: none of them a genscore error, so the command line printed a
-    traceback, and the last two did not say which file was at fault.
+    traceback, and the last two did not say which file was at fault. A model that needs the code it
+    ships got transformers' "contains custom code which must be executed", which names neither the
+    code nor the setting that allows it.
     """
     from safetensors import SafetensorError
 
@@ -253,7 +282,15 @@ def loading_failures(name_or_path: str, part: str) -> Iterator[None]:
         yield
     except (OSError, ValueError, SafetensorError) as error:
         if isinstance(error, ValueError) and not isinstance(error, json.JSONDecodeError):
-            raise  # transformers' own words (an unknown model type, custom code not trusted)
+            shipped = [] if trust_remote_code else shipped_code(name_or_path)
+            if shipped:
+                raise ConfigurationError(
+                    f"model {name_or_path!r} needs the Python code it ships ({', '.join(shipped)}), which "
+                    "genscore runs only when asked: read it, then pass trust_remote_code=True "
+                    f"(--trust-remote-code) if you trust its source. transformers: {error}",
+                    setting="trust_remote_code",
+                ) from error
+            raise  # transformers' own words (an unknown model type, a missing model_type)
         broken = _unreadable_files(name_or_path)
         where = f"; unreadable (corrupted or partly written?): {', '.join(broken)}" if broken else ""
         kind = ModelNotFoundError if isinstance(error, OSError) and not broken else ConfigurationError
@@ -376,7 +413,7 @@ def load_causal_lm(
             "through a server that has it (server_url=)",
             setting="model",
         )
-    with loading_failures(name_or_path, "config.json"):
+    with loading_failures(name_or_path, "config.json", trust_remote_code=trust_remote_code):
         config = AutoConfig.from_pretrained(
             name_or_path, trust_remote_code=trust_remote_code, local_files_only=from_cache_only(name_or_path)
         )
@@ -388,7 +425,10 @@ def load_causal_lm(
         # model is loaded on the CPU and moved).
         index = device.index if device.index is not None else torch.cuda.current_device()
         placement["device_map"] = {"": torch.device("cuda", index)}
-    with transformers_progress_bars(show_progress), loading_failures(name_or_path, "weights"):
+    with (
+        transformers_progress_bars(show_progress),
+        loading_failures(name_or_path, "weights", trust_remote_code=trust_remote_code),
+    ):
         loaded: Any = AutoModelForCausalLM.from_pretrained(
             name_or_path,
             dtype=dtype,

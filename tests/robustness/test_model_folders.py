@@ -4,6 +4,7 @@ what is missing, never a confusing one from deep in loading or scores of an empt
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -191,3 +192,35 @@ def test_a_cached_hub_id_loads_from_the_cache_at_once_without_network(
     assert "SCORES [" in done.stdout, done.stdout + done.stderr[-3000:]
     assert "loading someorg/cached-reranker from the Hugging Face cache only" in done.stderr
     assert _seconds(done) < 15, done.stdout
+
+
+# -- code a model folder ships --------------------------------------------------------------------------
+
+
+def test_a_folder_that_needs_its_own_code_names_it_and_never_runs_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # transformers said only that the repository "contains custom code which must be executed":
+    # neither the code nor the setting that allows it.
+    folder = _copy(tiny_model_dir, tmp_path / "custom")
+    ran = tmp_path / "the-code-ran"
+    config = json.loads((folder / "config.json").read_text())
+    config.update(
+        model_type="my-reranker",
+        architectures=["MyRerankerForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_my.MyConfig",
+            "AutoModelForCausalLM": "modeling_my.MyRerankerForCausalLM",
+        },
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    for module in ("configuration_my.py", "modeling_my.py"):
+        (folder / module).write_text(f"open({str(ran)!r}, 'w').close()\n")
+    with pytest.raises(ConfigurationError) as caught:
+        GenerativeScorer(str(folder), device="cpu", dtype="float32")
+    message = str(caught.value)
+    assert "AutoConfig -> configuration_my.MyConfig" in message
+    assert "AutoModelForCausalLM -> modeling_my.MyRerankerForCausalLM" in message
+    assert "trust_remote_code=True (--trust-remote-code)" in message
+    assert caught.value.setting == "trust_remote_code"
+    assert not ran.exists()
