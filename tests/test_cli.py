@@ -197,13 +197,14 @@ def test_a_model_folder_without_model_files_is_named_one_line_and_exit_2(tmp_pat
 def test_a_model_folder_without_weights_is_one_line_naming_the_model_and_exit_2(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    # Config and tokenizer, no weights: transformers refuses the folder with an OSError.
+    # Config and tokenizer, no weights: transformers refuses the folder with an OSError, which
+    # genscore_core.loading reports as a ModelNotFoundError naming the model.
     folder = tmp_path / "no-weights"
     shutil.copytree(tiny_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
     result = _run("rerank", "--model", str(folder), "--device", "cpu", "--query", "q", stdin="a document\n")
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert result.stderr.startswith(f"genscore: error: --model {folder}: ")
+    assert result.stderr.startswith(f"genscore: error: model {str(folder)!r}: cannot load its weights: ")
     assert "model.safetensors" in result.stderr
 
 
