@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from genscore_core.templates import PromptTemplate, ScoreMode
 
@@ -90,6 +90,15 @@ class ScorerConfig(BaseModel):
     server_batch_size: int = Field(default=256, gt=0)
     """Most items in one HTTP request; bigger jobs are split into requests sent in parallel."""
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: object, info: ValidationInfo) -> object:
+        # pydantic reads True as 1 where a number is due: max_batch_tokens=True would run one token
+        # a batch, max_length=True refuse every prompt as too long.
+        if isinstance(value, bool) and info.field_name in _NUMBER_FIELDS:
+            raise ValueError(f"must be a number, not the bool {value}")
+        return value
+
     @field_validator("model", mode="before")
     @classmethod
     def _folder_name(cls, model: object) -> object:
@@ -112,6 +121,14 @@ class ScorerConfig(BaseModel):
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError(f"server_url must start with http:// or https://, got {url!r}")
         return url.rstrip("/") if url is not None else None
+
+
+_NUMBER_FIELDS = frozenset(
+    name
+    for name, field in ScorerConfig.model_fields.items()
+    if field.annotation in (int, float, int | None, float | None)
+)
+"""The settings that hold a number, which pydantic would otherwise take a bool for."""
 
 
 def scorer_setting_names() -> frozenset[str]:

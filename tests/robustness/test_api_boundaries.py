@@ -11,6 +11,7 @@ from typing import Any, get_type_hints
 import numpy as np
 import pandas as pd
 import pytest
+from pydantic import ValidationError
 
 from genscore_core import (
     GenerativeScorer,
@@ -247,3 +248,32 @@ def test_a_dict_of_pairs_is_told_to_pass_its_items(scorer: GenerativeScorer) -> 
     assert scorer.score_pairs(list(by_query.items())) == scorer.score_pairs(
         [(QUERY, DOCUMENTS[0]), ("rivers", DOCUMENTS[2])]
     )
+
+
+NUMBER_SETTINGS = [
+    "max_length", "chunk_overlap", "query_share", "max_batch_tokens", "max_batch_size",
+    "server_timeout", "server_max_retries", "server_batch_size",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NUMBER_SETTINGS)
+def test_a_bool_is_not_a_number_setting(name: str) -> None:
+    # pydantic took True as 1: max_batch_tokens=True ran one token a batch, max_length=True refused
+    # every prompt as too long, with nothing pointing back at the setting.
+    for flag in (True, False):
+        with pytest.raises(ValidationError, match=f"must be a number, not the bool {flag}") as caught:
+            ScorerConfig(**{name: flag})
+        assert [error["loc"] for error in caught.value.errors()] == [(name,)]
+    usable = {"query_share": 0.5, "server_timeout": 2.5}.get(name, 3)
+    assert getattr(ScorerConfig(**{name: usable}), name) == usable
+
+
+def test_every_number_setting_is_guarded_against_bools() -> None:
+    # A numeric setting added later is covered too: the guard reads the fields' types.
+    numeric = {
+        name
+        for name, field in ScorerConfig.model_fields.items()
+        if (isinstance(field.default, (int, float)) and not isinstance(field.default, bool))
+        or name == "max_length"
+    }
+    assert numeric == set(NUMBER_SETTINGS)
