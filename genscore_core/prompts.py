@@ -415,10 +415,16 @@ class TemplatePromptBuilder:
             # The document's last token runs on into the template text after it (a custom template
             # with text after {document}, "word \n" one token): dropping it would drop that text too.
             # Cut the document's text after the last token kept and tokenize the body again; its
-            # tokens at the new end can differ, so check the budget again.
-            keep_end = offsets[doc_tokens[1] - excess - 1][1]
+            # tokens at the new end can differ, so check the budget again. The token kept can end
+            # where the document does (bytes of one character): the document still loses a character,
+            # so that each round shortens it.
+            keep_end = min(offsets[doc_tokens[1] - excess - 1][1], body.document.end - 1)
             body, ids, offsets = self._with_document(body, keep_end - body.document.start)
             excess = len(ids) - budget
+            if excess <= 0:
+                # A prompt that fits now is kept: the round below would read a token that runs on
+                # into the template text as the document's, and "keep" that text in the document.
+                return ids, cut + CUT_DOCUMENT
 
     def _with_document(self, body: RenderedBody, chars: int) -> tuple[RenderedBody, list[int], Offsets]:
         """``body`` with its document cut to its first ``chars`` characters (the query as it is),

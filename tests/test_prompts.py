@@ -316,6 +316,41 @@ def test_truncation_keeps_the_template_text_after_the_document(
     assert score == pytest.approx(label_softmax_prob(scorer.model, prompt.token_ids, [9693, 2152]), abs=1e-5)
 
 
+@pytest.mark.timeout(120)  # the old code never returned on these
+def test_a_document_cut_into_the_template_text_after_it_ends_and_keeps_that_text(
+    scorer: GenerativeScorer,
+) -> None:
+    # The document "\r\n" before the template's "\n\n" was cut to "\r" ("\r\n\n" one token), which
+    # fit; the next round read that token as the document's and put the template's "\n\n" back into
+    # the document, and so on forever.
+    tokenizer = scorer.tokenizer
+    rng = random.Random(11)
+    atoms = ["\r\n", "\n", " ", "  ", "\t", "word", "?", ".", "!!", "中文", "😀", "é", "123", "-", "—"]
+    bodies = ["{query}\n{document}\n\n", "Q: {query}\nD: {document}\nRelevant?", "{document}. Q:{query}?"]
+    cases = [("{query}\n{document}\n\n", "", "\r\n", 2)]
+    for _ in range(400):
+        document = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 40)))
+        cases.append((rng.choice(bodies), rng.choice(["", "q"]), document, rng.randint(2, 30)))
+    cut = 0
+    for body, query, document, max_length in cases:
+        template = PromptTemplate(name="custom", body=body, label_words=("yes",))
+        builder = TemplatePromptBuilder(tokenizer, template, max_length=max_length)
+        try:
+            [prompt] = builder.build(query, [document])
+        except PromptTooLongError:
+            continue
+        assert len(prompt.token_ids) <= max_length
+        # The prompt reads as the template, whole, around a non-empty start of the document (cut
+        # tokens can end inside a character's bytes: U+FFFD).
+        before, after = template.render_body(query, "\x00").text.split("\x00")
+        text = tokenizer.decode(prompt.token_ids)
+        assert text.startswith(before) and text.endswith(after), (body, query, document, max_length)
+        kept = text[len(before) : len(text) - len(after)].rstrip("\ufffd")
+        assert kept and document.startswith(kept), (body, query, document, max_length)
+        cut += prompt.truncated
+    assert cut > 50
+
+
 def test_label_token_ids_are_strict_and_named_as_ids(scorer: GenerativeScorer) -> None:
     from pydantic import ValidationError
 
