@@ -509,8 +509,10 @@ def build_raw_prompts(
     text_items = [item for item in request.items if isinstance(item, str)]
     # The query is never cut into, only refused when too long: it keeps max_length + 1 tokens.
     query = request.query
+    query_cut = False
     if isinstance(query, str):
         [query] = bounded_texts(tokenizer, [query], max_length, lock)
+        query_cut = len(query) < len(request.query)
     text_items = bounded_texts(tokenizer, text_items, max_length, lock)
     with lock:
         if isinstance(query, str):
@@ -522,7 +524,7 @@ def build_raw_prompts(
     prompts = []
     for index, item in enumerate(request.items):
         ids = next(item_ids) if isinstance(item, str) else item
-        prompt, truncated = truncate_raw(query_ids, ids, max_length, request.item_first, index)
+        prompt, truncated = truncate_raw(query_ids, ids, max_length, request.item_first, index, query_cut)
         prompts.append(EncodedPrompt(prompt, truncated))
     return prompts
 

@@ -48,16 +48,25 @@ def drop_tail_of_range(ids: list[int], token_span: tuple[int, int], excess: int)
 
 
 def truncate_raw(
-    query_ids: list[int], item_ids: list[int], max_length: int, item_first: bool, index: int
+    query_ids: list[int],
+    item_ids: list[int],
+    max_length: int,
+    item_first: bool,
+    index: int,
+    query_cut: bool = False,
 ) -> tuple[list[int], bool]:
-    """Concatenate query and item ids, shortening the item (never the query) to fit ``max_length``."""
+    """Concatenate query and item ids, shortening the item (never the query) to fit ``max_length``.
+
+    ``query_cut``: the query's text was cut before tokenization (:func:`cut_to_token_budget`), so
+    ``query_ids`` are only its first tokens and an error says "at least"."""
     excess = len(query_ids) + len(item_ids) - max_length
     truncated = excess > 0
     if truncated:
         # An item cut away entirely would score the query alone, which is not what was asked.
         if excess >= max(len(item_ids), 1):
+            size = f"at least {len(query_ids)}" if query_cut else f"{len(query_ids)}"
             raise PromptTooLongError(
-                f"the query is {len(query_ids)} tokens, which leaves no room for item {index} within "
+                f"the query is {size} tokens, which leaves no room for item {index} within "
                 f"max_length={max_length}; shorten the query or raise max_length",
                 param="query",
                 index=index,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,22 @@ def test_raw_mode_shortens_the_item_not_the_tail(scorer: GenerativeScorer) -> No
     assert long.token_ids == [10, 11, 12, 1, 2, 3]
     with pytest.raises(PromptTooLongError, match="leaves no room for item 0"):
         build_raw_prompts(scorer.tokenizer, request, max_length=3)
+
+
+def test_a_raw_query_too_long_is_refused_with_a_true_length(scorer: GenerativeScorer) -> None:
+    # Its text is cut before tokenization: the error said "the query is 9182 tokens" of a query of
+    # 300,000, the count of what was tokenized.
+    query = "1234567890" * 30_000
+    length = len(scorer.tokenizer.encode(query, add_special_tokens=False))
+    request = GenerativeScoringRequest(query=query, items=["an item"], label_token_ids=[5])
+    with pytest.raises(PromptTooLongError, match=r"the query is at least (\d+) tokens") as caught:
+        build_raw_prompts(scorer.tokenizer, request, max_length=100)
+    stated = re.search(r"at least (\d+)", str(caught.value))
+    assert stated is not None and 100 < int(stated.group(1)) <= length
+    short = request.model_copy(update={"query": "why " * 120})
+    tokens = len(scorer.tokenizer.encode("why " * 120))
+    with pytest.raises(PromptTooLongError, match=rf"the query is {tokens} tokens, which leaves no room"):
+        build_raw_prompts(scorer.tokenizer, short, max_length=100)
 
 
 def test_raw_mode_special_tokens_apply_to_the_query_only(scorer: GenerativeScorer) -> None:
