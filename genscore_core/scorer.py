@@ -9,12 +9,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn on import
 
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob, in_worker_thread
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine
-from genscore_core.errors import InvalidRequestError, ScoreRangeError
+from genscore_core.errors import ConfigurationError, InvalidRequestError, ScoreRangeError
 from genscore_core.frontend import (
     ScoringFrontEnd,
     check_documents,
@@ -108,12 +109,16 @@ class GenerativeScorer:
         builds the forward and head again (:meth:`ScoringEngine.follow_model`; docs/concepts.md).
 
         ``settings`` are :class:`ScorerConfig` fields; ``model`` only names the model in responses
-        (default: the model's ``name_or_path``). ``device`` and ``dtype`` are those of ``causal_lm``.
+        (default: the model's ``name_or_path``). ``device`` and ``dtype`` are those of ``causal_lm``:
+        given, they must say the same (``ConfigurationError`` otherwise; move or cast the model first),
+        and ``server_url`` is refused (:meth:`from_server` scores through a server).
         """
         name = settings.pop("model", None) or getattr(causal_lm, "name_or_path", None) or DEFAULT_MODEL
         check_causal_lm_config(causal_lm.config, name)
         check_loaded_causal_lm(causal_lm, None, name)
-        front_end, engine = _local_parts(causal_lm.eval(), tokenizer, ScorerConfig(model=name, **settings))
+        config = ScorerConfig(model=name, **settings)
+        _check_model_placement(causal_lm, config)
+        front_end, engine = _local_parts(causal_lm.eval(), tokenizer, config)
         return cls(front_end=front_end, backend=engine)
 
     @classmethod
@@ -512,6 +517,40 @@ def _pairs_named(prepared: PreparedPairs, param: str) -> ItemName:
         return param, owner, f"window {windows.index(position) + 1} of {len(windows)} of {param}[{owner}]"
 
     return name
+
+
+def _check_model_placement(causal_lm: Any, config: ScorerConfig) -> None:
+    """Refuse settings of :meth:`GenerativeScorer.from_model` that the model given contradicts: the
+    scorer scores where the model is, so ``device="cuda"`` for a model on the CPU would have run on
+    the CPU while ``scorer.config.device`` said "cuda"."""
+    if config.server_url is not None:
+        raise ConfigurationError(
+            "from_model scores with the model given here; to score through a server use "
+            "GenerativeScorer.from_server(server_url, model=...)",
+            setting="server_url",
+        )
+    have_device = torch.device(getattr(causal_lm, "device", "cpu"))
+    if config.device not in (None, "auto"):
+        try:
+            wanted = torch.device(config.device)
+        except RuntimeError as error:
+            raise ConfigurationError(f"unknown device {config.device!r}: {error}", setting="device") from None
+        if wanted.type != have_device.type or wanted.index not in (None, have_device.index):
+            raise ConfigurationError(
+                f"device={config.device!r}, but the model is on {have_device}: from_model scores where the "
+                f"model is; move it first (model.to({config.device!r})) or leave device out",
+                setting="device",
+            )
+    have_dtype = getattr(causal_lm, "dtype", None)
+    if config.dtype not in (None, "auto") and isinstance(have_dtype, torch.dtype):
+        wanted_dtype = resolve_dtype(config.dtype, have_device)
+        if wanted_dtype != have_dtype:
+            raise ConfigurationError(
+                f"dtype={config.dtype!r}, but the model's weights are {str(have_dtype).removeprefix('torch.')}: "
+                f"from_model scores with the weights as they are; cast the model first "
+                f"(model.to({wanted_dtype})) or leave dtype out",
+                setting="dtype",
+            )
 
 
 def _make_config(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,9 +12,11 @@ from typing import Any, get_type_hints
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from pydantic import ValidationError
 
 from genscore_core import (
+    ConfigurationError,
     GenerativeScorer,
     InvalidRequestError,
     RankedResult,
@@ -277,3 +280,25 @@ def test_every_number_setting_is_guarded_against_bools() -> None:
         or name == "max_length"
     }
     assert numeric == set(NUMBER_SETTINGS)
+
+
+def test_from_model_refuses_a_device_or_dtype_the_model_is_not_on(scorer: GenerativeScorer) -> None:
+    # from_model scores where the model is: device="cuda" for a model on the CPU scored on the CPU
+    # while scorer.config.device said "cuda"; dtype="float16" kept float32 weights.
+    model, tokenizer = scorer.model, scorer.tokenizer
+    assert model.device.type == "cpu" and model.dtype == torch.float32
+    for settings, setting, said in [
+        ({"device": "cuda"}, "device", "device='cuda', but the model is on cpu"),
+        ({"device": "cuda:1"}, "device", "device='cuda:1', but the model is on cpu"),
+        ({"dtype": "float16"}, "dtype", "dtype='float16', but the model's weights are float32"),
+        ({"dtype": torch.bfloat16}, "dtype", "dtype='bfloat16', but the model's weights are float32"),
+        ({"server_url": "http://127.0.0.1:9"}, "server_url", "GenerativeScorer.from_server"),
+    ]:
+        with pytest.raises(ConfigurationError, match=re.escape(said)) as caught:
+            GenerativeScorer.from_model(model, tokenizer, **settings)
+        assert caught.value.setting == setting
+    # Settings that say what the model is are fine, and score as the recipe does.
+    for settings in ({"device": "cpu", "dtype": "float32"}, {"device": "auto", "dtype": "fp32"}, {}):
+        same = GenerativeScorer.from_model(model, tokenizer, max_length=512, **settings)
+        expected = official_qwen3_scores(model, tokenizer, [(QUERY, d) for d in DOCUMENTS], 512)
+        assert same.score_documents(QUERY, DOCUMENTS) == pytest.approx(expected, abs=1e-5)
