@@ -192,7 +192,13 @@ class GenerativeScorer:
     # -- the protocol -------------------------------------------------------------------------------
 
     def score(self, request: GenerativeScoringRequest | Mapping[str, Any]) -> GenerativeScoringResponse:
-        """Answer a generative scoring request (vLLM's ``/generative_scoring`` semantics)."""
+        """Answer a generative scoring request (vLLM's ``/generative_scoring`` semantics).
+
+        Raises:
+            InvalidRequestError: What the protocol answers with HTTP 400 (``param``, ``index``).
+            pydantic.ValidationError: A mapping that is not a request (HTTP 422).
+            ScoreRangeError: A score the backend gave that is not a probability (``index``: the item).
+        """
         prepared = self.prepare_score(request)
         [scores] = self._run([prepared.job], name=_items_named)
         return prepared.response(scores)
@@ -263,6 +269,8 @@ class GenerativeScorer:
 
         Raises:
             InvalidRequestError: A bad option (``param`` names it) or document (``index`` says which).
+            ScoreRangeError: A score the backend gave that is not finite or outside the score mode's
+                range (``param`` and ``index`` name the document).
         """
         check_rank_options(top_n, score_threshold)
         check_text(query, "query")
