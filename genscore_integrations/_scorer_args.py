@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from genscore_core import GenerativeScorer, ScorerConfig, scorer_setting_names
+from genscore_core import GenerativeScorer, ScorerConfig, check_rank_options, scorer_setting_names
 
 SCORER_SETTINGS = scorer_setting_names()
 """``model``, ``config`` and the ScorerConfig fields."""
@@ -43,6 +43,24 @@ def check_model(owner: str, model: object) -> None:
             f"{owner} got a {type(model).__name__} as its model; pass a ready scorer as scorer=, "
             "the model (a name or a folder) first or as model="
         )
+
+
+def plain_rank_options(data: Any) -> Any:
+    """``data`` with ``top_n`` and ``score_threshold`` checked and made Python's ``int`` and ``float``.
+
+    The scorer takes NumPy's integers and floats for them (``top_n=np.int64(5)``, a threshold read off
+    an array); the adapters' fields are strict, so that ``True`` or ``"3"`` is no count, and would
+    refuse them.
+    """
+    if not isinstance(data, dict):
+        return data
+    check_rank_options(data.get("top_n"), data.get("score_threshold"))
+    plain = dict(data)
+    if plain.get("top_n") is not None:
+        plain["top_n"] = int(plain["top_n"])
+    if plain.get("score_threshold") is not None:
+        plain["score_threshold"] = float(plain["score_threshold"])
+    return plain
 
 
 def _looks_like_scorer(value: object) -> bool:

@@ -44,6 +44,7 @@ from genscore_integrations._scorer_args import (
     check_model,
     check_names,
     pickled_settings,
+    plain_rank_options,
     saved_settings,
     scorer_for,
 )
@@ -202,7 +203,7 @@ class GenerativeReranker(BaseDocumentCompressor):
     @model_validator(mode="before")
     @classmethod
     def _scorer_from_settings(cls, data: Any) -> Any:
-        return _constructor_input(cls, None, _plain_rank_options(data))
+        return _constructor_input(cls, None, plain_rank_options(data))
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -263,23 +264,6 @@ class GenerativeReranker(BaseDocumentCompressor):
             score_threshold=self.score_threshold,
         )
         return _ranked_documents(documents, ranked)
-
-
-def _plain_rank_options(data: Any) -> Any:
-    """``data`` with ``top_n`` and ``score_threshold`` checked and made Python's ``int`` and ``float``.
-
-    The scorer takes NumPy's integers and floats for them (``top_n=np.int64(5)``, a threshold read off
-    an array); the fields are strict, so that ``True`` or ``"3"`` is no count, and would refuse them.
-    """
-    if not isinstance(data, dict):
-        return data
-    check_rank_options(data.get("top_n"), data.get("score_threshold"))
-    plain = dict(data)
-    if plain.get("top_n") is not None:
-        plain["top_n"] = int(plain["top_n"])
-    if plain.get("score_threshold") is not None:
-        plain["score_threshold"] = float(plain["score_threshold"])
-    return plain
 
 
 def _checked_documents(documents: Sequence[Document]) -> list[Document]:

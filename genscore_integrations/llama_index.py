@@ -33,9 +33,15 @@ from genscore_core import (
     InvalidRequestError,
     RankedResults,
     ScorerConfig,
-    check_rank_options,
 )
-from genscore_integrations._scorer_args import check_names, saved_settings, scorer_for, secret_settings
+from genscore_integrations._scorer_args import (
+    check_model,
+    check_names,
+    plain_rank_options,
+    saved_settings,
+    scorer_for,
+    secret_settings,
+)
 
 __all__ = ["RETRIEVAL_SCORE_KEY", "WINDOW_KEY", "GenerativeRerank"]
 
@@ -133,8 +139,11 @@ class GenerativeRerank(BaseNodePostprocessor):
         callback_manager: CallbackManager | None = None,
         **settings: Any,
     ) -> None:
-        # Bad options fail before anything is loaded, with the same errors as GenerativeReranker's.
-        check_rank_options(top_n, score_threshold)
+        # Bad options fail before anything is loaded, with the same errors as GenerativeReranker's;
+        # NumPy numbers, which rerank takes, become Python's for the strict fields.
+        check_model("GenerativeRerank", model)
+        options = plain_rank_options({"top_n": top_n, "score_threshold": score_threshold})
+        top_n, score_threshold = options["top_n"], options["score_threshold"]
         check_names("GenerativeRerank", settings, _OWN_PARAMETERS)
         if scorer is not None:
             scorer_settings = dict(settings)
@@ -300,6 +309,8 @@ class GenerativeRerank(BaseNodePostprocessor):
             if result.window is not None:
                 node.metadata[WINDOW_KEY] = list(result.window)
                 _hide_from_models(node, WINDOW_KEY)
+            else:  # a window left by an earlier, chunked reranking would describe a score no longer there
+                node.metadata.pop(WINDOW_KEY, None)
             reranked.append(NodeWithScore(node=node, score=result.score))
         return reranked
 

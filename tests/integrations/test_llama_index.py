@@ -275,6 +275,58 @@ def test_top_n_and_score_threshold(scorer: GenerativeScorer, recipe: RecipeRefer
     assert ids_scores(at_third) == ids_scores(out)
 
 
+async def test_numpy_options_are_taken_as_the_scorer_takes_them(
+    scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
+    import numpy as np
+
+    nodes = make_nodes()
+    scores = recipe_scores(recipe, nodes)
+    threshold = threshold_between(scores, kept=3)  # strictly between two scores: exactly 3 pass
+    rerank = GenerativeRerank(scorer=scorer, top_n=np.int64(2), score_threshold=np.float32(threshold))
+    assert (type(rerank.top_n), type(rerank.score_threshold)) == (int, float)
+    for out in (
+        rerank.postprocess_nodes(nodes, query_str=QUERY),
+        await rerank.apostprocess_nodes(nodes, query_str=QUERY),
+    ):
+        assert_reranked_like_recipe(out, nodes, scores, top_n=2, score_threshold=float(np.float32(threshold)))
+    assert rerank.to_dict()["top_n"] == 2  # the saved form stays plain JSON
+    with pytest.raises(InvalidRequestError) as raised:
+        GenerativeRerank(scorer=scorer, top_n=np.int64(0))
+    assert raised.value.param == "top_n"
+
+
+def test_a_scorer_given_as_the_model_is_refused_saying_scorer(scorer: GenerativeScorer) -> None:
+    # GenerativeRerank(scorer) reads naturally, but the first argument is the model name.
+    message = r"got a GenerativeScorer as its model; pass a ready scorer as scorer="
+    with spied(li, "GenerativeScorer") as calls:
+        with pytest.raises(TypeError, match=message):
+            GenerativeRerank(scorer)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=message):
+            GenerativeRerank(model=scorer, top_n=2)  # type: ignore[arg-type]
+    calls["GenerativeScorer"].assert_not_called()  # refused before any scorer is built
+
+
+async def test_a_window_left_by_an_earlier_reranking_is_removed(
+    scorer: GenerativeScorer, recipe: RecipeReference
+) -> None:
+    # Reranked before by a chunking scorer: its window describes a score this reranking replaces.
+    earlier = {"source": "a.md", "genscore_window": [0, 12]}
+    seen = TextNode(text=TEXTS[0], id_="seen", metadata=dict(earlier))
+    nodes = [NodeWithScore(node=seen, score=0.9), NodeWithScore(node=TextNode(text=TEXTS[1], id_="new"))]
+    # The recipe scores the text the adapter reads (metadata included, as the default mode embeds it).
+    scores = recipe_scores(recipe, nodes)
+    rerank = GenerativeRerank(scorer=scorer, top_n=None)  # truncates: reports no window
+    for out in (
+        rerank.postprocess_nodes(nodes, query_str=QUERY),
+        await rerank.apostprocess_nodes(nodes, query_str=QUERY),
+    ):
+        assert_reranked_like_recipe(out, nodes, scores)
+        assert all("genscore_window" not in n.node.metadata for n in out)
+        assert {n.node.node_id: n.node.metadata.get("source") for n in out} == {"seen": "a.md", "new": None}
+    assert seen.metadata == earlier  # the input is left as it was
+
+
 def test_query_bundle_is_accepted(scorer: GenerativeScorer, recipe: RecipeReference) -> None:
     nodes = make_nodes()
     out = GenerativeRerank(scorer=scorer, top_n=3).postprocess_nodes(nodes, QueryBundle(QUERY))
