@@ -79,8 +79,17 @@ class LabelHead:
         self.weight: torch.Tensor = head.weight.detach()  # [V, H]
         bias = getattr(head, "bias", None)
         self.bias: torch.Tensor | None = bias.detach() if bias is not None else None
-        # Some heads multiply logits by a constant; folding it into h keeps every path exact.
-        self.logit_scale = float(getattr(config, "logit_scale", None) or 1.0)
+        # Some heads scale the logits by a constant: Cohere multiplies by ``logit_scale``, Granite
+        # divides by ``logits_scaling``. Folding it into h keeps every path exact, which holds only
+        # for a head without a bias (theirs have none): any other is refused, not scored wrong.
+        scale = float(getattr(config, "logit_scale", None) or 1.0)
+        scale /= float(getattr(config, "logits_scaling", None) or 1.0)
+        if scale != 1.0 and self.bias is not None:
+            raise TypeError(
+                f"{type(model).__name__} scales its logits ({scale:g}) and its LM head has a bias, "
+                "which genscore cannot score exactly"
+            )
+        self.logit_scale = scale
         self.vocab_size = int(self.weight.shape[0])
 
     def _ids(self, label_ids: list[int]) -> torch.Tensor:
