@@ -191,7 +191,7 @@ class ScoringFrontEnd:
         offsets: list[list[tuple[int, int]]] | None = None
         if max_tokens_per_doc is not None:
             # Only the first max_tokens_per_doc tokens are kept: tokenize no more text than holds them.
-            documents = bounded_texts(self.tokenizer, documents, max_tokens_per_doc)
+            documents = bounded_texts(self.tokenizer, documents, max_tokens_per_doc, self._tokenizer_lock)
             offsets = token_spans(self.tokenizer, self._tokenizer_lock, documents)
             capped = [len(o) > max_tokens_per_doc for o in offsets]
             documents = [cap_to_tokens(d, o, max_tokens_per_doc) for d, o in zip(documents, offsets)]

@@ -287,3 +287,27 @@ def _qwen3_ids_with_capped_query(tokenizer: Any, query: str, document: str, cap:
     ids = tokenizer.encode(body(query[:cut_at]), add_special_tokens=False)
     prefix = tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)
     return [*prefix, *ids, *tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)]
+
+
+@pytest.mark.parametrize("kind", ["digits", "cjk"])
+def test_max_tokens_per_doc_tokenizes_no_further_than_it_keeps(
+    model_and_scorer: tuple[Any, Any, Any], kind: str
+) -> None:
+    model, reference_tokenizer, _ = model_and_scorer
+    keep = 256
+    length = 2 * keep * 192  # past the worst-case cut for `keep` tokens, which was tokenized whole
+    text = {**_long_texts(length), "digits": ("1234567890" * length)[:length]}[kind]
+    tokenizer, counter = _counting_tokenizer()
+    scorer = GenerativeScorer.from_model(model, tokenizer, max_length=MAX_LENGTH)
+    counter.reset()
+    [result] = scorer.rerank("which text is this?", [text], max_tokens_per_doc=keep)
+    assert counter.chars < WORK_PER_PROMPT_TOKEN * keep, counter.chars
+    # The recipe scores the document cut after its first `keep` tokens of the whole text.
+    spans = reference_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    [expected] = official_qwen3_scores(
+        model,
+        reference_tokenizer,
+        [("which text is this?", text[: spans[keep - 1][1]])],
+        max_length=MAX_LENGTH,
+    )
+    assert result.score == pytest.approx(expected, abs=1e-5)
