@@ -10,6 +10,7 @@ command lines without anyone copying it, and the two cannot drift from the confi
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import types
 import typing
@@ -89,10 +90,20 @@ def add_config_arguments(
     return group
 
 
-def config_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`ScorerConfig` fields given on the command line, by field name."""
+SERVER_API_KEY_ENV = "GENSCORE_SERVER_API_KEY"
+"""The key for ``--server-url``, kept off the process list and the shell history (``--server-api-key``
+wins over it). Not ``GENSCORE_API_KEY``: that is the key ``genscore serve`` itself requires."""
+
+
+def config_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The :class:`ScorerConfig` fields given on the command line, by field name, and the server key
+    from :data:`SERVER_API_KEY_ENV` when a server is given without ``--server-api-key``."""
     given = vars(args)
-    return {name: given[name] for name in ScorerConfig.model_fields if name in given}
+    settings = {name: given[name] for name in ScorerConfig.model_fields if name in given}
+    key = (os.environ if environ is None else environ).get(SERVER_API_KEY_ENV)
+    if key and settings.get("server_url") and "server_api_key" not in settings:
+        settings["server_api_key"] = key
+    return settings
 
 
 def _plain_type(annotation: Any) -> Any:

@@ -4,6 +4,7 @@ needs ``Authorization: Bearer <key>``; a request without it is a 401 that reache
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from genscore_core import GenerativeScorer
+from genscore_core.cli_args import SERVER_API_KEY_ENV
 from genscore_core.errors import ConfigurationError, RemoteConfigurationError
 from genscore_core.server import create_app
 from genscore_core.server.cli import API_KEY_ENV, add_serve_command, api_key_setting, exposure_warning
@@ -204,3 +206,27 @@ def test_only_a_server_open_to_the_network_without_a_key_is_warned_about() -> No
     assert exposure_warning("0.0.0.0", 8000, KEY) is None
     assert exposure_warning("127.0.0.1", 8000, None) is None
     assert exposure_warning("::1", 8000, None) is None
+
+
+def test_genscore_rerank_takes_the_server_key_from_the_environment(
+    tiny_model_dir: Path, keyed_url: str
+) -> None:
+    # Off the process list: GENSCORE_SERVER_API_KEY gives --server-url its key; without it, a 401.
+    command = [GENSCORE, "rerank", "--model", str(tiny_model_dir), "--server-url", keyed_url, "--max-length", "512",
+               "--server-max-retries", "0", "--query", PAIRS[0][0], "--format", "text"]  # fmt: skip
+    stdin = "".join(f"{document}\n" for _, document in PAIRS[:2])
+    env = {k: v for k, v in os.environ.items() if k not in (SERVER_API_KEY_ENV, API_KEY_ENV)}
+    env["PYTHONPATH"] = os.getcwd()
+    keyed = subprocess.run([str(c) for c in command], input=stdin, capture_output=True, text=True, timeout=300,
+                           env={**env, SERVER_API_KEY_ENV: KEY})  # fmt: skip
+    assert keyed.returncode == 0, keyed.stderr
+    got = {row["index"]: row["score"] for row in map(json.loads, keyed.stdout.splitlines())}
+    expected = RecipeReference(tiny_model_dir).pair_scores(PAIRS[:2])
+    assert [got[0], got[1]] == pytest.approx(expected, abs=SCORE_TOLERANCE)
+    refused = subprocess.run([str(c) for c in command], input=stdin, capture_output=True, text=True, timeout=300,
+                             env=env)  # fmt: skip
+    assert refused.returncode != 0 and "server_api_key" in refused.stderr
+    # The flag wins over the environment.
+    flagged = subprocess.run([str(c) for c in [*command, "--server-api-key", "sk-not-the-key"]], input=stdin,
+                             capture_output=True, text=True, timeout=300, env={**env, SERVER_API_KEY_ENV: KEY})  # fmt: skip
+    assert flagged.returncode != 0 and "server_api_key" in flagged.stderr
