@@ -282,7 +282,7 @@ class ScoringEngine(ScoringBackend):
                     raise items.error  # noqa: B904 - the out-of-memory error stays its context, not its cause
                 del error
                 hidden, rows = self._score_again(state, sizes, items, reported)
-            job_scores = self._stream_scores(hidden, jobs, rows)
+            job_scores = self._stream_scores(hidden, jobs, rows, [recorded.where for recorded in state.jobs])
             scores: list[list[float]] = []
             for job, recorded, values in zip(jobs, state.jobs, job_scores):
                 scores.append([values[i] for i in recorded.where])
@@ -291,9 +291,14 @@ class ScoringEngine(ScoringBackend):
         return scores
 
     def _stream_scores(
-        self, hidden: torch.Tensor, jobs: Sequence[StreamedJob], rows: list[list[int]]
+        self,
+        hidden: torch.Tensor,
+        jobs: Sequence[StreamedJob],
+        rows: list[list[int]],
+        where: Sequence[Sequence[int]],
     ) -> list[list[float]]:
-        """The scores of each job's distinct prompts, whose hidden states are rows ``rows[j]``.
+        """The scores of each job's distinct prompts, whose hidden states are rows ``rows[j]``;
+        ``where[j][p]`` is the distinct prompt that prompt ``p`` of job ``j`` is (for errors).
 
         The host waits for the device once: the row indices go over in one copy that is queued
         behind the forward (a copy from pageable memory would first wait for the last batch, and the
@@ -321,7 +326,7 @@ class ScoringEngine(ScoringBackend):
             count = len(rows[j])
             job_scores = host[offset : offset + count]
             offset += count
-            check_scores(job_scores, jobs[j].mode)
+            check_scores(job_scores, jobs[j].mode, job=j, where=where[j])
             scores[j] = job_scores.double().tolist()
         return scores
 
@@ -437,12 +442,15 @@ class ScoringEngine(ScoringBackend):
         if call.event is not None:
             call.event.synchronize()  # releases the interpreter lock while it waits
         scores: dict[int, list[float]] = {}
+        numbers: dict[int, int] = {}
+        for number, listed in enumerate(call.jobs):
+            numbers.setdefault(id(listed), number)
         offset = 0
         for job, count, where, distinct in call.rows:
             assert call.host is not None  # rows exist only where scores were copied
             values_of_job = call.host[offset : offset + count]
             offset += count
-            check_scores(values_of_job, job.mode)
+            check_scores(values_of_job, job.mode, job=numbers[id(job)], where=where)
             values = values_of_job.double().tolist()
             scores[id(job)] = [values[i] for i in where]
             if on_progress is not None and distinct < len(job.prompts):

@@ -95,14 +95,26 @@ class ScoreRangeError(GenScoreError):
 
     ``param`` and ``index`` name the input the score belongs to (``"documents"``, ``"pairs"``,
     ``"items"`` and its position there) when the scorer knows it: a score that a backend handed to
-    :class:`~genscore_core.GenerativeScorer` is always named so.
+    :class:`~genscore_core.GenerativeScorer`, or that its own engine computed, is always named so.
+    ``job`` and ``prompt`` are the engine's names for it (the :class:`~genscore_core.backend.ScoringJob`
+    of the call and the prompt's position in it), set when the engine raised the error.
     """
 
-    def __init__(self, message: str, *, param: str | None = None, index: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        index: int | None = None,
+        job: int | None = None,
+        prompt: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.index = index
+        self.job = job
+        self.prompt = prompt
 
 
 class KernelUnavailableError(ConfigurationError):

@@ -17,6 +17,7 @@ from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine
 from genscore_core.errors import ConfigurationError, InvalidRequestError, ScoreRangeError
 from genscore_core.frontend import (
+    PairStream,
     ScoringFrontEnd,
     check_documents,
     check_pairs,
@@ -358,7 +359,7 @@ class GenerativeScorer:
                 return self._score_overlapped(engine, pairs, first_chars, also)
             prepared = self.front_end.prepare_pairs(pairs)
             return prepared.assemble(self._run(prepared.jobs, also, name=_pairs_named(prepared, param)))
-        with self._progress(len(pairs), also) as progress:
+        with self._progress(len(pairs), also) as progress, _engine_errors_named(_stream_named(stream, param)):
             scores = engine.score_stream(stream.jobs, stream.parts(), on_progress=progress)
         return stream.assemble(scores)
 
@@ -402,7 +403,10 @@ class GenerativeScorer:
     def _run(
         self, jobs: list[ScoringJob], also: ProgressCallback | None = None, *, name: ItemName
     ) -> list[list[float]]:
-        with self._progress(sum(len(job.prompts) for job in jobs), also) as progress:
+        with (
+            self._progress(sum(len(job.prompts) for job in jobs), also) as progress,
+            _engine_errors_named(name),
+        ):
             scores = self.backend.score_jobs(jobs, on_progress=progress)
         return self._checked(jobs, scores, name)
 
@@ -508,6 +512,33 @@ an error (``"documents", 3, "documents[3]"``)."""
 def _items_named(job: int, prompt: int) -> tuple[str, int, str]:
     """A protocol request is one job; its prompts are its items."""
     return "items", prompt, f"items[{prompt}]"
+
+
+@contextmanager
+def _engine_errors_named(name: ItemName) -> Iterator[None]:
+    """A :class:`ScoreRangeError` of the engine, which knows a bad score only as a prompt of a job,
+    raised again naming the input that prompt was built from."""
+    try:
+        yield
+    except ScoreRangeError as error:
+        if error.param is not None or error.job is None or error.prompt is None:
+            raise
+        param, index, where = name(error.job, error.prompt)
+        # check_scores words it "<place> scored <value>, not ...": the place becomes the input's name.
+        detail = error.message.partition(" scored ")[2]
+        raise ScoreRangeError(
+            f"{where} scored {detail}", param=param, index=index, job=error.job, prompt=error.prompt
+        ) from error
+
+
+def _stream_named(stream: PairStream, param: str) -> ItemName:
+    """Names the input pair of a prompt of a streamed call (whole documents, no windows)."""
+
+    def name(job: int, prompt: int) -> tuple[str, int, str]:
+        position = stream.positions[job][prompt]
+        return param, position, f"{param}[{position}]"
+
+    return name
 
 
 def _pairs_named(prepared: PreparedPairs, param: str) -> ItemName:

@@ -30,16 +30,28 @@ def score_range(mode: ScoreMode) -> tuple[float, float]:
     return (float("-inf"), float("inf")) if mode == "logit" else (0.0, 1.0)
 
 
-def check_scores(scores: torch.Tensor, mode: ScoreMode) -> None:
-    """Raise :class:`ScoreRangeError` naming the first bad row unless every score is finite and in range."""
+def check_scores(
+    scores: torch.Tensor, mode: ScoreMode, *, job: int | None = None, where: Sequence[int] | None = None
+) -> None:
+    """Raise :class:`ScoreRangeError` naming the first bad row unless every score is finite and in range.
+
+    ``scores`` are those of job ``job``'s distinct prompts and ``where[p]`` the distinct prompt that
+    prompt ``p`` of the job is: the error then names the job and the first of its prompts that got
+    the bad score, so that the scorer can name the document it came from.
+    """
     low, high = score_range(mode)
     bad = ~torch.isfinite(scores) | (scores < low) | (scores > high)
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        raise ScoreRangeError(
-            f"prompt {row} scored {float(scores[row])!r}, not a finite number within [{low}, {high}] as "
-            f"score mode {mode!r} requires (half-precision overflow? try dtype='float32')"
-        )
+    if not bool(bad.any()):
+        return
+    row = int(bad.nonzero()[0, 0])
+    prompt = where.index(row) if where is not None else row
+    place = f"prompt {prompt}" if job is None else f"prompt {prompt} of job {job}"
+    raise ScoreRangeError(
+        f"{place} scored {float(scores[row])!r}, not a finite number within [{low}, {high}] as "
+        f"score mode {mode!r} requires (half-precision overflow? try dtype='float32')",
+        job=job,
+        prompt=prompt,
+    )
 
 
 def first_bad_score(values: Sequence[object], mode: ScoreMode) -> int | None:

@@ -283,7 +283,7 @@ def test_every_job_is_checked_after_the_one_copy_of_all_scores(scorer: Generativ
             return out
 
     engine = ScoringEngine(scorer.model, scorer.backend.forward, NanHead())  # type: ignore[arg-type]
-    with pytest.raises(ScoreRangeError, match="prompt 1 scored nan"):
+    with pytest.raises(ScoreRangeError, match="prompt 1 of job 1 scored nan"):
         engine.score_jobs([good, ScoringJob([[5, 6, 1], [5, 6, 3]], [3, 4])])
 
 
@@ -343,7 +343,7 @@ def test_calls_launched_back_to_back_collect_the_scores_of_score_jobs(
     nan_engine = ScoringEngine(scorer.model, engine.forward, NanHead())  # type: ignore[arg-type]
     bad = [first[0], ScoringJob([[5, 6, 1], [5, 6, 3]], [3, 4])]
     calls = [nan_engine.launch_prepared(nan_engine.prepare_jobs(jobs)) for jobs in (bad, second)]
-    with pytest.raises(ScoreRangeError, match="prompt 0 scored nan"):
+    with pytest.raises(ScoreRangeError, match="prompt 0 of job 1 scored nan"):
         nan_engine.collect_launched(calls[0])
     assert nan_engine.collect_launched(calls[1]) == expected[1]
 

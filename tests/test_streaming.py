@@ -496,9 +496,48 @@ def test_a_bad_streamed_score_names_its_job_row(
     monkeypatch.setattr(engine.head, "scores", scores)
     streamed = [StreamedJob(len(p), label_ids) for p in prompts]
     parts = [JobPart(j, p) for j, p in enumerate(prompts)]
-    with pytest.raises(ScoreRangeError, match="prompt 2 scored nan"):
+    with pytest.raises(ScoreRangeError, match="prompt 2 of job 1 scored nan") as caught:
         engine.score_stream(streamed, parts)
     assert calls == [5, 6]
+    assert (caught.value.job, caught.value.prompt) == (1, 2)
+
+
+def test_a_bad_score_of_the_engine_names_the_input_it_was_built_from(
+    small_batch_scorer: GenerativeScorer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine knows a bad score as a distinct prompt of a job; what reaches the caller of
+    rerank or score_pairs names the document or pair, the first one given when it repeats."""
+    scorer = small_batch_scorer
+    engine = scorer.engine
+    real = engine.head.scores
+    planted: list[int] = []  # the distinct row of the first head call that gets NaN
+
+    def scores(hidden: torch.Tensor, ids: list[int], mode: Any = "label-softmax") -> torch.Tensor:
+        out = real(hidden, ids, mode)
+        if planted:
+            out = out.clone()
+            out[planted.pop()] = float("nan")
+        return out
+
+    monkeypatch.setattr(engine.head, "scores", scores)
+    docs = ["a bridge of stone", "a bridge of stone", "the river floods", "old maps of the valley"]
+    # Distinct prompts: the bridge (documents 0 and 1), the river, the maps; row 1 is documents[2].
+    planted.append(1)
+    with pytest.raises(ScoreRangeError, match=r"^documents\[2\] scored nan") as caught:
+        scorer.rerank("where is the bridge", docs)
+    assert (caught.value.param, caught.value.index) == ("documents", 2)
+    assert scorer.engine.streams  # the streamed path named it
+
+    # Two queries: the first query's job holds pairs 0 and 2; its row 1 is pairs[2].
+    pairs = [("bridge", docs[0]), ("river", docs[2]), ("bridge", docs[3])]
+    planted.append(1)
+    with pytest.raises(ScoreRangeError, match=r"^pairs\[2\] scored nan") as caught:
+        scorer.score_pairs(pairs)
+    assert (caught.value.param, caught.value.index) == ("pairs", 2)
+    # The whole (not streamed) path names it the same way.
+    planted.append(1)
+    with pytest.raises(ScoreRangeError, match=r"^documents\[2\] scored nan"):
+        scorer.rerank("where is the bridge", docs, max_tokens_per_doc=64)
 
 
 def test_a_streamed_rerank_reports_prompts_as_the_whole_path_does(
