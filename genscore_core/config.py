@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, fi
 
 from genscore_core.templates import PromptTemplate, ScoreMode
 
+DTYPE_NAMES = frozenset({"float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "half"})
+"""The dtype names a scorer runs in (:func:`genscore_core.loading.resolve_dtype` maps each to torch's)."""
+
 DEFAULT_MODEL = "Qwen/Qwen3-Reranker-0.6B"
 
 ServerKind = Literal["genscore", "vllm", "sglang", "rerank"]
@@ -112,7 +115,10 @@ class ScorerConfig(BaseModel):
         # transformers' from_pretrained takes torch.float16 as readily as "float16"; the setting keeps
         # the name so that it stays plain data (JSON, the command line, pickles) and torch is not imported.
         if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
-            return str(dtype).removeprefix("torch.")
+            dtype = str(dtype).removeprefix("torch.")
+        # Refused here, before a model is loaded, rather than seconds later when the weights are cast.
+        if isinstance(dtype, str) and dtype != "auto" and dtype.lower() not in DTYPE_NAMES:
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPE_NAMES)} or 'auto'")
         return dtype
 
     @field_validator("server_url")

@@ -210,6 +210,24 @@ def test_device_and_dtype_resolution() -> None:
             resolve_device("cuda")
 
 
+def test_an_unknown_dtype_is_refused_with_the_settings_before_any_loading() -> None:
+    """float64 or int8 fail when the settings are made, naming the names that work; torch's own
+    dtypes go by name, and every name the settings take is one the loader maps."""
+    from genscore_core.config import DTYPE_NAMES
+    from genscore_core.loading import _DTYPES
+
+    for bad in ("float64", "int8", torch.float64):
+        with pytest.raises(ValidationError, match=r"unknown dtype '(float64|int8)'; choose one of"):
+            ScorerConfig(dtype=bad)
+    with pytest.raises(ValidationError, match="unknown dtype"):
+        GenerativeScorer(
+            "/nonexistent/model/folder", dtype="float64"
+        )  # refused before the folder is looked at
+    assert ScorerConfig(dtype=torch.bfloat16).dtype == "bfloat16"
+    assert ScorerConfig(dtype="BF16").dtype == "BF16" and ScorerConfig(dtype="auto").dtype == "auto"
+    assert set(DTYPE_NAMES) == set(_DTYPES)
+
+
 def test_dtype_override_loads_in_that_dtype(tiny_model_dir: Path) -> None:
     bf16 = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="bfloat16", max_length=256)
     assert bf16.model.dtype == torch.bfloat16
