@@ -81,6 +81,7 @@ from genscore_core.loading import (
     resolve_device,
     resolve_dtype,
 )
+from genscore_core.protocol import check_text
 from genscore_core.scorer import GenerativeScorer
 from genscore_core.server.limits import ServerLimits
 from genscore_core.streaming import FIRST_BATCH_TOKENS, JobPart
@@ -148,8 +149,9 @@ class ScoreBatches:
     each query's shared prefix is computed once; rows may come in any query order. Every other
     column (ids included) is returned unchanged, in the same row order, in the batch's own format
     (``batch_format`` numpy, the default, ``"pandas"`` or ``"pyarrow"``). A row whose query or
-    document is missing or not a string stops the batch with an :class:`InvalidRequestError` naming
-    the row by its ``id_column`` value where the batch has that column. :attr:`startup_s` says how
+    document is missing, not a string or not valid text stops the batch with an
+    :class:`InvalidRequestError` naming the column and the row: by its ``id_column`` value where the
+    batch has that column, else by its batch position and the start of its other text. :attr:`startup_s` says how
     long each start-up step took, for the actor's logs.
     """
 
@@ -187,33 +189,45 @@ class ScoreBatches:
         self.startup_s["ready"] = time.perf_counter() - started
 
     def __call__(self, batch: Batch) -> Batch:
-        if self.score_column in _column_names(batch):
+        names = _column_names(batch)
+        if self.score_column in names:
             raise InvalidRequestError(
                 f"the batch already has a {self.score_column!r} column; pick another score_column",
                 param=self.score_column,
             )
-        queries = self._texts(batch, self.query_column)
-        documents = self._texts(batch, self.document_column)
-        scores = np.asarray(self.scorer.score_pairs(list(zip(queries, documents))), dtype=np.float64)
-        return _with_column(batch, self.score_column, scores)
+        queries = self._texts(batch, names, self.query_column)
+        documents = self._texts(batch, names, self.document_column)
+        scores = self.scorer.score_pairs(list(zip(queries, documents)))
+        return _with_column(batch, self.score_column, np.asarray(scores, dtype=np.float64))
 
-    def _texts(self, batch: Batch, column: str) -> list[str]:
-        names = _column_names(batch)
+    def _texts(self, batch: Batch, names: list[str], column: str) -> list[str]:
         if column not in names:
             raise InvalidRequestError(f"no {column!r} column (columns: {sorted(names)})", param=column)
         values = _column_values(batch, column)
         for position, value in enumerate(values):
-            if not isinstance(value, str):
-                got = "null" if _is_missing(value) else type(value).__name__
-                where = (
-                    f"row with {self.id_column} {_column_values(batch, self.id_column)[position]!r}"
-                    if self.id_column in names
-                    else f"batch row {position} (no {self.id_column!r} column to name it by: see id_column)"
-                )
-                raise InvalidRequestError(
-                    f"{where}: {column!r} must be a string, got {got}", param=column, index=position
-                )
+            try:
+                if _is_missing(value):
+                    raise InvalidRequestError(f"{column!r} must be a string, got null")
+                # Also refuses text the tokenizer cannot take (a lone surrogate) here, by row, rather
+                # than in the scorer, which knows only the batch position.
+                check_text(value, repr(column))
+            except InvalidRequestError as error:
+                where = self._row(batch, names, position, column)
+                raise InvalidRequestError(f"{where}: {error.message}", param=column, index=position) from None
         return values
+
+    def _row(self, batch: Batch, names: list[str], position: int, column: str) -> str:
+        """The row at ``position`` of ``batch`` as a user can find it in the dataset: by its id, or
+        else by its other text, since a batch position means nothing outside the batch."""
+        if self.id_column in names:
+            return f"row with {self.id_column} {_column_values(batch, self.id_column)[position]!r}"
+        other = self.document_column if column == self.query_column else self.query_column
+        value = _column_values(batch, other)[position] if other in names else None
+        seen = ""
+        if isinstance(value, str):
+            shown = value if len(value) <= 60 else value[:57] + "..."
+            seen = f"{other} {shown!r}, "
+        return f"batch row {position} ({seen}no {self.id_column!r} column to name it by: see id_column)"
 
 
 Batch = Union[dict[str, np.ndarray], "pd.DataFrame", "pa.Table"]

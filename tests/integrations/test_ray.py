@@ -159,11 +159,42 @@ def test_score_batches_names_a_bad_row_by_the_id_column_it_is_given(tiny_model_d
     ):
         score(batch)
     del batch["passage_id"]
+    # Without the id, the row is named by its other text, which a user can search the dataset for.
     with pytest.raises(
-        InvalidRequestError, match="batch row 1 \\(no 'passage_id' column to name it by"
+        InvalidRequestError, match="batch row 1 \\(query 'q', no 'passage_id' column to name it by"
     ) as error:
         score(batch)
     assert (error.value.param, error.value.index) == ("document", 1)
+
+
+def test_score_batches_names_text_the_tokenizer_cannot_take_by_row_and_column(
+    score_batches: Any,
+) -> None:
+    """A lone surrogate (text decoded from bad UTF-8) was refused by the scorer as "documents[1] is not
+    valid text", the row's place in its batch: in a dataset of millions that locates nothing, and the
+    column was named by the scorer's word for it, not the dataset's."""
+    batch = {
+        "id": np.array(["r-0", "r-1"], dtype=object),
+        "query": np.array(["capital of France", "capital of France"], dtype=object),
+        "document": np.array(["Paris.", "Lyon \ud800 food"], dtype=object),
+    }
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"^row with id 'r-1': 'document' is not valid text: it holds a lone surrogate",
+    ) as error:
+        score_batches(batch)
+    assert (error.value.param, error.value.index) == ("document", 1)
+    del batch["id"]
+    batch["query"][0] = "what \udfff"
+    long_document = "Paris is the capital and largest city of France, on the Seine river."
+    batch["document"][0] = long_document
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"^batch row 0 \(document 'Paris is the capital and largest city of France, on the S\.\.\.', "
+        r"no 'id' column to name it by: see id_column\): 'query' is not valid text",
+    ) as error:
+        score_batches(batch)
+    assert (error.value.param, error.value.index) == ("query", 0)
 
 
 def test_score_batches_warm_up_needs_a_local_model(tiny_model_dir: Path) -> None:
