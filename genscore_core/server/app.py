@@ -26,16 +26,19 @@ from __future__ import annotations
 import asyncio
 import gc
 import hmac
+import json
 import logging
+import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 try:
-    from fastapi import FastAPI, Request
+    from fastapi import FastAPI, Request, Response
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from fastapi.routing import APIRoute
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -96,6 +99,55 @@ class BodyTimeoutError(StarletteHTTPException):
             # The rest of the body may still come: the connection cannot carry another request.
             headers={"Connection": "close"},
         )
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object of the request body holds one key twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: the object, unless a key comes twice.
+
+    Python's parser keeps a repeated key's last value, other parsers its first: a body holding
+    ``documents`` twice would be scored as only one of them, with nothing said.
+    """
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
+    return obj
+
+
+class _StrictJsonRequest(Request):
+    """A request whose JSON body is refused when one of its objects repeats a key."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = json.loads(await self.body(), object_pairs_hook=_unique_keys)
+        return self._json
+
+
+class StrictJsonRoute(APIRoute):
+    """The app's routes: FastAPI parses their bodies through :class:`_StrictJsonRequest`.
+
+    (Its parsing errors other than invalid JSON become a 400 "There was an error parsing the body"
+    caused by the error, which :func:`_unreadable_body` turns into a 422 naming the problem.)
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def strict_json_handler(request: Request) -> Response:
+            return await handle(_StrictJsonRequest(request.scope, request.receive))
+
+        return strict_json_handler
 
 
 class UnknownModelError(StarletteHTTPException):
@@ -319,6 +371,7 @@ def create_app(
             await batcher.stop()
 
     app = FastAPI(title="genscore", version=__version__, lifespan=lifespan)
+    app.router.route_class = StrictJsonRoute
     app.state.scorer = scorer
     app.state.batcher = batcher
     app.state.limits = limits
@@ -545,12 +598,23 @@ def _unreadable_body(error: StarletteHTTPException) -> str | None:
         )
     if isinstance(cause, RecursionError):
         return "the request body nests JSON arrays or objects too deeply to be read"
+    if isinstance(cause, DuplicateKeyError):
+        return (
+            f"the request body has the key {json.dumps(cause.key)} twice in one object; send each key "
+            "once (JSON parsers differ on which copy counts)"
+        )
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        # Python reads at most sys.get_int_max_str_digits() digits (4300 by default) of an integer.
+        return f"the request body holds a number of more than {sys.get_int_max_str_digits()} digits"
     return None
 
 
 def _describe_validation(error: RequestValidationError) -> str:
     parts = []
     for entry in error.errors():
+        if entry.get("type") == "missing" and tuple(entry.get("loc", ())) == ("body",):
+            parts.append("the request body is empty; send a JSON object")
+            continue
         if entry.get("type") == "json_invalid":
             reason = (entry.get("ctx") or {}).get("error", "JSON decode error")
             parts.append(f"the request body is not valid JSON: {reason}")

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from genscore_core.protocol import log_ignored_fields
 
@@ -93,13 +93,16 @@ class RerankRequest(BaseModel):
     query: str
     documents: list[str | RerankDocument]
     """Texts, or objects with a ``text`` field."""
-    top_n: int | None = Field(default=None, ge=0)
+    # Strict, as the library's options are (check_rank_options): lax parsing read ``"top_n": true``
+    # as 1, ``"score_threshold": true`` as 1.0 and ``"max_tokens_per_doc": true`` as 1, and answered
+    # 200 with documents silently dropped or cut to one token.
+    top_n: StrictInt | None = Field(default=None, ge=0)
     """Return the best N only; ``None`` or 0 returns all."""
-    return_documents: bool = False
+    return_documents: StrictBool = False
     """Put each document's text in its result."""
-    score_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    score_threshold: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
     """Drop results scoring below this (a genscore extension)."""
-    max_tokens_per_doc: int | None = Field(default=None, gt=0)
+    max_tokens_per_doc: StrictInt | None = Field(default=None, gt=0)
     """Cut each document after this many of its own tokens before templating (Cohere, vLLM)."""
 
     @model_validator(mode="before")

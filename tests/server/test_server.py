@@ -198,6 +198,82 @@ def test_a_body_that_is_not_utf8_or_nests_too_deeply_is_a_422_saying_so(client: 
     _assert_error(response, 422, "the request body nests JSON arrays or objects too deeply")
 
 
+def test_a_body_with_a_key_twice_is_a_422_naming_the_key(client: httpx.Client) -> None:
+    # JSON parsers disagree on which copy of a repeated key counts; Python's kept the last one, and
+    # documents ["a", "b"] followed by ["c"] were scored as ["c"] alone, with a 200.
+    headers = {"content-type": "application/json"}
+    cases = [
+        ("/v1/rerank", b'{"query": "q", "documents": ["a", "b"], "documents": ["c"]}', '"documents"'),
+        ("/v1/rerank", b'{"query": "q", "documents": [{"text": "a", "text": "b"}]}', '"text"'),
+        ("/v2/rerank", b'{"query": "q", "query": "r", "documents": ["a"]}', '"query"'),
+        (
+            "/generative_scoring",
+            b'{"query": "q", "items": ["a", "b"], "label_token_ids": [9454, 2753], "items": ["c"]}',
+            '"items"',
+        ),
+    ]
+    for path, content, key in cases:
+        error = _assert_error(
+            client.post(path, content=content, headers=headers), 422, "the request body has"
+        )
+        assert f"the key {key} twice in one object" in error["message"], error["message"]
+    # Equal keys in different objects are no repetition.
+    fine = b'{"query": "q", "documents": [{"text": "a"}, {"text": "b"}]}'
+    assert client.post("/v1/rerank", content=fine, headers=headers).status_code == 200
+
+
+def test_a_number_too_long_to_read_and_an_empty_body_are_422_saying_so(client: httpx.Client) -> None:
+    # Both were bare: a 400 "There was an error parsing the body" and a 422 "Field required".
+    headers = {"content-type": "application/json"}
+    huge = b'{"query": "q", "documents": ["a"], "top_n": ' + b"9" * 5000 + b"}"
+    error = _assert_error(client.post("/v1/rerank", content=huge, headers=headers), 422)
+    assert "a number of more than 4300 digits" in error["message"], error["message"]
+    huge_label = b'{"query": "q", "items": ["a"], "label_token_ids": [9454, ' + b"1" * 4301 + b"]}"
+    error = _assert_error(client.post("/generative_scoring", content=huge_label, headers=headers), 422)
+    assert "a number of more than 4300 digits" in error["message"], error["message"]
+    for path in ("/v1/rerank", "/generative_scoring"):
+        _assert_error(client.post(path, content=b"", headers=headers), 422, "the request body is empty")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("top_n", True),
+        ("top_n", "2"),
+        ("top_n", 2.0),
+        ("score_threshold", True),
+        ("score_threshold", "0.5"),
+        ("max_tokens_per_doc", True),
+        ("max_tokens_per_doc", "3"),
+        ("return_documents", "yes"),
+        ("return_documents", 1),
+    ],
+)
+def test_rerank_options_of_the_wrong_type_are_422_naming_the_option(
+    client: httpx.Client, option: str, value: object
+) -> None:
+    """Lax parsing read ``true`` as 1 (top_n: one result of four; max_tokens_per_doc: every document
+    cut to one token) or 1.0 (score_threshold: no results), all with a 200; the library refuses a bool
+    top_n (check_rank_options)."""
+    response = client.post("/v1/rerank", json={"query": "q", "documents": DOCUMENTS, option: value})
+    error = _assert_error(response, 422, f"{option}: Input should be a valid", param=option)
+    assert error["type"] == "UnprocessableEntityError"
+
+
+def test_rerank_options_of_the_right_type_still_apply(client: httpx.Client) -> None:
+    request: dict[str, Any] = {"query": "q", "documents": DOCUMENTS}
+    everything = client.post("/v1/rerank", json={**request, "score_threshold": 0}).json()["results"]
+    assert sorted(result["index"] for result in everything) == list(range(len(DOCUMENTS)))
+    assert client.post("/v1/rerank", json={**request, "score_threshold": 1}).json()["results"] == [
+        result for result in everything if result["relevance_score"] >= 1.0
+    ]
+    best = client.post("/v1/rerank", json={**request, "top_n": 2, "return_documents": True}).json()
+    assert [result["index"] for result in best["results"]] == [result["index"] for result in everything[:2]]
+    assert [result["document"]["text"] for result in best["results"]] == [
+        DOCUMENTS[result["index"]] for result in everything[:2]
+    ]
+
+
 def test_mixed_item_kinds_are_400(client: httpx.Client) -> None:
     response = client.post("/generative_scoring", json={**SEED_TEXT_REQUEST, "items": ["Paris", [1, 2]]})
     _assert_error(response, 400, "items must be all text or all token-id lists", param="items.1")
