@@ -11,6 +11,8 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import pickle
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any
 
@@ -52,6 +54,7 @@ WINDOW_KEY = "genscore_window"
 the scorer chunks long documents (``long_documents="chunk"``; hidden from embedders and LLMs)."""
 
 dispatcher = get_dispatcher(__name__)
+logger = logging.getLogger(__name__)
 
 # The constructor's own parameters; every other keyword must be a scorer setting.
 _OWN_PARAMETERS = (
@@ -194,8 +197,22 @@ class GenerativeRerank(BaseNodePostprocessor):
         }
         settings = {**self.to_dict(), **secret_settings(self._scorer)}  # the API key too: see there
         settings.pop("class_name", None)
-        state["__dict__"] = {**settings, **state["__dict__"]}
+        fields = dict(state["__dict__"])
+        # As LlamaIndex's own components do: a field that does not pickle (a callback manager whose
+        # handler holds a lock or a client; query engines set theirs on every postprocessor) is left
+        # out, with a warning, and the unpickled copy gets the default.
+        for key, value in list(fields.items()):
+            if not _pickles(value):
+                logger.warning("GenerativeRerank pickled without its %s, which does not pickle", key)
+                del fields[key]
+        state["__dict__"] = {**settings, **fields}
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild from the pickled options and settings, loading the scorer; an error doing so (the model
+        folder missing on this machine, say) reaches the caller. LlamaIndex's ``__setstate__`` would catch
+        it and fall back to pydantic's, leaving a postprocessor with no scorer."""
+        GenerativeRerank.__init__(self, **state["__dict__"])
 
     def __deepcopy__(self, memo: dict[int, Any] | None = None) -> GenerativeRerank:
         """A copy with copied options that shares the scorer: a scorer serves any number of adapters at
@@ -313,6 +330,14 @@ class GenerativeRerank(BaseNodePostprocessor):
                 node.metadata.pop(WINDOW_KEY, None)
             reranked.append(NodeWithScore(node=node, score=result.score))
         return reranked
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
 
 
 def _copy_node(node: Any) -> Any:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import json
 import pickle
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 from langchain_core.documents import Document
 from llama_index.core.schema import NodeWithScore, TextNode
 
-from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
+from genscore_core import GenerativeScorer, InvalidRequestError, ModelNotFoundError, ScorerConfig
 from genscore_integrations.langchain import GenerativeCrossEncoder, GenerativeReranker
 from genscore_integrations.llama_index import GenerativeRerank
 
@@ -223,3 +225,20 @@ def test_pickle_reloads_the_scorer_and_deepcopy_shares_it(cls: Any, tiny_model_d
     assert type(copied) is cls and copied is not original and _saved(copied) == _saved(original)
     assert copied.scorer is original.scorer
     assert _scores(copied) == want
+
+
+@pytest.mark.parametrize("cls", ADAPTERS)
+def test_unpickling_raises_the_error_that_stops_the_scorer_loading(
+    cls: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # A pickle sent to a worker where the model folder is missing: the load error must reach the
+    # caller. LlamaIndex's BaseComponent.__setstate__ swallows any error of __init__ and falls back
+    # to pydantic's, which left a GenerativeRerank without a scorer, failing on first use with
+    # AttributeError '_scorer' that names neither the model nor the folder.
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    original = cls(str(folder), device="cpu", dtype="float32")
+    data = pickle.dumps(original)
+    shutil.rmtree(folder)
+    with pytest.raises(ModelNotFoundError, match=re.escape(str(folder))):
+        pickle.loads(data)

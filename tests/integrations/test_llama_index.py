@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
+import pickle
 import re
 import sys
 import threading
@@ -546,6 +547,39 @@ async def test_legacy_reranking_callback_event(use_async: bool, scorer: Generati
     assert start.payload[EventPayload.TOP_K] == 3
     assert ids_scores(start.payload[EventPayload.NODES]) == ids_scores(nodes)
     assert ids_scores(end.payload[EventPayload.NODES]) == ids_scores(out)
+
+
+class LockedHandler(LlamaDebugHandler):
+    """A callback handler that cannot be pickled, as tracing handlers that hold a lock or a client."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+
+def test_a_callback_manager_that_does_not_pickle_is_left_out_of_the_pickle(
+    tiny_model_dir: Path, recipe: RecipeReference, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Query engines set their callback manager on every postprocessor; LlamaIndex's own postprocessors
+    # pickle without one that does not pickle (logging a warning), so a query engine traced by such a
+    # handler still goes to a Ray or multiprocessing worker. GenerativeRerank raised TypeError instead.
+    handler = LockedHandler()
+    rerank = GenerativeRerank(
+        str(tiny_model_dir),
+        device="cpu",
+        dtype="float32",
+        top_n=None,
+        callback_manager=CallbackManager([handler]),
+    )
+    with caplog.at_level("WARNING"):
+        reloaded = pickle.loads(pickle.dumps(rerank))
+    assert "callback_manager" in caplog.text
+    assert reloaded.callback_manager.handlers == []
+    assert rerank.callback_manager.handlers == [handler]  # the original keeps its handler
+    nodes = make_nodes()
+    assert_reranked_like_recipe(
+        reloaded.postprocess_nodes(nodes, query_str=QUERY), nodes, recipe_scores(recipe, nodes)
+    )
 
 
 # -- 3. async -----------------------------------------------------------------------------------------
