@@ -160,7 +160,11 @@ _CACHE_ONLY: set[str] = set()
 local cache only (as with ``HF_HUB_OFFLINE=1``) until it answers again."""
 
 
-def check_hub_reachable(name_or_path: str) -> None:
+_ASKED: set[str] = set()
+"""Hub ids whose hub :func:`check_hub_reachable` asked in this process."""
+
+
+def check_hub_reachable(name_or_path: str, *, required: bool = True) -> None:
     """Ask the hub once, without retrying, whether it answers, before a hub id is loaded.
 
     huggingface_hub retries every file it has no cached copy of five times, with backoff (23 s a
@@ -170,10 +174,12 @@ def check_hub_reachable(name_or_path: str) -> None:
     So when the hub does not answer, a model in the cache is loaded from the cache only (a warning
     says so; :func:`from_cache_only`), and one that is not is refused at once. Nothing is checked
     for a local folder, or in offline mode (``HF_HUB_OFFLINE=1``: the cache only already).
+    ``required=False`` is for optional files of a model already loaded (its model card, its
+    sentence-transformers settings): without an answer they are read from the cache only, if there.
 
     Raises:
-        ModelNotFoundError: The hub did not answer and the model is not in the cache; naming the
-            model, the cache, the address tried and what went wrong.
+        ModelNotFoundError: The hub did not answer and the model is not in the cache (``required``);
+            naming the model, the cache, the address tried and what went wrong.
     """
     if Path(name_or_path).expanduser().exists():
         return
@@ -187,11 +193,19 @@ def check_hub_reachable(name_or_path: str) -> None:
     except HFValidationError:
         return  # not a valid hub id: transformers says so
     url = hf_hub_url(name_or_path, "config.json")
+    _ASKED.add(name_or_path)
     try:
         get_hf_file_metadata(url, timeout=HUB_CHECK_TIMEOUT)
     except HfHubHTTPError:
         pass  # the hub answered (no such repository, gated, no such file): transformers says what
     except Exception as error:  # no answer at all: the HTTP client's own error types
+        if not required:
+            logger.warning(
+                "the hub did not answer (%s: %s); reading the settings files of %s from the Hugging "
+                "Face cache only", url, error, name_or_path,
+            )  # fmt: skip
+            _CACHE_ONLY.add(name_or_path)
+            return
         if any(isinstance(path, str) for path in cached):
             logger.warning(
                 "the hub did not answer (%s: %s); loading %s from the Hugging Face cache only",
@@ -213,6 +227,15 @@ def from_cache_only(name_or_path: str) -> bool:
     """Whether ``name_or_path`` is to be read from the local cache only (``local_files_only``): its hub
     did not answer :func:`check_hub_reachable`, and asking it for each file would retry each."""
     return name_or_path in _CACHE_ONLY
+
+
+def optional_files_from_cache_only(name_or_path: str) -> bool:
+    """:func:`from_cache_only` for the optional files of a hub id (a model card, settings), asking
+    the hub first if this process has not: a model given to ``from_model`` was never loaded by
+    name, so nothing asked its hub before these files were looked for."""
+    if name_or_path not in _ASKED:
+        check_hub_reachable(name_or_path, required=False)
+    return from_cache_only(name_or_path)
 
 
 def _unreadable_files(name_or_path: str) -> list[str]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from genscore_core.loading import from_cache_only
+from genscore_core.loading import optional_files_from_cache_only
 from genscore_core.templates import (
     QWEN3_RERANKER,
     PromptTemplate,
@@ -277,9 +277,9 @@ def _model_file(model: str, file: str) -> Path | None:
             model,
             file,
             _raise_exceptions_for_missing_entries=False,
-            # The hub did not answer the loading's first request: each file asked of it would be
+            # When the hub does not answer its first request, each file asked of it would be
             # retried with backoff (23 s each), so the cache alone tells.
-            local_files_only=from_cache_only(model),
+            local_files_only=optional_files_from_cache_only(model),
         )
     except (OSError, ValueError):
         return None

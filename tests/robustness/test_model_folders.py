@@ -194,6 +194,37 @@ def test_a_cached_hub_id_loads_from_the_cache_at_once_without_network(
     assert _seconds(done) < 15, done.stdout
 
 
+def test_a_model_given_to_from_model_under_a_hub_name_is_built_at_once_without_network(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # The name only tells which family's prompt to use; looking for its model card and settings
+    # asked the unreachable hub for each file with five retries: 71 s before the scorer existed.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    env.update(HF_HOME=str(tmp_path / "hf-home"), HF_ENDPOINT=endpoint, PYTHONPATH=str(REPO))
+    code = (
+        "import time\n"
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "from genscore_core import GenerativeScorer\n"
+        f"model = AutoModelForCausalLM.from_pretrained({str(tiny_model_dir)!r})\n"
+        f"tokenizer = AutoTokenizer.from_pretrained({str(tiny_model_dir)!r})\n"
+        "start = time.monotonic()\n"
+        "scorer = GenerativeScorer.from_model(model, tokenizer, model='someorg/some-reranker')\n"
+        "print('TEMPLATE', scorer.template.name)\n"
+        "print('SCORES', scorer.score_pairs([('q', 'd')]))\n"
+        "print('SECONDS', time.monotonic() - start)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=True
+    )
+    assert "TEMPLATE qwen3-reranker" in done.stdout and "SCORES [" in done.stdout, done.stderr[-3000:]
+    assert (
+        "reading the settings files of someorg/some-reranker from the Hugging Face cache only" in done.stderr
+    )
+    assert "Retrying in" not in done.stderr
+    assert _seconds(done) < 15, done.stdout
+
+
 # -- code a model folder ships --------------------------------------------------------------------------
 
 
