@@ -59,7 +59,7 @@ except ImportError as exc:
 from genscore_core.backend import ScoringJob
 from genscore_core.config import DEFAULT_MODEL, ScorerConfig
 from genscore_core.engine import ScoringEngine, StreamedJob
-from genscore_core.errors import ConfigurationError, InvalidRequestError
+from genscore_core.errors import ConfigurationError, InvalidRequestError, ScoreRangeError
 from genscore_core.jobs.files import (
     FORMATS,
     Columns,
@@ -197,7 +197,16 @@ class ScoreBatches:
             )
         queries = self._texts(batch, names, self.query_column)
         documents = self._texts(batch, names, self.document_column)
-        scores = self.scorer.score_pairs(list(zip(queries, documents)))
+        try:
+            scores = self.scorer.score_pairs(list(zip(queries, documents)))
+        except ScoreRangeError as error:
+            if error.index is None:
+                raise
+            # The scorer names the pair by its place in this batch ("pairs[3]"), which locates nothing
+            # in a dataset: say which row it is, as the checks above do.
+            column = self.query_column if error.param == "query" else self.document_column
+            where = self._row(batch, names, error.index, column)
+            raise ScoreRangeError(f"{where}: {error.message}", param=column, index=error.index) from error
         return _with_column(batch, self.score_column, np.asarray(scores, dtype=np.float64))
 
     def _texts(self, batch: Batch, names: list[str], column: str) -> list[str]:

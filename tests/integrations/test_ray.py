@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from genscore_core import GenerativeScorer, InvalidRequestError
 from genscore_core.jobs import ScoreFileOptions, score_file
@@ -195,6 +196,34 @@ def test_score_batches_names_text_the_tokenizer_cannot_take_by_row_and_column(
     ) as error:
         score_batches(batch)
     assert (error.value.param, error.value.index) == ("query", 0)
+
+
+def test_score_batches_names_the_row_whose_score_is_not_finite(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A model whose embedding of one token is infinite scores NaN for the rows holding it, and the
+    scorer refuses the score as "pairs[1] scored nan", the pair's place in its batch."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from genscore_core import ScoreRangeError
+    from genscore_integrations.ray import ScoreBatches
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    zebra = AutoTokenizer.from_pretrained(tiny_model_dir).encode(" zebra", add_special_tokens=False)[-1]
+    with torch.no_grad():
+        model.get_input_embeddings().weight[zebra] = float("inf")
+    model.save_pretrained(broken)
+    score = ScoreBatches(str(broken), **SETTINGS)
+    batch = {
+        "id": np.array(["k-1", "k-2", "k-3"], dtype=object),
+        "query": np.array(["animals", "animals", "animals"], dtype=object),
+        "document": np.array(["a horse", "a zebra", "a cat"], dtype=object),
+    }
+    with pytest.raises(ScoreRangeError, match=r"^row with id 'k-2': pairs\[1\] scored nan") as error:
+        score(batch)
+    assert (error.value.param, error.value.index) == ("document", 1)
 
 
 def test_score_batches_warm_up_needs_a_local_model(tiny_model_dir: Path) -> None:
