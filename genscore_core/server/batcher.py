@@ -76,6 +76,10 @@ class _Entry:
     future: asyncio.Future[list[float]]
     batches_done: int = 0
     """Engine calls finished when the job was queued."""
+    taken: bool = False
+    """Taken from the queue by the worker (into a call, or dropped as cancelled)."""
+    dropped: bool = False
+    """Cancelled while queued, and already left out of the queue's counts."""
 
 
 @runtime_checkable
@@ -183,6 +187,9 @@ class RequestBatcher(ScoringBackend):
         self.stats = BatchStats()
         self._pending: deque[_Entry] = deque()
         self._pending_tokens = 0
+        # Entries of requests cancelled while queued (their clients left), still in _pending until
+        # the worker reaches them: not counted as queued, nor against max_queued.
+        self._dropped = 0
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -204,7 +211,8 @@ class RequestBatcher(ScoringBackend):
 
     @property
     def queued(self) -> int:
-        return len(self._pending)
+        """Jobs waiting for a call, those cancelled meanwhile not counted."""
+        return len(self._pending) - self._dropped
 
     def start(self) -> None:
         """Start the worker on the running event loop."""
@@ -230,9 +238,10 @@ class RequestBatcher(ScoringBackend):
             self._task = None
         while self._pending:
             entry = self._pending.popleft()
+            entry.taken = True
             if not entry.future.done():
                 entry.future.set_exception(ServerBusyError("the server is shutting down"))
-        self._pending_tokens = 0
+        self._pending_tokens = self._dropped = 0
         for executor in (self._executor, self._preparer, self._collector):
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
@@ -281,9 +290,9 @@ class RequestBatcher(ScoringBackend):
             return []
         if not self.running or self._wakeup is None:
             raise ServerBusyError("the scoring worker is not running")
-        if len(self._pending) >= self.max_queued:
+        if self.queued >= self.max_queued:
             raise ServerBusyError(
-                f"{len(self._pending)} requests are already waiting (max_queued_requests={self.max_queued}); "
+                f"{self.queued} requests are already waiting (max_queued_requests={self.max_queued}); "
                 "retry shortly"
             )
         future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
@@ -291,7 +300,17 @@ class RequestBatcher(ScoringBackend):
         self._pending.append(entry)
         self._pending_tokens += entry.tokens
         self._wakeup.set()
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # Its client left. The entry stays in the queue until the worker reaches it (removing it
+            # from the middle of the deque costs a scan); until then it must not count: while a long
+            # call ran, clients timing out filled max_queued with the dead, and live requests got 503.
+            if not entry.taken and not entry.dropped:
+                entry.dropped = True
+                self._dropped += 1
+                self._pending_tokens -= entry.tokens
+            raise
 
     # -- the worker ---------------------------------------------------------------------------------
 
@@ -511,12 +530,19 @@ class RequestBatcher(ScoringBackend):
         overdue = self.stats.batches + running + 1 - self.max_waited_batches
         while self._pending:
             entry = self._pending[0]
+            if entry.future.done():  # cancelled while queued
+                self._pending.popleft()
+                entry.taken = True
+                if entry.dropped:
+                    self._dropped -= 1
+                else:  # its task has not yet run to see the cancellation
+                    self._pending_tokens -= entry.tokens
+                continue
             if batch and tokens + entry.tokens > self.max_batch_tokens and entry.batches_done >= overdue:
                 break
             self._pending.popleft()
+            entry.taken = True
             self._pending_tokens -= entry.tokens
-            if entry.future.done():  # cancelled while queued
-                continue
             batch.append(entry)
             tokens += entry.tokens
         return batch

@@ -8,8 +8,10 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,69 @@ def test_abandoned_requests_are_neither_tokenized_nor_scored(tiny_model_dir: Pat
     # /stats reports the same counters.
     assert (stats["tokenized_requests"], stats["requests"], stats["abandoned"]) == (2, 2, abandoned)
     assert stats["in_flight"] == 0
+
+
+class _HeldEngine:
+    """The scorer's engine behind a gate: an engine call waits until the test opens it, as a long
+    call would hold the requests queued behind it."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def score_jobs(self, jobs: Any, on_progress: Any = None) -> list[list[float]]:
+        self.entered.set()
+        assert self.gate.wait(GUARD_S), "the gate was never opened"
+        scores: list[list[float]] = self.engine.score_jobs(jobs, on_progress)
+        return scores
+
+
+def _until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + GUARD_S
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_requests_abandoned_in_the_queue_neither_count_as_queued_nor_fill_it(
+    scorer: GenerativeScorer,
+) -> None:
+    """Requests whose clients left while they waited for the engine stayed in the queue until the
+    worker reached them: /stats counted them as queued, and while a long call ran, clients timing out
+    filled --max-queued-requests with the dead and live requests were refused 503."""
+    app = create_app(scorer, TEST_LIMITS.model_copy(update={"max_queued_requests": 3}))
+    held = _HeldEngine(scorer.backend)
+    app.state.batcher.backend = held
+    counts: AbandonStats = app.state.abandon_stats
+    small = {"query": "which one?", "documents": ["small", "tiny"]}
+    with serve_in_thread(app) as live, ThreadPoolExecutor(4) as pool:
+        try:
+            url = f"{live.url}/v1/rerank"
+            first = pool.submit(httpx.post, url, json=small, timeout=GUARD_S)
+            assert held.entered.wait(GUARD_S)  # the engine holds the first request's call
+            sockets = [_post_raw(live.url, "/v1/rerank", small) for _ in range(3)]
+            _until(lambda: _stats(live.url)["queued"] == 3, "the three requests were never queued")
+            for sock in sockets:
+                sock.close()
+            assert counts.wait_until(lambda c: c.abandoned == 3, GUARD_S), counts
+            assert _stats(live.url)["queued"] == 0
+            later = [pool.submit(httpx.post, url, json=small, timeout=GUARD_S) for _ in range(3)]
+            # Queued behind the held call, in the room the abandoned requests left.
+            _until(lambda: _stats(live.url)["queued"] == 3 or any(f.done() for f in later), "never queued")
+            held.gate.set()
+            answers = [future.result() for future in [first, *later]]
+            assert [answer.status_code for answer in answers] == [200] * 4, [
+                answer.text for answer in answers
+            ]
+            for answer in answers:
+                assert sorted(result["index"] for result in answer.json()["results"]) == [0, 1]
+            assert counts.wait_until(lambda c: c.in_flight == 0, GUARD_S), counts
+        finally:
+            held.gate.set()  # a failure above must not leave the server's threads held
+        stats = _stats(live.url)
+    # The first request and the three later ones were scored; the abandoned ones never were.
+    assert (stats["requests"], stats["abandoned"], stats["queued"]) == (4, 3, 0)
 
 
 # -- connections -------------------------------------------------------------------------------------------
