@@ -454,9 +454,14 @@ def score_file_on_ray(
     _check_output(target, overwrite)
     # Ray reorders blocks for speed unless told not to; the output's order is part of its contract.
     # The setting is the driver's, shared with whatever the caller runs next: put back afterwards.
-    execution = ray.data.DataContext.get_current().execution_options
-    kept_order = execution.preserve_order
+    context = ray.data.DataContext.get_current()
+    execution = context.execution_options
+    kept_order, kept_raise = execution.preserve_order, context.raise_original_map_exception
     execution.preserve_order = True
+    # A row ScoreBatches refuses (a null document in a Parquet file, a score that is not finite)
+    # reaches the driver as Ray Data's "UDF failed to process a data block", the refusal left only
+    # as text in a worker's traceback: kept as the error itself, it is raised as itself below.
+    context.raise_original_map_exception = True
     try:
         source = str(input)
         # The read itself splits its output into blocks (streamed to the actors as they come) rather than
@@ -496,14 +501,19 @@ def score_file_on_ray(
             else:
                 scored.write_parquet(target, mode=mode)
         except ray.exceptions.RayTaskError as error:
-            # A read task's refusal (file, line, problem) arrives wrapped in Ray's error, whose
-            # message is a worker's traceback: raise it as itself. Nothing else re-reads the input.
-            refusal = _input_refusal(error)
+            # A read task's refusal (file, line, problem) or an actor's (row, column, problem) arrives
+            # wrapped in Ray's error, whose message is a worker's traceback: raise it as itself.
+            # Nothing else re-reads the input.
+            refusal = _refusal(error)
             if refusal is None:
                 raise
-            raise InputFileError(str(refusal), param="input") from error
+            # Ray Data appends its retry advice to the error's text; ``message`` is the refusal alone.
+            if isinstance(refusal, InputFileError):
+                raise InputFileError(refusal.message, param="input") from error
+            raise type(refusal)(refusal.message, param=refusal.param, index=refusal.index) from error
     finally:
         execution.preserve_order = kept_order
+        context.raise_original_map_exception = kept_raise
     # Ray writes no file, and makes no folder, for no rows; an output that is not there would read
     # as a job that never ran.
     filesystem, path = _filesystem(target)
@@ -567,13 +577,14 @@ def _check_csv_headers(source: str, needed: tuple[str, ...]) -> None:
             )
 
 
-def _input_refusal(error: BaseException) -> InputFileError | None:
-    """The :class:`InputFileError` a read task raised, found in the chain of Ray's errors around it."""
+def _refusal(error: BaseException) -> InvalidRequestError | ScoreRangeError | None:
+    """The refusal a read task (:class:`InputFileError`) or a scoring actor raised, found in the chain
+    of Ray's errors around it."""
     seen: BaseException | None = error
     while seen is not None:
         cause = getattr(seen, "cause", None)  # RayTaskError keeps the task's own error here
         for candidate in (seen, cause):
-            if isinstance(candidate, InputFileError) and not isinstance(
+            if isinstance(candidate, (InvalidRequestError, ScoreRangeError)) and not isinstance(
                 candidate, ray.exceptions.RayTaskError
             ):
                 return candidate

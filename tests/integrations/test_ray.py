@@ -405,6 +405,33 @@ def test_ray_file_job_refuses_a_repeated_json_key_and_an_unclosed_csv_quote(
 
 
 @pytest.mark.slow  # starts the module's Ray instance
+def test_ray_parquet_job_raises_a_refused_row_as_itself(
+    ray_instance: Any, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A null document in a Parquet file is refused by the scoring actor, and the job raised Ray's
+    RayTaskError(UserCodeException) "UDF failed to process a data block": the refusal (row, column)
+    was left only as text in a worker's traceback, no InvalidRequestError to catch, no param."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray.data
+
+    from genscore_integrations.ray import score_file_on_ray
+
+    pq.write_table(
+        pa.table({"id": [1, 2, 3], "query": ["q", "q", "q"], "document": ["Paris.", None, "Lyon."]}),
+        tmp_path / "pairs.parquet",
+    )
+    context = ray.data.DataContext.get_current()
+    with pytest.raises(
+        InvalidRequestError, match=r"^row with id 2: 'document' must be a string, got null$"
+    ) as error:
+        score_file_on_ray(tmp_path / "pairs.parquet", tmp_path / "scored", str(tiny_model_dir), **SETTINGS)
+    assert (type(error.value), error.value.param, error.value.index) == (InvalidRequestError, "document", 1)
+    # The setting that keeps the refusal is the job's; the caller's own pipelines keep Ray's default.
+    assert context.raise_original_map_exception is False
+
+
+@pytest.mark.slow  # starts the module's Ray instance
 def test_ray_file_job_reraises_a_write_failure_without_reading_the_input_again(
     ray_instance: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
