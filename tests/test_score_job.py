@@ -16,7 +16,7 @@ import pytest
 
 from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_core.cli import main
-from genscore_core.errors import ModelNotFoundError
+from genscore_core.errors import ConfigurationError, ModelNotFoundError
 from genscore_core.jobs import InputFileError, JobStateError, ScoreFileOptions, score_file
 from tests.reference_recipe import official_qwen3_scores
 
@@ -614,3 +614,122 @@ def test_a_csv_quote_never_closed_is_named_not_read_as_the_rest_of_the_file(
         _score(source, tmp_path / "scored.csv", scorer, on_bad_row="skip")
     source.write_text('query,document\nq,"said ""hi""\nthen left"\nq,d\n')  # quoted right: fine
     assert _score(source, tmp_path / "scored.csv", scorer).rows_written == 2
+
+
+def nan_on_token_model(tiny_model_dir: Path, folder: Path, word: str) -> tuple[GenerativeScorer, int]:
+    """The tiny model saved with NaN in the embedding of ``word``'s first token: the model scores NaN
+    for a prompt holding it and as before for any other (the label rows of the head are untouched)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(tiny_model_dir, folder)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    scorer = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="float32", max_length=512)
+    token = scorer.tokenizer.encode(word, add_special_tokens=False)[0]
+    assert token not in scorer.label_token_ids
+    with torch.no_grad():
+        model.get_input_embeddings().weight[token] = float("nan")
+    model.save_pretrained(folder)
+    return GenerativeScorer(str(folder), device="cpu", dtype="float32", max_length=512), token
+
+
+def test_a_row_the_model_scores_nan_is_named_by_line_and_listed_with_skip(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    # The engine's error named "prompt 1" of its batch: neither the file nor the line of a row among
+    # thousands; with on_bad_row='skip' the whole job stopped on it too.
+    broken, _ = nan_on_token_model(tiny_model_dir, tmp_path / "nan-model", " zebra")
+    lines = [
+        {"id": 0, "query": "q1", "document": "apple"},
+        {"id": 1, "query": "q2", "document": "banana"},
+        None,  # a blank line: line numbers count it
+        {"id": 2, "query": "q1", "document": "a zebra runs"},
+        {"id": 3, "query": "q2", "document": "pear"},
+        {"id": 4, "query": "q2", "document": "the zebra sleeps"},
+        {"id": 5, "query": "q3", "document": "plum"},
+    ]
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" if row else "\n" for row in lines), encoding="utf-8")
+    output = tmp_path / "scored.jsonl"
+
+    with pytest.raises(InvalidRequestError) as failure:
+        score_file(ScoreFileOptions(input=source, output=output, show_progress=False), broken.config, broken)
+    assert failure.value.message.startswith(
+        f"{source}: 1 bad row (line 4: the model scored nan, not a finite"
+    )
+    assert not output.exists()
+
+    options = ScoreFileOptions(
+        input=source, output=output, on_bad_row="skip", chunk_size=4, restart=True, show_progress=False
+    )
+    report = score_file(options, broken.config, broken)
+    good = [row for row in lines if row and "zebra" not in row["document"]]
+    out = read_jsonl(output)
+    assert [row["id"] for row in out] == [row["id"] for row in good]
+    expected = official_qwen3_scores(
+        broken.model, broken.tokenizer, [(row["query"], row["document"]) for row in good], max_length=512
+    )
+    assert [row["score"] for row in out] == pytest.approx(expected, abs=2e-5)
+    assert report.bad_rows_file is not None
+    listed = read_jsonl(report.bad_rows_file)
+    assert [entry["line"] for entry in listed] == [4, 6]
+    assert all(entry["error"].startswith("the model scored nan, not a finite") for entry in listed)
+    assert json.loads(listed[1]["input"]) == lines[5]
+    assert report.rows_written + report.bad_rows == len(good) + 2
+
+
+def test_settings_that_fit_no_prompt_stop_the_job_instead_of_refusing_every_row(
+    tmp_path: Path, scorer: GenerativeScorer, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Qwen3's template and instruction alone take 73 tokens: every row was "refused by the scorer",
+    # so with on_bad_row='skip' the job ran to the end and wrote an empty output, all rows bad.
+    short = GenerativeScorer.from_model(scorer.model, scorer.tokenizer, max_length=64)
+    source = write_jsonl(tmp_path / "pairs.jsonl", make_rows(5))
+    output = tmp_path / "scored.jsonl"
+    options = ScoreFileOptions(input=source, output=output, on_bad_row="skip", show_progress=False)
+    with pytest.raises(ConfigurationError, match="no row can be scored with these settings") as failure:
+        score_file(options, short.config, short)
+    assert failure.value.setting == "max_length"
+    assert "max_length=64" in failure.value.message
+    assert not output.exists()
+    assert not (tmp_path / "scored.jsonl.bad-rows.jsonl").exists()
+
+    argv = ["score", str(source), "-o", str(output), "--model", str(tiny_model_dir), "--device", "cpu"]
+    code = main([*argv, "--max-length", "64", "--on-bad-row", "skip", "--no-progress"])
+    assert code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("genscore: error: no row can be scored with these settings")
+
+
+class CountingScorer(RecordingScorer):
+    """The real scorer, counting the pairs whose prompts it was asked to build."""
+
+    prepared = 0
+
+    def prepare_pairs(self, pairs: list[tuple[str, str]]) -> Any:
+        self.prepared += len(pairs)
+        return super().prepare_pairs(pairs)
+
+
+def test_many_refused_rows_are_found_in_time_linear_in_the_chunk(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    # Each refusal was found by building the prompts of all the query's rows left, again: n^2 / 2
+    # prompts for a chunk of n refused rows (hours for the default 4096).
+    from genscore_core import PromptTemplate
+
+    bare = PromptTemplate(name="bare", body="{query}{document}", label_words=("yes", "no"))
+    bare_scorer = GenerativeScorer.from_model(scorer.model, scorer.tokenizer, template=bare, max_length=64)
+    rows = [{"id": i, "query": "", "document": "" if i % 10 else f"word {i}"} for i in range(200)]
+    source = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    counting = CountingScorer(bare_scorer)
+    options = ScoreFileOptions(
+        input=source, output=tmp_path / "scored.jsonl", on_bad_row="skip", chunk_size=200, show_progress=False
+    )
+    report = score_file(options, bare_scorer.config, counting)  # type: ignore[arg-type]
+    assert counting.prepared <= 3 * len(rows)
+    assert [row["id"] for row in read_jsonl(tmp_path / "scored.jsonl")] == list(range(0, 200, 10))
+    assert report.bad_rows == 180
+    listed = read_jsonl(tmp_path / "scored.jsonl.bad-rows.jsonl")
+    assert [entry["line"] for entry in listed] == [i + 1 for i in range(200) if i % 10]
+    assert all("its prompt holds no token" in entry["error"] for entry in listed)

@@ -11,8 +11,10 @@ after an interruption keeps the finished parts, skips their rows and scores the 
 uninterrupted run would have; the work folder records the input file and the settings, and a rerun
 with other ones is refused rather than mixed in.
 
-Bad rows (invalid JSON, a JSON key given twice, a missing or non-string query or document, text the scorer refuses) are
-reported with their line number. With ``on_bad_row="fail"`` (the default) the job stops at the first
+Bad rows (invalid JSON, a JSON key given twice, a missing or non-string query or document, text the scorer refuses,
+a row the model scores NaN, infinite or out of range) are reported with their line number. Settings under which no
+prompt fits ``max_length`` stop the job with a :class:`~genscore_core.errors.ConfigurationError` instead: every row
+would be refused. With ``on_bad_row="fail"`` (the default) the job stops at the first
 chunk holding any, naming them all; with ``"skip"`` they are left out of the output and listed, with
 the reason, in ``OUTPUT.bad-rows.jsonl``, and the summary counts them. Nothing is dropped silently.
 """
@@ -31,7 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from genscore_core.config import ScorerConfig
-from genscore_core.errors import InvalidRequestError
+from genscore_core.errors import (
+    ConfigurationError,
+    InvalidRequestError,
+    PromptTooLongError,
+    ScoreRangeError,
+)
 from genscore_core.jobs.files import (
     PART_SUFFIX,
     Columns,
@@ -301,47 +308,113 @@ def _chunks(reader: RowReader, size: int, first: int) -> Iterator[_Chunk]:
 def _score_chunk(
     scorer: GenerativeScorer, rows: list[InputRow], on_bad_row: str
 ) -> tuple[list[tuple[InputRow, float]], list[InputRow]]:
-    """Scores of the chunk's good rows, in order, and its bad rows (the scorer's refusals included)."""
+    """Scores of the chunk's good rows, in order, and its bad rows (the scorer's refusals and rows
+    the model scores out of range included)."""
     bad = [row for row in rows if row.problem]
     good = [row for row in rows if not row.problem]
     if bad and on_bad_row == "fail":
         return [], bad
+    scorable = good
     try:
-        scores = scorer.score_pairs([(row.query, row.document) for row in good])
+        scores = _scores_isolating_range_errors(scorer, scorable, first_only=on_bad_row == "fail")
     except InvalidRequestError:
-        refused = _find_refused(scorer, good)
-        if not refused:
+        # Rows already found scored out of range keep their problem and are not checked again.
+        if not _find_refused(scorer, [row for row in good if not row.problem]):
             raise
-        bad = sorted(bad + refused, key=lambda row: row.number)
-        if on_bad_row == "fail":
-            return [], bad
-        good = [row for row in good if not row.problem]
-        scores = scorer.score_pairs([(row.query, row.document) for row in good])
-    return list(zip(good, scores)), bad
+        scorable = [row for row in good if not row.problem]
+        scores = (
+            [] if on_bad_row == "fail" else _scores_isolating_range_errors(scorer, scorable, first_only=False)
+        )
+    bad = sorted(bad + [row for row in good if row.problem], key=lambda row: row.number)
+    if bad and on_bad_row == "fail":
+        return [], bad
+    return [(row, score) for row, score in zip(scorable, scores) if score is not None], bad
+
+
+def _scores_isolating_range_errors(
+    scorer: GenerativeScorer, rows: list[InputRow], *, first_only: bool
+) -> list[float | None]:
+    """The rows' scores; where the model scores some row NaN, infinite or out of range, that row's
+    score is None and its problem says so.
+
+    The engine's error names a prompt of its batch, not an input row, so the rows are halved until
+    each bad one stands alone: a job of thousands of rows would otherwise stop without a line number.
+    With ``first_only`` (the job stops anyway) the search ends at the first bad row.
+    """
+    if not rows:
+        return []
+    try:
+        return list(scorer.score_pairs([(row.query, row.document) for row in rows]))
+    except ScoreRangeError as error:
+        if len(rows) == 1:
+            rows[0].problem = _unusable_score(error)
+            rows[0].raw = json.dumps(rows[0].fields, ensure_ascii=False, default=str)
+            return [None]
+    half = len(rows) // 2
+    first = _scores_isolating_range_errors(scorer, rows[:half], first_only=first_only)
+    if first_only and None in first:
+        return first + [None] * (len(rows) - half)
+    return first + _scores_isolating_range_errors(scorer, rows[half:], first_only=first_only)
+
+
+def _unusable_score(error: ScoreRangeError) -> str:
+    # The scorer names the pair by its place in the call ("pairs[0] scored nan..."): a call of this
+    # one row, so that place would only mislead beside the row's line number.
+    place = f"{error.param}[{error.index}] "
+    if error.param is not None and error.index is not None and error.message.startswith(place):
+        return f"the model {error.message.removeprefix(place)}"
+    return f"the model's score is not usable: {error.message}"
 
 
 def _find_refused(scorer: GenerativeScorer, rows: list[InputRow]) -> list[InputRow]:
-    """Mark the rows whose prompts the scorer refuses to build, one query at a time (no scoring)."""
+    """Mark the rows whose prompts the scorer refuses to build (no scoring): a query's rows together,
+    then, where that fails, each alone, so that the cost stays linear in the rows however many are
+    refused."""
     by_query: dict[str, list[InputRow]] = {}
     for row in rows:
         by_query.setdefault(row.query, []).append(row)
     refused: list[InputRow] = []
+    checked_settings = False
     for query, group in by_query.items():
-        while True:
-            remaining = [row for row in group if not row.problem]
-            if not remaining:
-                break
+        try:
+            scorer.prepare_pairs([(query, row.document) for row in group])
+            continue
+        except InvalidRequestError as error:
+            if error.index is None:  # the query is at fault, not a document
+                refused.extend(_refuse(group, error))
+                continue
+        if not checked_settings:
+            _refuse_settings_that_fit_no_prompt(scorer)
+            checked_settings = True
+        for row in group:
             try:
-                scorer.prepare_pairs([(query, row.document) for row in remaining])
-                break
+                scorer.prepare_pairs([(query, row.document)])
             except InvalidRequestError as error:
-                # With one query, an index is a position in `remaining`; without one the query is at fault.
-                culprits = [remaining[error.index]] if error.index is not None else remaining
-                for row in culprits:
-                    row.problem = f"refused by the scorer: {error.message}"
-                    row.raw = json.dumps(row.fields, ensure_ascii=False, default=str)
-                refused.extend(culprits)
+                refused.extend(_refuse([row], error))
     return refused
+
+
+def _refuse(rows: list[InputRow], error: InvalidRequestError) -> list[InputRow]:
+    for row in rows:
+        row.problem = f"refused by the scorer: {error.message}"
+        row.raw = json.dumps(row.fields, ensure_ascii=False, default=str)
+    return rows
+
+
+def _refuse_settings_that_fit_no_prompt(scorer: GenerativeScorer) -> None:
+    """Raise where the template and instruction alone are over ``max_length``: every row of the
+    input would be refused, and with ``on_bad_row="skip"`` the job would run to its end to list
+    them all as bad rows of a file that has nothing wrong with it."""
+    try:
+        scorer.prepare_pairs([("", "")])
+    except PromptTooLongError as error:
+        raise ConfigurationError(
+            f"no row can be scored with these settings: a prompt with an empty query and document "
+            f"is already too long ({error.message})",
+            setting="max_length",
+        ) from None
+    except InvalidRequestError:
+        pass  # an empty prompt, say, with a template that adds no text: a fault of rows, not settings
 
 
 def _describe_bad_rows(source: Path, bad: list[InputRow], option_name: OptionName) -> str:
