@@ -733,3 +733,43 @@ def test_many_refused_rows_are_found_in_time_linear_in_the_chunk(
     listed = read_jsonl(tmp_path / "scored.jsonl.bad-rows.jsonl")
     assert [entry["line"] for entry in listed] == [i + 1 for i in range(200) if i % 10]
     assert all("its prompt holds no token" in entry["error"] for entry in listed)
+
+
+def test_nan_infinity_and_overflowing_numbers_are_bad_rows_not_invalid_output(
+    tmp_path: Path, scorer: GenerativeScorer
+) -> None:
+    # Python's JSON reader takes NaN and Infinity and reads 1e400 as infinity; the output line then
+    # held NaN or Infinity, which strict readers refuse: a valid line (1e400) came back invalid.
+    lines = [
+        '{"id": 0, "query": "q", "document": "d", "x": 1.5, "big": 123456789012345678901234567890}',
+        '{"id": 1, "query": "q", "document": "d", "x": NaN}',
+        '{"id": 2, "query": "q", "document": "d", "x": 1e400}',
+        '{"id": 3, "query": "q", "document": "d", "x": [-Infinity]}',
+        '{"id": 4, "query": "q", "document": "d", "x": -1e-400}',
+    ]
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    output = tmp_path / "scored.jsonl"
+    with pytest.raises(InvalidRequestError) as failure:
+        score_file(
+            ScoreFileOptions(input=source, output=output, show_progress=False), config_of(scorer), scorer
+        )
+    assert "3 bad rows (line 2: NaN is not a JSON value" in failure.value.message
+
+    options = ScoreFileOptions(input=source, output=output, on_bad_row="skip", show_progress=False)
+    report = score_file(options, config_of(scorer), scorer)
+
+    def strict(constant: str) -> Any:
+        raise AssertionError(f"{constant} in the output")
+
+    out = [
+        json.loads(line, parse_constant=strict) for line in output.read_text(encoding="utf-8").splitlines()
+    ]
+    assert [(row["id"], row["x"]) for row in out] == [(0, 1.5), (4, -0.0)]
+    assert out[0]["big"] == 123456789012345678901234567890
+    assert report.bad_rows_file is not None
+    assert [(entry["line"], entry["error"]) for entry in read_jsonl(report.bad_rows_file)] == [
+        (2, "NaN is not a JSON value (write null or a string)"),
+        (3, "the number 1e400 is too large for a float (write it as a string)"),
+        (4, "-Infinity is not a JSON value (write null or a string)"),
+    ]

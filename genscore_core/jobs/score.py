@@ -11,7 +11,7 @@ after an interruption keeps the finished parts, skips their rows and scores the 
 uninterrupted run would have; the work folder records the input file and the settings, and a rerun
 with other ones is refused rather than mixed in.
 
-Bad rows (invalid JSON, a JSON key given twice, a missing or non-string query or document, text the scorer refuses,
+Bad rows (invalid JSON, NaN or Infinity in JSON, a JSON key given twice, a missing or non-string query or document, text the scorer refuses,
 a row the model scores NaN, infinite or out of range) are reported with their line number. Settings under which no
 prompt fits ``max_length`` stop the job with a :class:`~genscore_core.errors.ConfigurationError` instead: every row
 would be refused. With ``on_bad_row="fail"`` (the default) the job stops at the first
