@@ -405,6 +405,33 @@ def test_ray_file_job_refuses_a_repeated_json_key_and_an_unclosed_csv_quote(
 
 
 @pytest.mark.slow  # starts the module's Ray instance
+def test_a_refused_row_reaches_a_pipeline_as_the_docs_say(ray_instance: Any, tiny_model_dir: Path) -> None:
+    """docs/scaling.md, section 8: in one's own pipeline the refusal comes as Ray's UserCodeException,
+    its text in the message; with raise_original_map_exception it is an InvalidRequestError."""
+    import ray.data
+    from ray.exceptions import RayTaskError
+
+    from genscore_integrations.ray import score_dataset
+
+    rows = [{"id": f"p{i}", "query": "q", "document": None if i == 3 else "d"} for i in range(5)]
+    context = ray.data.DataContext.get_current()
+    with pytest.raises(RayTaskError, match="UDF failed to process a data block") as error:
+        score_dataset(ray.data.from_items(rows), str(tiny_model_dir), **SETTINGS).take_all()
+    assert not isinstance(error.value, InvalidRequestError)
+    assert "row with id 'p3': 'document' must be a string, got null" in str(error.value)
+    context.raise_original_map_exception = True
+    try:
+        with pytest.raises(InvalidRequestError) as refused:
+            score_dataset(ray.data.from_items(rows), str(tiny_model_dir), **SETTINGS).take_all()
+    finally:
+        context.raise_original_map_exception = False
+    assert (refused.value.message, refused.value.param) == (
+        "row with id 'p3': 'document' must be a string, got null",
+        "document",
+    )
+
+
+@pytest.mark.slow  # starts the module's Ray instance
 def test_ray_parquet_job_raises_a_refused_row_as_itself(
     ray_instance: Any, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
