@@ -9,6 +9,8 @@ scorer (``from_dict(data, scorer=scorer)``).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -117,6 +119,51 @@ def saved_settings(scorer: Any) -> dict[str, Any]:
 def pickled_settings(scorer: Any) -> dict[str, Any]:
     """:func:`saved_settings` with the secrets (:func:`secret_settings`): what a pickle carries."""
     return {**saved_settings(scorer), **secret_settings(scorer)}
+
+
+class PickledScorer:
+    """What a pickle holds in place of a scorer: its :func:`pickled_settings`, taken when pickled.
+
+    Adapters that share a scorer share one ``PickledScorer`` (:func:`pickled_scorer`), which pickle
+    writes once and reads back as one object; its first :meth:`load` loads the scorer and the others
+    get that same scorer. So a pickle of several adapters on one model (a retriever and a query engine,
+    a compressor pipeline) loads the model once, as the originals held it once.
+    """
+
+    def __init__(self, scorer: Any) -> None:
+        self._source: weakref.ref[Any] | None = weakref.ref(scorer)  # no stand-in keeps a scorer alive
+        self._settings: dict[str, Any] | None = None
+        self._loaded: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        scorer = self._source() if self._source is not None else None
+        # Taken now, not when the stand-in was made: the model may have been cast since.
+        settings = pickled_settings(scorer) if scorer is not None else self._settings
+        return {"settings": settings}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._source = None
+        self._settings = state["settings"]
+        self._loaded = None
+
+    def load(self, owner: str, build: Callable[..., Any]) -> Any:
+        """The scorer the settings describe, loaded on the first call (by ``build``)."""
+        if self._loaded is None:
+            self._loaded = scorer_for(owner, None, self._settings or {}, build=build)
+        return self._loaded
+
+
+_stand_ins: weakref.WeakKeyDictionary[Any, PickledScorer] = weakref.WeakKeyDictionary()
+_stand_ins_lock = threading.Lock()
+
+
+def pickled_scorer(scorer: Any) -> PickledScorer:
+    """The one :class:`PickledScorer` of ``scorer``, for every adapter that uses it."""
+    with _stand_ins_lock:
+        stand_in = _stand_ins.get(scorer)
+        if stand_in is None:
+            stand_in = _stand_ins[scorer] = PickledScorer(scorer)
+        return stand_in
 
 
 def secret_settings(scorer: Any) -> dict[str, Any]:

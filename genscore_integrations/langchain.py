@@ -41,9 +41,10 @@ from genscore_core import (
 )
 from genscore_integrations._scorer_args import (
     SCORER_SETTINGS,
+    PickledScorer,
     check_model,
     check_names,
-    pickled_settings,
+    pickled_scorer,
     plain_rank_options,
     saved_settings,
     scorer_for,
@@ -104,7 +105,7 @@ def _saved(
 
 _Adapter = TypeVar("_Adapter", bound="GenerativeReranker | GenerativeCrossEncoder")
 
-# The key under which a pickle holds the scorer's settings in place of the scorer.
+# The key under which a pickle holds the scorer's settings (a PickledScorer) in place of the scorer.
 _SCORER_SETTINGS_STATE = "genscore_scorer_settings"
 
 
@@ -113,15 +114,18 @@ def _pickled(adapter: GenerativeReranker | GenerativeCrossEncoder) -> dict[str, 
     (a loaded model with its locks and threads does not pickle), as ``GenerativeRerank`` does."""
     state: dict[str, Any] = BaseModel.__getstate__(adapter)
     state["__dict__"] = {key: value for key, value in state["__dict__"].items() if key != "scorer"}
-    state[_SCORER_SETTINGS_STATE] = pickled_settings(adapter.scorer)  # the API key too: see there
+    # The API key too (see pickled_settings); one stand-in per scorer, so adapters sharing a scorer
+    # share one again after unpickling.
+    state[_SCORER_SETTINGS_STATE] = pickled_scorer(adapter.scorer)
     return state
 
 
 def _unpickled(adapter: GenerativeReranker | GenerativeCrossEncoder, state: dict[str, Any]) -> None:
-    """Restore a pickle state, loading a scorer with the saved settings (the model is loaded again)."""
+    """Restore a pickle state, loading a scorer with the saved settings (the model is loaded again,
+    once for all the adapters of the pickle that shared a scorer)."""
     state = dict(state)
-    settings = state.pop(_SCORER_SETTINGS_STATE)
-    scorer = scorer_for(type(adapter).__name__, None, settings, build=GenerativeScorer)
+    stand_in: PickledScorer = state.pop(_SCORER_SETTINGS_STATE)
+    scorer = stand_in.load(type(adapter).__name__, build=GenerativeScorer)
     state["__dict__"] = {**state["__dict__"], "scorer": scorer}
     BaseModel.__setstate__(adapter, state)
 

@@ -39,10 +39,10 @@ from genscore_core import (
 from genscore_integrations._scorer_args import (
     check_model,
     check_names,
+    pickled_scorer,
     plain_rank_options,
     saved_settings,
     scorer_for,
-    secret_settings,
 )
 
 __all__ = ["RETRIEVAL_SCORE_KEY", "WINDOW_KEY", "GenerativeRerank"]
@@ -55,6 +55,9 @@ the scorer chunks long documents (``long_documents="chunk"``; hidden from embedd
 
 dispatcher = get_dispatcher(__name__)
 logger = logging.getLogger(__name__)
+
+# The key under which a pickle holds the scorer's settings (a PickledScorer) in place of the scorer.
+_SCORER_STATE = "genscore_scorer_settings"
 
 # The constructor's own parameters; every other keyword must be a scorer setting.
 _OWN_PARAMETERS = (
@@ -188,15 +191,13 @@ class GenerativeRerank(BaseNodePostprocessor):
         return {**settings, **data}
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle the options and the scorer's settings, not the scorer: unpickling (LlamaIndex's
-        ``__setstate__`` calls ``__init__`` with the fields) then loads a scorer that scores the same."""
+        """Pickle the options and the scorer's settings, not the scorer: unpickling then loads a scorer that
+        scores the same (once for all the adapters of the pickle that shared one, see ``PickledScorer``)."""
         # pydantic's state, not LlamaIndex's: that one test-pickles every attribute, the model included.
         state: dict[str, Any] = BaseModel.__getstate__(self)
         state["__pydantic_private__"] = {
             key: value for key, value in (state.get("__pydantic_private__") or {}).items() if key != "_scorer"
         }
-        settings = {**self.to_dict(), **secret_settings(self._scorer)}  # the API key too: see there
-        settings.pop("class_name", None)
         fields = dict(state["__dict__"])
         # As LlamaIndex's own components do: a field that does not pickle (a callback manager whose
         # handler holds a lock or a client; query engines set theirs on every postprocessor) is left
@@ -205,14 +206,16 @@ class GenerativeRerank(BaseNodePostprocessor):
             if not _pickles(value):
                 logger.warning("GenerativeRerank pickled without its %s, which does not pickle", key)
                 del fields[key]
-        state["__dict__"] = {**settings, **fields}
+        state["__dict__"] = fields
+        state[_SCORER_STATE] = pickled_scorer(self._scorer)  # the API key too: see pickled_settings
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Rebuild from the pickled options and settings, loading the scorer; an error doing so (the model
         folder missing on this machine, say) reaches the caller. LlamaIndex's ``__setstate__`` would catch
         it and fall back to pydantic's, leaving a postprocessor with no scorer."""
-        GenerativeRerank.__init__(self, **state["__dict__"])
+        scorer = state[_SCORER_STATE].load("GenerativeRerank", build=GenerativeScorer)
+        GenerativeRerank.__init__(self, scorer=scorer, **state["__dict__"])
 
     def __deepcopy__(self, memo: dict[int, Any] | None = None) -> GenerativeRerank:
         """A copy with copied options that shares the scorer: a scorer serves any number of adapters at

@@ -16,12 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_classic.retrievers import ContextualCompressionRetriever
+from langchain_classic.retrievers.document_compressors import DocumentCompressorPipeline
 from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.vectorstores import InMemoryVectorStore
 from llama_index.core.schema import NodeWithScore, TextNode
 
+import genscore_integrations.langchain as langchain_adapters
+import genscore_integrations.llama_index as li
 from genscore_core import GenerativeScorer, InvalidRequestError, ModelNotFoundError, ScorerConfig
 from genscore_integrations.langchain import GenerativeCrossEncoder, GenerativeReranker
 from genscore_integrations.llama_index import GenerativeRerank
+from tests.recipe_ranking import RecipeReference, spied
 
 QUERY = "Which river flows through Paris?"
 TEXTS = [
@@ -242,3 +249,35 @@ def test_unpickling_raises_the_error_that_stops_the_scorer_loading(
     shutil.rmtree(folder)
     with pytest.raises(ModelNotFoundError, match=re.escape(str(folder))):
         pickle.loads(data)
+
+
+def test_adapters_sharing_a_scorer_share_one_again_after_unpickling(tiny_model_dir: Path) -> None:
+    # The docs' setup: one model serving a LangChain retriever and a LlamaIndex query engine. A pickle of
+    # them (Ray, multiprocessing) loaded one model per adapter: three models in memory where the
+    # pickled objects held one.
+    scorer = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="float32", max_length=90)
+    reranker = GenerativeReranker(scorer=scorer, top_n=None)
+    retriever = ContextualCompressionRetriever(
+        base_compressor=DocumentCompressorPipeline(transformers=[reranker]),
+        base_retriever=InMemoryVectorStore.from_texts(
+            TEXTS, DeterministicFakeEmbedding(size=16)
+        ).as_retriever(search_kwargs={"k": len(TEXTS)}),
+    )
+    encoder = GenerativeCrossEncoder(scorer=scorer)
+    rerank = GenerativeRerank(scorer=scorer, top_n=None, metadata_mode="none")
+    data = pickle.dumps({"retriever": retriever, "encoder": encoder, "rerank": rerank})
+    with spied(langchain_adapters, "GenerativeScorer") as lc, spied(li, "GenerativeScorer") as lli:
+        loaded = pickle.loads(data)
+    assert lc["GenerativeScorer"].call_count + lli["GenerativeScorer"].call_count == 1
+    [copied_reranker] = loaded["retriever"].base_compressor.transformers
+    shared = copied_reranker.scorer
+    assert shared is not scorer and shared.config == scorer.config
+    assert loaded["encoder"].scorer is shared and loaded["rerank"].scorer is shared
+    # A second load is a second, independent copy, with its own scorer.
+    assert pickle.loads(data)["rerank"].scorer is not shared
+    want = RecipeReference(tiny_model_dir).scores(QUERY, TEXTS, max_length=90)
+    got = {d.page_content: d.metadata["relevance_score"] for d in loaded["retriever"].invoke(QUERY)}
+    assert [got[text] for text in TEXTS] == pytest.approx(want, abs=1e-5)
+    assert loaded["encoder"].score([(QUERY, text) for text in TEXTS]) == pytest.approx(want, abs=1e-5)
+    by_id = {n.node.node_id: n.score for n in loaded["rerank"].postprocess_nodes(_nodes(), query_str=QUERY)}
+    assert [by_id[f"n{i}"] for i in range(len(TEXTS))] == pytest.approx(want, abs=1e-5)
