@@ -249,8 +249,8 @@ class GenerativeRerank(BaseNodePostprocessor):
             ``score`` set to the generative score.
 
         Raises:
-            InvalidRequestError: No query was given, or an image query with no text (``param``
-                ``"query"``); an item is not a ``NodeWithScore``, or a node holds an image, audio or a
+            InvalidRequestError: No query was given, a ``query_str`` that is not a string, or an image
+                query with no text (``param`` ``"query"``); an item is not a ``NodeWithScore``, or a node holds an image, audio or a
                 video and no text (``param`` ``"nodes"``, ``index`` its place). Raised before any
                 event is emitted.
         """
@@ -409,6 +409,13 @@ def _require_query(query_bundle: QueryBundle | None) -> str:
         raise InvalidRequestError(
             "GenerativeRerank needs the query: call postprocess_nodes(nodes, query_str=...) or pass "
             "query_bundle=QueryBundle(...)",
+            param="query",
+        )
+    if not isinstance(query_bundle.query_str, str):
+        # QueryBundle is a dataclass that checks nothing; refused here, before any event reports the call.
+        raise InvalidRequestError(
+            f"GenerativeRerank needs a text query: query_bundle.query_str must be a string, got "
+            f"{type(query_bundle.query_str).__name__}",
             param="query",
         )
     if query_bundle.image_path is not None and not query_bundle.query_str.strip():

@@ -498,6 +498,34 @@ async def test_an_image_query_without_text_is_a_clear_error(
     assert scoring_calls(calls) == {} and collector.events == []
 
 
+@pytest.mark.parametrize(
+    "bundle",
+    [
+        QueryBundle(query_str=None),  # type: ignore[arg-type]
+        QueryBundle(query_str=None, image_path="/photos/eiffel.jpg"),  # type: ignore[arg-type]
+        QueryBundle(query_str=["Which", "river"]),  # type: ignore[arg-type]
+    ],
+    ids=["none", "none-with-image", "list"],
+)
+async def test_a_query_bundle_without_a_text_query_is_refused_before_any_event(
+    bundle: QueryBundle, scorer: GenerativeScorer, collector: Collector
+) -> None:
+    # QueryBundle is a dataclass and checks nothing: None or a list reached the events (a start without
+    # a query), and with an image_path failed as a bare AttributeError ('NoneType' ... 'strip').
+    cb = LlamaDebugHandler()
+    rerank = GenerativeRerank(scorer=scorer, callback_manager=CallbackManager([cb]))
+    with spied(scorer, *SCORING_ENTRY_POINTS) as calls:
+        with pytest.raises(
+            InvalidRequestError, match=r"query_str must be a string, got (NoneType|list)"
+        ) as info:
+            rerank.postprocess_nodes(make_nodes(), bundle)
+        assert info.value.param == "query"
+        with pytest.raises(InvalidRequestError, match="query_str must be a string"):
+            await rerank.apostprocess_nodes(make_nodes(), bundle)
+    assert scoring_calls(calls) == {} and collector.events == []
+    assert cb.get_event_pairs(CBEventType.RERANKING) == []
+
+
 # -- 2. events ----------------------------------------------------------------------------------------
 
 
