@@ -384,6 +384,12 @@ def score_dataset(
     the forward's token budget better. ``batch_class`` replaces :class:`ScoreBatches` by a subclass
     (one that adds columns of its own, say); ``id_column`` and ``warm_up`` are :class:`ScoreBatches`'
     own.
+
+    Every row comes back, with all its columns, but in the order Ray Data's execution gives: with
+    several actors, a block that takes longer comes out after blocks read behind it. Set
+    ``ray.data.DataContext.get_current().execution_options.preserve_order = True`` before running
+    it to keep the input's order (:func:`score_file_on_ray` does so for its job). The setting is
+    Ray Data's, shared with the dataset this one was made from, so it is the caller's to choose.
     """
     import ray.data
 
