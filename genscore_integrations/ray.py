@@ -195,6 +195,15 @@ class ScoreBatches:
                 f"the batch already has a {self.score_column!r} column; pick another score_column",
                 param=self.score_column,
             )
+        if isinstance(batch, dict):
+            # Ray's batches are whole rows; a dict built by hand may not be, and zip would drop the
+            # rows past the shortest column without a word.
+            lengths = {name: len(values) for name, values in batch.items()}
+            if len(set(lengths.values())) > 1:
+                raise InvalidRequestError(
+                    f"the batch's columns differ in length ({lengths}); each row needs a value in each",
+                    param=min(lengths, key=lambda name: lengths[name]),
+                )
         queries = self._texts(batch, names, self.query_column)
         documents = self._texts(batch, names, self.document_column)
         try:

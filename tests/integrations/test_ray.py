@@ -226,6 +226,22 @@ def test_score_batches_names_the_row_whose_score_is_not_finite(tiny_model_dir: P
     assert (error.value.param, error.value.index) == ("document", 1)
 
 
+def test_score_batches_refuses_a_dict_batch_whose_columns_differ_in_length(score_batches: Any) -> None:
+    """A batch built by hand with one document fewer than queries was scored for the shorter column
+    alone: the last query's row was dropped without a word, and the score column came back shorter
+    than the others."""
+    batch = {
+        "id": np.array([1, 2, 3]),
+        "query": np.array(["q", "q", "q"], dtype=object),
+        "document": np.array(["a", "b"], dtype=object),
+    }
+    with pytest.raises(
+        InvalidRequestError, match=r"columns differ in length \(\{'id': 3, 'query': 3, 'document': 2\}\)"
+    ) as error:
+        score_batches(batch)
+    assert error.value.param == "document"
+
+
 def test_score_batches_warm_up_needs_a_local_model(tiny_model_dir: Path) -> None:
     from genscore_integrations.ray import ScoreBatches
 
