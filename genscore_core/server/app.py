@@ -30,6 +30,7 @@ import json
 import logging
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -318,11 +319,20 @@ class InternalErrorMiddleware:
             # AbandonedRequestMiddleware, outside, counts it; logging it here as an error put a
             # traceback in the server log for an ordinary disconnect.
             raise
-        except Exception:
-            logger.exception("unexpected error answering %s %s", scope.get("method"), scope.get("path"))
+        except Exception as error:
+            # The body names the kind of failure (OutOfMemoryError, RuntimeError) and an id that finds
+            # its traceback in the server log; not the error's text, which can hold paths and internals.
+            error_id = uuid.uuid4().hex[:12]
+            logger.exception(
+                "unexpected error %s answering %s %s", error_id, scope.get("method"), scope.get("path")
+            )
             if started:
                 raise
-            body = error_body("internal server error; see the server log", 500)
+            message = (
+                f"internal server error: {type(error).__name__} (error id {error_id}; the server log has "
+                "the details)"
+            )
+            body = error_body(message, 500)
             await JSONResponse(body, status_code=500)(scope, receive, send)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from genscore_core import GenerativeScorer
 from genscore_core.server import create_app
@@ -451,6 +452,35 @@ def test_engine_failure_is_a_500_and_a_full_queue_a_503(scorer: GenerativeScorer
         busy = http.post("/generative_scoring", json=SEED_TOKEN_REQUEST)
         assert _assert_error(busy, 503)["type"] == "ServiceUnavailableError"
         assert busy.headers["retry-after"] == "1"
+
+
+class _OutOfMemoryBackend:
+    def score_jobs(self, jobs: object, on_progress: object = None) -> list[list[float]]:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB on /secret/path")
+
+
+def test_an_unexpected_failure_names_its_kind_and_an_id_found_in_the_server_log(
+    scorer: GenerativeScorer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The body said "internal server error; see the server log": nothing a client could act on or
+    # an operator could find among other failures.
+    app = create_app(scorer, TEST_LIMITS)
+    app.state.batcher.backend = _OutOfMemoryBackend()
+    with (
+        caplog.at_level(logging.ERROR, logger="genscore_core.server.app"),
+        serve_in_thread(app) as live,
+        httpx.Client(base_url=live.url, timeout=60.0) as http,
+    ):
+        response = http.post("/v1/rerank", json={"query": "q", "documents": DOCUMENTS})
+        error = _assert_error(response, 500, "internal server error: OutOfMemoryError (error id ")
+        assert http.post("/v1/rerank", json={"query": "q", "documents": DOCUMENTS}).status_code == 500
+    assert error["type"] == "InternalServerError"
+    assert "secret" not in response.text and "Traceback" not in response.text
+    error_id = error["message"].split("error id ")[1].split(";")[0]
+    assert len(error_id) == 12
+    logged = [record for record in caplog.records if error_id in record.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None  # its traceback, in the log only
+    assert "POST /v1/rerank" in logged[0].getMessage()
 
 
 # -- a client that leaves ---------------------------------------------------------------------------
