@@ -249,6 +249,15 @@ class TemplatePromptBuilder:
             )
         # Fail early, not on the first request, if the template cannot take the instruction.
         empty = template.render_body("", "", instruction)
+        # Nor a budget that no document fits in: it would be accepted here and refuse every document.
+        [(body_ids, _)] = self.tokenization.encode([empty])
+        fixed = len(self.bos_ids) + len(self.prefix_ids) + len(body_ids) + len(self.suffix_ids)
+        if fixed > max_length:
+            raise ValueError(
+                f"max_length={max_length} leaves no room for a document: template {template.name!r} with "
+                f"its instruction, an empty query and an empty document takes {fixed} tokens; raise "
+                "max_length or shorten the instruction"
+            )
         self._query_cap = self._cap_of_query(empty)
 
     def _cap_of_query(self, empty: RenderedBody) -> int:

@@ -16,7 +16,7 @@ import pytest
 
 from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_core.cli import main
-from genscore_core.errors import ConfigurationError, ModelNotFoundError
+from genscore_core.errors import ModelNotFoundError
 from genscore_core.jobs import InputFileError, JobStateError, ScoreFileOptions, score_file
 from tests.reference_recipe import official_qwen3_scores
 
@@ -683,22 +683,18 @@ def test_settings_that_fit_no_prompt_stop_the_job_instead_of_refusing_every_row(
 ) -> None:
     # Qwen3's template and instruction alone take 73 tokens: every row was "refused by the scorer",
     # so with on_bad_row='skip' the job ran to the end and wrote an empty output, all rows bad.
-    short = GenerativeScorer.from_model(scorer.model, scorer.tokenizer, max_length=64)
+    # The scorer now refuses such settings when it is built, before any file is read or written.
+    with pytest.raises(ValueError, match="max_length=64 leaves no room for a document"):
+        GenerativeScorer.from_model(scorer.model, scorer.tokenizer, max_length=64)
     source = write_jsonl(tmp_path / "pairs.jsonl", make_rows(5))
     output = tmp_path / "scored.jsonl"
-    options = ScoreFileOptions(input=source, output=output, on_bad_row="skip", show_progress=False)
-    with pytest.raises(ConfigurationError, match="no row can be scored with these settings") as failure:
-        score_file(options, short.config, short)
-    assert failure.value.setting == "max_length"
-    assert "max_length=64" in failure.value.message
-    assert not output.exists()
-    assert not (tmp_path / "scored.jsonl.bad-rows.jsonl").exists()
-
     argv = ["score", str(source), "-o", str(output), "--model", str(tiny_model_dir), "--device", "cpu"]
     code = main([*argv, "--max-length", "64", "--on-bad-row", "skip", "--no-progress"])
     assert code == 2
     [line] = capsys.readouterr().err.splitlines()
-    assert line.startswith("genscore: error: no row can be scored with these settings")
+    assert line.startswith("genscore: error: max_length=64 leaves no room for a document")
+    assert not output.exists()
+    assert not (tmp_path / "scored.jsonl.bad-rows.jsonl").exists()
 
 
 class CountingScorer(RecordingScorer):

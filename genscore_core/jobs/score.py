@@ -12,9 +12,8 @@ uninterrupted run would have; the work folder records the input file and the set
 with other ones is refused rather than mixed in.
 
 Bad rows (invalid JSON, NaN or Infinity in JSON, a JSON key given twice, a missing or non-string query or document, text the scorer refuses,
-a row the model scores NaN, infinite or out of range) are reported with their line number. Settings under which no
-prompt fits ``max_length`` stop the job with a :class:`~genscore_core.errors.ConfigurationError` instead: every row
-would be refused. With ``on_bad_row="fail"`` (the default) the job stops at the first
+a row the model scores NaN, infinite or out of range) are reported with their line number. (Settings under which no
+prompt fits ``max_length`` are refused when the scorer is built.) With ``on_bad_row="fail"`` (the default) the job stops at the first
 chunk holding any, naming them all; with ``"skip"`` they are left out of the output and listed, with
 the reason, in ``OUTPUT.bad-rows.jsonl``, and the summary counts them. Nothing is dropped silently.
 """
@@ -34,9 +33,7 @@ from tqdm import tqdm
 
 from genscore_core.config import ScorerConfig
 from genscore_core.errors import (
-    ConfigurationError,
     InvalidRequestError,
-    PromptTooLongError,
     ScoreRangeError,
 )
 from genscore_core.jobs.files import (
@@ -374,7 +371,6 @@ def _find_refused(scorer: GenerativeScorer, rows: list[InputRow]) -> list[InputR
     for row in rows:
         by_query.setdefault(row.query, []).append(row)
     refused: list[InputRow] = []
-    checked_settings = False
     for query, group in by_query.items():
         try:
             scorer.prepare_pairs([(query, row.document) for row in group])
@@ -383,9 +379,6 @@ def _find_refused(scorer: GenerativeScorer, rows: list[InputRow]) -> list[InputR
             if error.index is None:  # the query is at fault, not a document
                 refused.extend(_refuse(group, error))
                 continue
-        if not checked_settings:
-            _refuse_settings_that_fit_no_prompt(scorer)
-            checked_settings = True
         for row in group:
             try:
                 scorer.prepare_pairs([(query, row.document)])
@@ -399,22 +392,6 @@ def _refuse(rows: list[InputRow], error: InvalidRequestError) -> list[InputRow]:
         row.problem = f"refused by the scorer: {error.message}"
         row.raw = json.dumps(row.fields, ensure_ascii=False, default=str)
     return rows
-
-
-def _refuse_settings_that_fit_no_prompt(scorer: GenerativeScorer) -> None:
-    """Raise where the template and instruction alone are over ``max_length``: every row of the
-    input would be refused, and with ``on_bad_row="skip"`` the job would run to its end to list
-    them all as bad rows of a file that has nothing wrong with it."""
-    try:
-        scorer.prepare_pairs([("", "")])
-    except PromptTooLongError as error:
-        raise ConfigurationError(
-            f"no row can be scored with these settings: a prompt with an empty query and document "
-            f"is already too long ({error.message})",
-            setting="max_length",
-        ) from None
-    except InvalidRequestError:
-        pass  # an empty prompt, say, with a template that adds no text: a fault of rows, not settings
 
 
 def _describe_bad_rows(source: Path, bad: list[InputRow], option_name: OptionName) -> str:

@@ -185,5 +185,5 @@ def test_label_words_on_one_token_are_refused(tiny_lm: Any) -> None:
 
 
 def test_the_tiny_reranker_still_loads(tiny_model_dir: Path) -> None:
-    scorer = GenerativeScorer(str(tiny_model_dir), device="cpu", max_length=64)
+    scorer = GenerativeScorer(str(tiny_model_dir), device="cpu", max_length=128)
     assert scorer.label_token_ids == LABELS
