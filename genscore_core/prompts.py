@@ -289,7 +289,8 @@ class TemplatePromptBuilder:
         """:meth:`build`'s prompts, each with whether its document lost tokens to fit (a prompt is
         also ``truncated`` when only its query was shortened)."""
         names = range(len(documents)) if indices is None else indices
-        query, *documents = bounded_texts(self.tokenizer, [query, *documents], self.body_budget, self._lock)
+        query, stripped = self.template.inserted(query, list(documents))
+        query, *documents = bounded_texts(self.tokenizer, [query, *stripped], self.body_budget, self._lock)
         bodies = [self.template.render_body(query, doc, self.instruction) for doc in documents]
         prompts = []
         cuts = []
@@ -309,6 +310,7 @@ class TemplatePromptBuilder:
         ``long_documents="chunk"`` scores every window of a document that does not fit with this
         query, as truncation would keep it. A piece-by-piece template's query comes back whole: its
         cap is applied to the ids of every prompt (:meth:`build`)."""
+        query, _ = self.template.inserted(query, [])
         if self.tokenization.always_caps_query:
             return query, False
         [query] = bounded_texts(self.tokenizer, [query], self.body_budget, self._lock)

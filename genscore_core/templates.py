@@ -99,6 +99,10 @@ class PromptTemplate(BaseModel):
     inside the length its query share is taken of, as genscore then does)."""
     score_mode: ScoreMode = "label-softmax"
     """The score the reference reports (``ScorerConfig.score_mode="auto"`` uses it)."""
+    strip_texts: tuple[Literal["query", "document"], ...] = ()
+    """Texts whose leading and trailing whitespace the reference removes before inserting them (a
+    chat template's Jinja ``trim``, as Llama 3's applies to every message): they are stripped the same
+    way (``str.strip``) before the prompt is built."""
 
     @model_validator(mode="before")
     @classmethod
@@ -125,7 +129,7 @@ class PromptTemplate(BaseModel):
             raise ValueError("template body may contain {instruction} at most once")
         return body
 
-    @field_validator("label_words", "label_token_ids")
+    @field_validator("label_words", "label_token_ids", "strip_texts")
     @classmethod
     def _labels(cls, labels: tuple[Any, ...]) -> tuple[Any, ...]:
         if len(set(labels)) != len(labels):
@@ -188,6 +192,14 @@ class PromptTemplate(BaseModel):
     @property
     def takes_instruction(self) -> bool:
         return "{instruction}" in self.body
+
+    def inserted(self, query: str, documents: list[str]) -> tuple[str, list[str]]:
+        """The query and documents as the reference inserts them (``strip_texts``)."""
+        if "query" in self.strip_texts:
+            query = query.strip()
+        if "document" in self.strip_texts:
+            documents = [document.strip() for document in documents]
+        return query, documents
 
     def render_body(self, query: str, document: str, instruction: str | None = None) -> RenderedBody:
         """Fill the body, recording where the query and the document landed."""

@@ -152,3 +152,47 @@ def test_detection_order(
     assert fallback.template is QWEN3_RERANKER
     assert "nothing in the model named a recipe" in fallback.source
     assert "the path names no known reranker, the folder has no sentence-transformers" in caplog.text
+
+
+# Llama 3's chat template writes every message as ``message['content'] | trim``: whitespace around a
+# text never reaches the model, and retrieved chunks often end in a newline.
+TRIMMING_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the document answers the query. Answer yes or no.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "{% for m in messages %}{% if m.role == 'query' %}<Query>: {{ m.content | trim }}{% endif %}{% endfor %}\n"
+    "{% for m in messages %}{% if m.role == 'document' %}<Document>: {{ m.content | trim }}{% endif %}{% endfor %}"
+    "<|im_end|>\n<|im_start|>assistant\n"
+)
+PADDED_PAIRS = [
+    ("capital of France", " "),
+    ("  capital of France\n", "Paris is the capital of France.\n"),
+    ("capital of France", "  Berlin  "),
+    ("\tquantum ", "\n\nphotons and energy\n\n"),
+    ("rivers", "The Seine flows through Paris."),
+]
+
+
+@pytest.mark.slow
+def test_a_template_that_trims_the_texts_is_followed(tmp_path: Path) -> None:
+    base = make_tiny_model(tmp_path / "base", seed=3)
+    folder = str(_save(base, tmp_path / "trimming", (YES, NO), TRIMMING_TEMPLATE))
+    scorer = GenerativeScorer(folder, device="cpu", dtype="float32")
+    st = CrossEncoder(folder, device="cpu")
+    expected = _st_prompt_ids(st, PADDED_PAIRS)
+    # The texts' whitespace changes the prompt ids unless it is trimmed as the template trims it.
+    assert len({tuple(ids) for ids in expected}) == len(expected)
+    assert [p.token_ids for q, d in PADDED_PAIRS for p in scorer.encode(q, [d])] == expected
+    log_odds = st.predict(PADDED_PAIRS, activation_fn=torch.nn.Identity()).tolist()
+    assert scorer.score_pairs(PADDED_PAIRS) == pytest.approx(
+        [1 / (1 + math.exp(-x)) for x in log_odds], abs=1e-5
+    )
+
+
+def test_a_template_that_escapes_the_texts_is_refused(tmp_path: Path) -> None:
+    base = make_tiny_model(tmp_path / "base")
+    escaping = TRIMMING_TEMPLATE.replace("m.content | trim", "m.content | e")
+    folder = _save(base, tmp_path / "escaping", (YES, NO), escaping)
+    with pytest.raises(
+        ValueError, match="changes the query or document it inserts beyond trimming whitespace"
+    ):
+        GenerativeScorer(str(folder), device="cpu", dtype="float32")
