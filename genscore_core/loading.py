@@ -366,6 +366,49 @@ def check_loaded_causal_lm(model: Any, missing_keys: list[str] | None, name_or_p
             f"{name_or_path!r} lacks {len(missing_keys)} weight(s) of {kind} ({shown}); transformers would "
             f"initialise them at random and the scores would be noise. {_EXPECTED_MODEL}"
         )
+    check_attends_causally(model, name_or_path)
+
+
+def check_attends_causally(model: Any, name_or_path: str) -> None:
+    """Refuse a model whose first position sees the tokens after it.
+
+    An encoder loads as a causal LM where transformers has an LM-head class for it (a BERT folder
+    without ``architectures`` becomes ``BertLMHeadModel``), but it attends both ways unless its
+    config says ``is_decoder``: the next-token scores would then read the whole prompt, noise
+    that no error names. Two rows that differ only in their second token tell: in a causal model
+    their first positions agree. (One forward of two tokens, once per load.)
+    """
+    vocab_size = int(getattr(model.config, "vocab_size", 0) or 0)
+    if vocab_size < 3:
+        return
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        return
+    # Same shape, so a causal model runs both rows through the same kernels and their first
+    # positions come out equal (bit for bit on the CPU, in float32 and bfloat16 alike).
+    ids = torch.tensor([[1, 2], [1, vocab_size - 1]], device=device)
+    was_training = model.training
+    model.eval()  # dropout would make the two rows differ in any model
+    try:
+        with torch.inference_mode():
+            logits = model(input_ids=ids).logits[:, 0].float()
+    except Exception as error:  # a forward that needs more than ids: scoring says what, not this probe
+        logger.debug("causal-attention check of %s skipped: %s", name_or_path, error)
+        return
+    finally:
+        model.train(was_training)
+    first, second = logits[0], logits[1]
+    spread = float((first - second).abs().max())
+    # A random-weight BERT moved by 1e-3 of its largest logit; trained encoders move far more.
+    if not torch.isfinite(logits).all() or spread <= 1e-4 * max(float(first.abs().max()), 1.0):
+        return
+    raise NotARerankerError(
+        f"{name_or_path!r} ({type(model).__name__}) is not causal: the output at a prompt's first token "
+        f"changes with the token after it (by up to {spread:.3g} in the logits), so its next-token scores "
+        f"would read the whole prompt. An encoder (BERT-like) model gives no generative score; "
+        f"{_EXPECTED_MODEL}"
+    )
 
 
 def check_label_ids(

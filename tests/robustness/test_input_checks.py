@@ -145,6 +145,45 @@ def test_an_encoder_folder_is_refused(bert_dir: Path) -> None:
     assert "causal language model" in message  # what is expected
 
 
+def test_an_encoder_that_loads_as_a_causal_lm_is_refused_as_not_causal(tmp_path: Path) -> None:
+    # A masked-LM folder whose config.json has no "architectures" loads as BertLMHeadModel, which
+    # attends both ways unless is_decoder is set: every check passed and it was scored, the
+    # "next-token" logits reading the whole prompt.
+    import json
+
+    from transformers import BertForMaskedLM
+
+    tokenizer = _bert_tokenizer(["yes", "no"])
+    folder = tmp_path / "bert-mlm"
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    BertForMaskedLM(config).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    settings = json.loads((folder / "config.json").read_text())
+    del settings["architectures"]
+    (folder / "config.json").write_text(json.dumps(settings))
+    template = PromptTemplate(name="t", body="{query} [SEP] {document}", label_words=("yes", "no"))
+    with pytest.raises(
+        NotARerankerError, match=r"\(BertLMHeadModel\) is not causal: the output at a prompt's first"
+    ):
+        GenerativeScorer(str(folder), device="cpu", template=template)
+    lm = AutoModelForCausalLM.from_pretrained(str(folder))
+    lm.train()
+    with pytest.raises(NotARerankerError, match="is not causal"):
+        GenerativeScorer.from_model(lm, tokenizer, template=template)
+    assert lm.training  # the check leaves the model's mode as it found it
+    # The same folder saying it is a decoder is causal, and scores.
+    settings["is_decoder"] = True
+    (folder / "config.json").write_text(json.dumps(settings))
+    scorer = GenerativeScorer(str(folder), device="cpu", template=template)
+    assert 0.0 <= scorer.score_pairs([("yes", "no")])[0] <= 1.0
+
+
 def test_a_checkpoint_missing_its_head_is_refused(bert_dir: Path, tmp_path: Path) -> None:
     # The config claims a causal LM, but the weights are an encoder's: the head would be random.
     import json
