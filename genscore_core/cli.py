@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import ValidationError
 
+from genscore_core import strict_json
 from genscore_core.cli_args import (
     add_config_arguments,
     config_settings,
@@ -69,29 +70,10 @@ def is_utf8_text(text: str) -> bool:
     return _LONE_SURROGATE.search(text) is None
 
 
-class _NotStandardJSON(ValueError):
-    """A value Python's JSON reader takes but JSON has not: NaN, Infinity, a number beyond a float."""
-
-
-def _refuse_constant(name: str) -> Any:
-    raise _NotStandardJSON(f"{name} is not a JSON value (write null or a string)")
-
-
-def _finite_number(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise _NotStandardJSON(f"the number {text} is too large for a float")
-    return value
-
-
 def loads_standard_json(text: str) -> Any:
-    """``json.loads`` held to standard JSON.
-
-    Python's reader also takes ``NaN`` and ``Infinity``, and reads ``1e999`` as infinity; the output
-    would carry them back as ``NaN`` and ``Infinity``, which no strict JSON reader (jq, a browser's
-    ``JSON.parse``) accepts. Raises :class:`json.JSONDecodeError`, or ``_NotStandardJSON`` for those.
-    """
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_number)
+    """One JSON value of the input, held to standard JSON (:func:`genscore_core.strict_json.loads`).
+    Raises :class:`json.JSONDecodeError`, or :class:`~genscore_core.strict_json.StrictJSONError`."""
+    return strict_json.loads(text)
 
 
 def _parsed_line(line: str, where: str) -> Any:
@@ -100,7 +82,7 @@ def _parsed_line(line: str, where: str) -> Any:
         return loads_standard_json(line)
     except json.JSONDecodeError as error:
         raise InputError(f"{where}: invalid JSON ({error.msg})") from None
-    except _NotStandardJSON as error:
+    except strict_json.StrictJSONError as error:
         raise InputError(f"{where}: {error}") from None
 
 
@@ -229,7 +211,7 @@ def _json_array(text: str, source: str, detected: bool = True, first_line: int =
         what = "starts with '[' but is not" if detected else "is not"
         line = first_line + error.lineno - 1
         raise InputError(f"{source}: {what} one JSON array (line {line}: {error.msg})") from None
-    except _NotStandardJSON as error:
+    except strict_json.StrictJSONError as error:
         raise InputError(f"{source}: {error}") from None
     if not isinstance(array, list):
         raise InputError(f"{source}: expected one JSON array of documents")

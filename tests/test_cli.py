@@ -96,6 +96,11 @@ def test_rerank_json_lines_file_carries_fields_and_top_n(tiny_model_dir: Path, t
         ('{"text": "ok", "rank": NaN}\n', "stdin, line 1: NaN is not a JSON value"),
         ('{"text": "ok"}\n\n{"text": "far", "x": 1e999}\n', "stdin, line 3: the number 1e999 is too large"),
         ('["ok", {"text": "b", "weight": -Infinity}]', "stdin: -Infinity is not a JSON value"),
+        # Python's reader keeps the last of two values of a key: "a" would be ranked as "b".
+        (
+            '{"text": "ok"}\n{"text": "a", "text": "b"}\n',
+            "stdin, line 2: the key 'text' appears twice in one object",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny_model_dir: Path, stdin: str, message: str) -> None:

@@ -16,7 +16,6 @@ import functools
 import importlib.util
 import io
 import json
-import math
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, BinaryIO, Literal
 
+from genscore_core import strict_json
 from genscore_core.errors import InvalidRequestError
 
 FileFormat = Literal["jsonl", "csv", "parquet"]
@@ -210,58 +210,14 @@ def parse_json_line(line: bytes) -> tuple[dict[str, Any] | None, str | None, str
         return None, "not UTF-8 text", repr(line)
     shown = text.rstrip("\r\n")
     try:
-        record = json.loads(
-            text,
-            object_pairs_hook=_object_of_distinct_keys,
-            parse_constant=_refuse_constant,
-            parse_float=_finite_float,
-        )
+        record = strict_json.loads(text)
     except json.JSONDecodeError as error:
         return None, f"invalid JSON ({error.msg})", shown
-    except _RepeatedKeyError as error:
-        return None, f"the key {error.key!r} appears twice in one object", shown
-    except _NotStandardJSONError as error:
+    except strict_json.StrictJSONError as error:
         return None, str(error), shown
     if not isinstance(record, dict):
         return None, "expected a JSON object", shown
     return record, None, shown
-
-
-class _NotStandardJSONError(ValueError):
-    pass
-
-
-# Python's reader takes NaN and Infinity and reads 1e400 as infinity; the output line would carry
-# them as NaN and Infinity, which strict JSON readers (jq, JSON.parse, pandas) refuse: a valid input
-# line would come back as an invalid one.
-def _refuse_constant(name: str) -> Any:
-    raise _NotStandardJSONError(f"{name} is not a JSON value (write null or a string)")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise _NotStandardJSONError(f"the number {text} is too large for a float (write it as a string)")
-    return value
-
-
-class _RepeatedKeyError(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _object_of_distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # json.loads keeps the last of two values of one key: the first (a query, say) would be lost
-    # without a word, and the output would not hold the input's row.
-    record = dict(pairs)
-    if len(record) < len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _RepeatedKeyError(key)
-            seen.add(key)
-    return record
 
 
 class CsvReader(RowReader):

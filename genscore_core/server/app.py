@@ -46,7 +46,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         'genscore\'s server needs fastapi and uvicorn; install them with: pip install "genscore[server]"'
     ) from exc
 
-from genscore_core import __version__
+from genscore_core import __version__, strict_json
 from genscore_core.errors import (
     InvalidRequestError,
     RemoteConfigurationError,
@@ -102,36 +102,13 @@ class BodyTimeoutError(StarletteHTTPException):
         )
 
 
-class DuplicateKeyError(ValueError):
-    """A JSON object of the request body holds one key twice."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``' ``object_pairs_hook``: the object, unless a key comes twice.
-
-    Python's parser keeps a repeated key's last value, other parsers its first: a body holding
-    ``documents`` twice would be scored as only one of them, with nothing said.
-    """
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise DuplicateKeyError(key)
-            seen.add(key)
-    return obj
-
-
 class _StrictJsonRequest(Request):
     """A request whose JSON body is refused when one of its objects repeats a key."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = json.loads(await self.body(), object_pairs_hook=_unique_keys)
+            # NaN and Infinity are the body schemas' to refuse, naming the field.
+            self._json = strict_json.loads(await self.body(), standard_numbers=False)
         return self._json
 
 
@@ -608,7 +585,7 @@ def _unreadable_body(error: StarletteHTTPException) -> str | None:
         )
     if isinstance(cause, RecursionError):
         return "the request body nests JSON arrays or objects too deeply to be read"
-    if isinstance(cause, DuplicateKeyError):
+    if isinstance(cause, strict_json.RepeatedKeyError):
         return (
             f"the request body has the key {json.dumps(cause.key)} twice in one object; send each key "
             "once (JSON parsers differ on which copy counts)"
