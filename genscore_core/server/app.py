@@ -102,13 +102,22 @@ class BodyTimeoutError(StarletteHTTPException):
         )
 
 
+PARSED_OFF_THE_LOOP_BYTES = 1 << 20
+"""Request bodies at least this large are parsed on a worker thread: a body of many small objects
+parses at a few MB/s, seconds during which the event loop would answer no other request."""
+
+
 class _StrictJsonRequest(Request):
     """A request whose JSON body is refused when one of its objects repeats a key."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
+            body = await self.body()
             # NaN and Infinity are the body schemas' to refuse, naming the field.
-            self._json = strict_json.loads(await self.body(), standard_numbers=False)
+            if len(body) >= PARSED_OFF_THE_LOOP_BYTES:
+                self._json = await asyncio.to_thread(strict_json.loads, body, standard_numbers=False)
+            else:
+                self._json = strict_json.loads(body, standard_numbers=False)
         return self._json
 
 
