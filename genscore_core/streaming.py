@@ -23,9 +23,12 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 from genscore_core.forward import PrefixGroup, ProgressCallback
 
@@ -95,6 +98,11 @@ class RowKey:
 
     job: int
     prompt: int
+
+
+RowReduction = Callable[["torch.Tensor", list[RowKey]], "torch.Tensor"]
+"""What a streaming forward makes of one batch's hidden states [rows, H] and its rows' keys: a
+tensor with one entry a row (the engine's scores)."""
 
 
 @dataclass
@@ -406,8 +414,14 @@ class StreamingForward(Protocol):
     def prepare_stream_batch(self, batch: StreamBatch) -> Any:
         """Lay out ``batch`` and start its copy to the device (called on the producer thread)."""
 
-    def run_stream(self, batches: Iterable[Any], on_progress: ProgressCallback | None = None) -> Any:
-        """Run prepared batches in order; (float32 hidden states [rows, H], the row keys in order)."""
+    def run_stream(
+        self,
+        batches: Iterable[Any],
+        on_progress: ProgressCallback | None = None,
+        reduce: RowReduction | None = None,
+    ) -> Any:
+        """Run prepared batches in order; (float32 hidden states [rows, H], the row keys in order), or
+        with ``reduce``, its results of each batch's hidden states concatenated in their place."""
 
 
 PRODUCER_STOP_POLL_S = 0.05

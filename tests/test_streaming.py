@@ -502,6 +502,38 @@ def test_a_bad_streamed_score_names_its_job_row(
     assert (caught.value.job, caught.value.prompt) == (1, 2)
 
 
+def test_a_stream_keeps_one_score_a_row_not_a_hidden_state(
+    small_batch_scorer: GenerativeScorer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch's rows are scored as the batch runs: what the call holds on the device until its
+    end is one number a prompt (it held every prompt's hidden state, 4 KB a prompt at hidden size
+    1,024). Jobs of other labels or modes in one batch get their own head, as score_jobs gives."""
+    engine = small_batch_scorer.engine
+    labels = small_batch_scorer.front_end.label_token_ids
+    rng = random.Random(5)
+    prompts = [[[7, 8, *(rng.randrange(100, 5000) for _ in range(rng.randint(2, 30)))] for _ in range(12)]
+               for _ in range(3)]  # fmt: skip
+    kinds = [(labels, "label-softmax"), (labels[::-1], "label-softmax"), (labels, "vocab-softmax")]
+    streamed = [StreamedJob(len(p), list(ids), mode) for p, (ids, mode) in zip(prompts, kinds)]
+    held: list[tuple[int, ...]] = []
+    real_run = engine.forward.run_stream
+
+    def run_stream(*args: Any, **kwargs: Any) -> Any:
+        out, keys = real_run(*args, **kwargs)
+        held.append(tuple(out.shape))
+        return out, keys
+
+    monkeypatch.setattr(engine.forward, "run_stream", run_stream)
+    got = engine.score_stream(streamed, [JobPart(j, p) for j, p in enumerate(prompts)])
+    assert held == [(36,)]
+    expected = engine.score_jobs(
+        [ScoringJob(p, list(ids), score_mode=mode) for p, (ids, mode) in zip(prompts, kinds)]
+    )
+    for job_got, job_expected in zip(got, expected, strict=True):
+        assert max(abs(a - b) for a, b in zip(job_got, job_expected, strict=True)) <= 1e-6
+    assert got[0] != got[1]  # the swapped labels really scored apart
+
+
 def test_a_bad_score_of_the_engine_names_the_input_it_was_built_from(
     small_batch_scorer: GenerativeScorer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

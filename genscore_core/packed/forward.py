@@ -19,7 +19,7 @@ from genscore_core.packed.decoder import (
 )
 from genscore_core.packed.graphs import DecoderGraphs
 from genscore_core.packed.plan import GroupSlice, PackedBatch, build_batch, plan_batches
-from genscore_core.streaming import RowKey, StreamBatch
+from genscore_core.streaming import RowKey, RowReduction, StreamBatch
 
 DEFAULT_MAX_BATCH_TOKENS = 65536
 
@@ -122,10 +122,13 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         self,
         batches: Iterable[tuple[StreamBatch, DeviceBatch]],
         on_progress: ProgressCallback | None = None,
+        reduce: RowReduction | None = None,
     ) -> tuple[torch.Tensor, list[RowKey]]:
         """Run batches in the order a producer hands them over (:meth:`prepare_stream_batch`).
 
-        Returns the float32 final-norm hidden states of every row and each row's key. Nothing here
+        Returns the float32 final-norm hidden states of every row and each row's key; with
+        ``reduce``, what it makes of each batch's hidden states and keys instead (the engine's
+        scores, so that a call keeps a few bytes a row, not a hidden state). Nothing here
         waits for the GPU, so the producer lays out batch k+1 while batch k runs. A batch may replay
         a CUDA graph (:meth:`decode`, large ones too); the producer's copy then goes unused. An out-of-memory
         error propagates: the engine then scores the call again through :meth:`last_hidden_states`,
@@ -150,12 +153,14 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
                     offset += n
             for g in planned.release:
                 cache.pop(g, None)
-            outputs.append(hidden)
-            rows.extend(planned.ordered_rows())
+            batch_rows = planned.ordered_rows()
+            outputs.append(hidden if reduce is None else reduce(hidden, batch_rows))
+            rows.extend(batch_rows)
             if on_progress is not None:
                 on_progress(planned.num_prompts)
         if not outputs:
-            return torch.empty(0, decoder.final_norm.shape[0], device=decoder.device), rows
+            width = (decoder.final_norm.shape[0],) if reduce is None else ()
+            return torch.empty(0, *width, device=decoder.device), rows
         return torch.cat(outputs), rows
 
     def prepare(self, groups: Sequence[PrefixGroup]) -> PreparedBatches:
