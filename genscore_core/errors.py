@@ -116,6 +116,20 @@ class ScoreRangeError(GenScoreError):
         self.job = job
         self.prompt = prompt
 
+    def naming(
+        self,
+        place: str,
+        *,
+        param: str | None = None,
+        index: int | None = None,
+        job: int | None = None,
+        prompt: int | None = None,
+    ) -> ScoreRangeError:
+        """This error with its score named ``place`` (``"documents[3]"``) where it said which
+        prompt: the engine words it "<place> scored <value>, ..."."""
+        detail = self.message.partition(" scored ")[2] or self.message
+        return ScoreRangeError(f"{place} scored {detail}", param=param, index=index, job=job, prompt=prompt)
+
 
 class KernelUnavailableError(ConfigurationError):
     """A kernel implementation was asked for explicitly (``impl="triton"``) and cannot run here.

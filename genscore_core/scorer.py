@@ -210,7 +210,9 @@ class GenerativeScorer:
         """:meth:`score` without blocking the event loop."""
         prepared = await asyncio.to_thread(self.prepare_score, request)
         jobs = [prepared.job]
-        [scores] = self._checked(jobs, await self.backend.ascore_jobs(jobs), _items_named)
+        with _engine_errors_named(_items_named):
+            scored = await self.backend.ascore_jobs(jobs)
+        [scores] = self._checked(jobs, scored, _items_named)
         return prepared.response(scores)
 
     def prepare_score(self, request: GenerativeScoringRequest | Mapping[str, Any]) -> PreparedScore:
@@ -247,8 +249,10 @@ class GenerativeScorer:
             )
             return [score for score, _ in scored]
         prepared = await asyncio.to_thread(self.front_end.prepare_pairs, pairs)
-        scores = self._checked(prepared.jobs, await self.backend.ascore_jobs(prepared.jobs),
-                               _pairs_named(prepared, "pairs"))  # fmt: skip
+        name = _pairs_named(prepared, "pairs")
+        with _engine_errors_named(name):
+            job_scores = await self.backend.ascore_jobs(prepared.jobs)
+        scores = self._checked(prepared.jobs, job_scores, name)
         return [score for score, _ in prepared.assemble(scores)]
 
     def rerank(
@@ -314,8 +318,10 @@ class GenerativeScorer:
             max_tokens_per_doc=max_tokens_per_doc,
             max_prompt_tokens=max_prompt_tokens,
         )
-        scores = self._checked(prepared.jobs, await self.backend.ascore_jobs(prepared.jobs),
-                               _pairs_named(prepared, "documents"))  # fmt: skip
+        name = _pairs_named(prepared, "documents")
+        with _engine_errors_named(name):
+            scored = await self.backend.ascore_jobs(prepared.jobs)
+        scores = self._checked(prepared.jobs, scored, name)
         if len(documents) <= RANKED_ON_THE_LOOP:
             return ranked(prepared.assemble(scores))
         return await asyncio.to_thread(lambda: ranked(prepared.assemble(scores)))
@@ -524,11 +530,7 @@ def _engine_errors_named(name: ItemName) -> Iterator[None]:
         if error.param is not None or error.job is None or error.prompt is None:
             raise
         param, index, where = name(error.job, error.prompt)
-        # check_scores words it "<place> scored <value>, not ...": the place becomes the input's name.
-        detail = error.message.partition(" scored ")[2]
-        raise ScoreRangeError(
-            f"{where} scored {detail}", param=param, index=index, job=error.job, prompt=error.prompt
-        ) from error
+        raise error.naming(where, param=param, index=index, job=error.job, prompt=error.prompt) from error
 
 
 def _stream_named(stream: PairStream, param: str) -> ItemName:

@@ -562,9 +562,13 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ScoreRangeError)
     async def bad_score(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, ScoreRangeError)
         # The operator has to see it too: a model scoring NaN needs other weights or precision.
         logger.error("%s", error)
-        return JSONResponse(error_body(str(error), 500), status_code=500)
+        param = (
+            f"{error.param}.{error.index}" if error.param is not None and error.index is not None else None
+        )
+        return JSONResponse(error_body(str(error), 500, param), status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: Exception) -> JSONResponse:

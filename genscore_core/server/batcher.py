@@ -62,7 +62,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.engine import LaunchedCall, ScoringEngine
-from genscore_core.errors import InvalidRequestError, ServerBusyError
+from genscore_core.errors import InvalidRequestError, ScoreRangeError, ServerBusyError
 from genscore_core.server.pacing import DevicePace
 from genscore_core.waiting import within
 
@@ -261,13 +261,21 @@ class RequestBatcher(ScoringBackend):
                     f"{self.max_request_tokens} per request (--max-prompt-tokens); split the request",
                 )
 
-        async def one(job: ScoringJob) -> list[float]:
-            scores = await self.score(job)
+        async def one(number: int, job: ScoringJob) -> list[float]:
+            try:
+                scores = await self.score(job)
+            except ScoreRangeError as error:
+                if error.job is None or error.prompt is None:
+                    raise
+                # The engine counted the job in the call it ran (other requests', or it alone);
+                # this request knows it as ``number``.
+                place = f"prompt {error.prompt} of job {number}"
+                raise error.naming(place, job=number, prompt=error.prompt) from error
             if on_progress is not None:
                 on_progress(len(scores))
             return scores
 
-        return list(await asyncio.gather(*(one(job) for job in jobs)))
+        return list(await asyncio.gather(*(one(number, job) for number, job in enumerate(jobs))))
 
     def score_jobs(
         self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None

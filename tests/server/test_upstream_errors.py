@@ -14,6 +14,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
 
 from genscore_core import GenerativeScorer
 from genscore_core.server import create_app
@@ -108,12 +109,16 @@ def test_a_failing_upstream_is_a_gateway_error_with_its_message(
 
 @pytest.fixture(scope="module")
 def nan_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model with token 100's embedding made NaN: any prompt holding it scores NaN."""
+    """The tiny model with the embeddings of token 100 and of " zebra" made NaN: any prompt holding
+    either scores NaN."""
     out = tmp_path_factory.mktemp("tiny-nan") / "model"
     shutil.copytree(tiny_model_dir, out)
     weights = load_file(str(out / "model.safetensors"))
     embeddings = weights["model.embed_tokens.weight"].clone()
     embeddings[100] = float("nan")
+    embeddings[AutoTokenizer.from_pretrained(str(out)).encode(" zebra", add_special_tokens=False)] = float(
+        "nan"
+    )
     weights["model.embed_tokens.weight"] = embeddings
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
@@ -126,7 +131,15 @@ def test_a_nan_score_is_a_500_naming_the_prompt(nan_model_dir: Path) -> None:
         code, answer = _post(live.url, "/generative_scoring", request)
         assert code == 500
         assert answer["error"]["type"] == "InternalServerError"
-        assert "prompt 1 scored nan" in answer["detail"]
+        # The engine knows it as prompt 1 of job 0 of its call; the client is told which item.
+        assert answer["detail"].startswith("items[1] scored nan"), answer
+        assert answer["error"]["param"] == "items.1"
         good = {**request, "items": [[5], [6, 7]]}
         code, answer = _post(live.url, "/generative_scoring", good)
         assert code == 200 and all(0.0 <= entry["score"] <= 1.0 for entry in answer["data"])
+        # Text through /v1/rerank: the document, as the library names it.
+        rerank = {"query": "which animal", "documents": ["a cat", "a dog", "a zebra", "a cow"]}
+        code, answer = _post(live.url, "/v1/rerank", rerank)
+        assert code == 500
+        assert answer["detail"].startswith("documents[2] scored nan"), answer
+        assert answer["error"]["param"] == "documents.2"
