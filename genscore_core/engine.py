@@ -284,7 +284,9 @@ class ScoringEngine(ScoringBackend):
                     raise items.error  # noqa: B904 - the out-of-memory error stays its context, not its cause
                 del error
                 hidden, rows = self._score_again(state, sizes, items, reported)
-                row_scores = self._rows_scored(hidden, jobs, rows)
+                # Rows come job after job, each job's distinct prompts in order.
+                again = [RowKey(j, p) for j, job_rows in enumerate(rows) for p in range(len(job_rows))]
+                row_scores = self._batch_scorer(jobs)(hidden, again)
             job_scores = self._stream_scores(
                 row_scores, jobs, rows, [recorded.where for recorded in state.jobs]
             )
@@ -315,17 +317,6 @@ class ScoringEngine(ScoringBackend):
             return out
 
         return scores
-
-    def _rows_scored(
-        self, hidden: torch.Tensor, jobs: Sequence[StreamedJob], rows: list[list[int]]
-    ) -> torch.Tensor:
-        """The score of every row of ``hidden``, whose rows ``rows[j]`` are job ``j``'s."""
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        for job, job_rows in zip(jobs, rows):
-            if job_rows:
-                index = torch.tensor(job_rows, device=hidden.device)
-                out[index] = self.head.scores(hidden.index_select(0, index), job.label_ids, job.mode).float()
-        return out
 
     def _stream_scores(
         self,

@@ -258,9 +258,9 @@ class TemplatePromptBuilder:
                 f"its instruction, an empty query and an empty document takes {fixed} tokens; raise "
                 "max_length or shorten the instruction"
             )
-        self._query_cap = self._cap_of_query(empty)
+        self._query_cap = self._cap_of_query(len(body_ids))
 
-    def _cap_of_query(self, empty: RenderedBody) -> int:
+    def _cap_of_query(self, empty_body_tokens: int) -> int:
         """The most tokens the query keeps when a prompt has to be shortened.
 
         A piece-by-piece template's cap is its reference's: ``query_share`` of the body budget for
@@ -270,10 +270,9 @@ class TemplatePromptBuilder:
         """
         if self.tokenization.always_caps_query:
             return query_token_cap(self.body_budget, self.query_share)
-        # The body with both placeholders empty: its text around them can count a token more than
-        # in a filled body (the space before the document merges into the document's first word).
-        [(fixed_ids, _)] = self.tokenization.encode([empty])
-        room = self.body_budget - len(self.bos_ids) - len(fixed_ids)
+        # ``empty_body_tokens``: the body with both placeholders empty, whose text around them can count
+        # a token more than in a filled body (the space before the document merges into its first word).
+        room = self.body_budget - len(self.bos_ids) - empty_body_tokens
         return query_token_cap(max(room, 1), self.query_share)
 
     def build(
