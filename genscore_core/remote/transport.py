@@ -97,6 +97,10 @@ def retry_after_seconds(value: str, now: datetime | None = None) -> float | None
     return max((when - (now or datetime.now(timezone.utc))).total_seconds(), 0.0)
 
 
+_CLOSE_CHECK_S = 0.05
+"""How often an async retry's wait looks whether the transport was closed."""
+
+
 class HttpTransport:
     """JSON POSTs to one server with retries; a sync client, and one async client per event loop.
 
@@ -235,7 +239,7 @@ class HttpTransport:
         failure = _Failure("no attempt made")
         for attempt in range(self.max_retries + 1):
             if attempt:
-                await asyncio.sleep(self._delay(attempt, failure.response))
+                await self._abackoff(self._delay(attempt, failure.response))
             self._check_open(path)
             try:
                 # Bounds the whole attempt; httpx's own timeouts bound each network operation only.
@@ -266,6 +270,15 @@ class HttpTransport:
         # ``asyncio.run`` and ``asyncio.Runner`` call before closing the loop) finalizes it.
         await closer.__anext__()
         return client
+
+    async def _abackoff(self, seconds: float) -> None:
+        """Waits ``seconds`` before a retry, or until :meth:`close`. close() may come from another
+        thread, which cannot set an asyncio event of this loop, so the wait looks at the close event in
+        short steps: a wait of up to ``max_backoff`` then ends within a step of the close."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while not self._closed.is_set() and (left := end - loop.time()) > 0:
+            await asyncio.sleep(min(left, _CLOSE_CHECK_S))
 
     def _drop_clients_of_closed_loops(self) -> list[_LoopClient]:
         """Forgets the clients of loops closed without ``shutdown_asyncgens()`` (a loop of

@@ -383,3 +383,35 @@ def test_a_closed_scorer_says_so(tiny_model_dir: Path, kind: str) -> None:
                 call()
             assert f"{url}/" in str(caught.value)
             assert "closed (scorer.close()) before the request was sent" in str(caught.value)
+
+
+def _always_busy(asked: threading.Event) -> Answer:
+    """Answers every request 503 with ``Retry-After: 30``; sets ``asked`` at the first."""
+
+    def answer(connection: socket.socket, request: bytes) -> None:
+        asked.set()
+        body = b'{"error": {"message": "busy"}}'
+        connection.sendall(_head("503 Service Unavailable", len(body), extra="Retry-After: 30\r\n") + body)
+
+    return answer
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_close_ends_a_call_waiting_to_retry(tiny_model_dir: Path, path: str) -> None:
+    # The async call slept out its backoff (the server asks 30 s, capped at the default max_backoff
+    # of 8 s) after close() and only then found the client closed; the sync one waits on the close.
+    asked = threading.Event()
+    with (
+        socket_server(_always_busy(asked)) as url,
+        _remote(tiny_model_dir, url, "genscore", server_max_retries=3, server_timeout=60.0) as scorer,
+    ):
+        caller, outcome = _in_thread(_both_paths(scorer)[path == "async"])
+        assert asked.wait(30), "the request never reached the server"
+        time.sleep(0.2)  # the 503 read, the call is in its wait before the retry
+        scorer.close()
+        caller.join(5.0)
+        assert not caller.is_alive(), "the call slept out its backoff after close()"
+    error = outcome["error"]
+    assert isinstance(error, RemoteScoringError), repr(error)
+    assert f"{url}/" in str(error)
+    assert "closed (scorer.close())" in str(error)
