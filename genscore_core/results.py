@@ -13,6 +13,7 @@ from genscore_core.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from genscore_core.prompts import PromptInfo
+    from genscore_core.templates import ScoreMode
 
 
 class RankedResult(BaseModel):
@@ -82,9 +83,11 @@ def rank_results(
     *,
     top_n: int | None = None,
     score_threshold: float | None = None,
+    score_mode: ScoreMode | None = "label-softmax",
 ) -> RankedResults:
-    """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``."""
-    check_rank_options(top_n, score_threshold)
+    """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``
+    (a score of ``score_mode``: see :func:`check_rank_options`)."""
+    check_rank_options(top_n, score_threshold, score_mode=score_mode)
     # Ranked, filtered and cut on the scores first; then every kept result is validated in one call
     # of pydantic's core over plain dicts, which for W1's 256 results took a third of the time of
     # building each model by its own constructor (docs/benchmarks.md, "Small calls").
@@ -122,23 +125,36 @@ def _rank_key(score: float) -> tuple[bool, float]:
     return (math.isnan(score), -score)
 
 
-def check_rank_options(top_n: object, score_threshold: object) -> None:
+def check_rank_options(
+    top_n: object, score_threshold: object, *, score_mode: ScoreMode | None = "label-softmax"
+) -> None:
     """Raise :class:`~genscore_core.InvalidRequestError` naming the option unless both are usable.
 
-    ``top_n`` must be ``None`` or a positive integer, ``score_threshold`` ``None`` or a number in [0, 1].
-    NumPy's integers and floats count (``top_n=np.int64(5)``, a threshold read off an array); a bool
-    does not. Adapters call it on their own settings before they load a model.
+    ``top_n`` must be ``None`` or a positive integer. ``score_threshold`` must be ``None`` or a score
+    of ``score_mode``: a number within [0, 1] in every mode but ``"logit"``, where it is a logit, any
+    finite number (``-1.5`` keeps documents whose logit is at least -1.5). ``score_mode=None`` is for
+    callers that do not know the mode yet (an adapter before its scorer is loaded): any finite number
+    passes, and the scorer checks it against its mode again when it ranks. NumPy's integers and floats
+    count (``top_n=np.int64(5)``, a threshold read off an array); a bool does not.
     """
     if top_n is not None and (
         isinstance(top_n, bool) or not isinstance(top_n, numbers.Integral) or top_n < 1
     ):
         raise InvalidRequestError(f"top_n must be a positive integer or None, got {top_n!r}", param="top_n")
-    if score_threshold is not None and (
-        isinstance(score_threshold, bool)
-        or not isinstance(score_threshold, numbers.Real)
-        or not 0.0 <= float(score_threshold) <= 1.0
-    ):
-        raise InvalidRequestError(
-            f"score_threshold must be a number within [0, 1] or None, got {score_threshold!r}",
-            param="score_threshold",
-        )
+    if score_threshold is None:
+        return
+    # A logit has no bounds; a mode not known yet might be "logit". Either way it must be finite.
+    unbounded = score_mode in ("logit", None)
+    if not isinstance(score_threshold, bool) and isinstance(score_threshold, numbers.Real):
+        try:
+            value = float(score_threshold)
+        except OverflowError:  # an integer beyond float's range
+            value = math.nan
+        if math.isfinite(value) if unbounded else 0.0 <= value <= 1.0:
+            return
+    problem = "a finite number" if unbounded else "a number within [0, 1]"
+    under = "" if score_mode is None else f" under score mode {score_mode!r}"
+    raise InvalidRequestError(
+        f"score_threshold must be {problem}{under} or None, got {score_threshold!r}",
+        param="score_threshold",
+    )

@@ -277,11 +277,13 @@ class GenerativeScorer:
             ScoreRangeError: A score the backend gave that is not finite or outside the score mode's
                 range (``param`` and ``index`` name the document).
         """
-        check_rank_options(top_n, score_threshold)
+        check_rank_options(top_n, score_threshold, score_mode=self.score_mode)
         check_text(query, "query")
         documents = _listed(documents, "documents")
         scored = self._score_texts([(query, document) for document in documents], max_tokens_per_doc)
-        return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
+        return rank_results(
+            query, documents, scored, top_n=top_n, score_threshold=score_threshold, score_mode=self.score_mode
+        )
 
     async def arerank(
         self,
@@ -300,13 +302,16 @@ class GenerativeScorer:
         documents (``long_documents="chunk"``), refusing a document that takes it past before the
         rest is tokenized (:meth:`ScoringFrontEnd.prepare_pairs`).
         """
-        check_rank_options(top_n, score_threshold)
+        check_rank_options(top_n, score_threshold, score_mode=self.score_mode)
         check_token_count(max_prompt_tokens, "max_prompt_tokens")  # truncation never reads it: check it here
         check_text(query, "query")
         documents = _listed(documents, "documents")
+        mode = self.score_mode
 
         def ranked(scored: Sequence[tuple[float, PromptInfo]]) -> RankedResults:
-            return rank_results(query, documents, scored, top_n=top_n, score_threshold=score_threshold)
+            return rank_results(
+                query, documents, scored, top_n=top_n, score_threshold=score_threshold, score_mode=mode
+            )
 
         if self._streams(max_tokens_per_doc):
             pairs = [(query, document) for document in documents]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from genscore_core import GenerativeScorer
+from genscore_core import GenerativeScorer, InvalidRequestError, check_rank_options
 from genscore_core.scoring import ScoreRangeError, check_scores
+from tests.reference_recipe import QWEN3_INSTRUCTION, QWEN3_PREFIX, QWEN3_SUFFIX, YES_ID
 
 PAIRS = [("capital of France?", "Paris is the capital of France."), ("rivers", "The Thames. The Seine.")]
 
@@ -46,3 +49,83 @@ def test_scores_out_of_range_never_leave() -> None:
         check_scores(torch.tensor([float("inf")]), "logit")
     with pytest.raises(ScoreRangeError, match=r"within \[0.0, 1.0\]"):
         check_scores(torch.tensor([0.2, 1.5]), "logit-sigmoid")
+
+
+DOCUMENTS = [
+    "Paris is the capital of France.",
+    "Berlin is the capital of Germany.",
+    "The Thames flows through London.",
+    "Paris is the capital of France.",  # a tie with the first: input order decides
+    "x",
+]
+
+
+def reference_yes_logits(model: object, tokenizer: object, query: str, documents: list[str]) -> list[float]:
+    """The "yes" logit of each document's prompt, built by the official recipe, from full logits."""
+    prefix = tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)  # type: ignore[attr-defined]
+    suffix = tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)  # type: ignore[attr-defined]
+    logits = []
+    for document in documents:
+        body = tokenizer.encode(  # type: ignore[attr-defined]
+            f"<Instruct>: {QWEN3_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}",
+            add_special_tokens=False,
+        )
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([prefix + body + suffix])).logits[0, -1].double()  # type: ignore[operator]
+        logits.append(float(out[YES_ID]))
+    return logits
+
+
+def test_logit_mode_thresholds_are_logits(scorer: GenerativeScorer, tiny_model_dir: Path) -> None:
+    """A logit-mode scorer filters by a logit: thresholds outside [0, 1], negative ones included."""
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    query = "capital of France?"
+    expected = reference_yes_logits(model, scorer.tokenizer, query, DOCUMENTS)
+    assert min(expected) < 0.0 or max(expected) > 1.0  # the tiny model's logits leave [0, 1]
+    logit = GenerativeScorer.from_model(scorer.model, scorer.tokenizer, max_length=512, score_mode="logit")
+    distinct = sorted(set(round(value, 6) for value in expected))
+    threshold = (distinct[1] + distinct[2]) / 2  # between the second and third lowest logits
+    # Best first, ties in input order: sorted is stable.
+    kept = sorted(
+        (i for i, value in enumerate(expected) if value >= threshold), key=lambda i: -round(expected[i], 6)
+    )
+    for ranked in (
+        logit.rerank(query, DOCUMENTS, score_threshold=threshold),
+        asyncio.run(logit.arerank(query, DOCUMENTS, score_threshold=threshold)),
+    ):
+        assert [r.index for r in ranked] == kept
+        assert [r.score for r in ranked] == pytest.approx([expected[i] for i in kept], abs=1e-5)
+    everything = logit.rerank(query, DOCUMENTS, score_threshold=min(expected) - 100.0, top_n=2)
+    assert [r.index for r in everything] == sorted(range(5), key=lambda i: -round(expected[i], 6))[:2]
+    assert logit.rerank(query, DOCUMENTS, score_threshold=max(expected) + 1.0).results == []
+
+
+@pytest.mark.parametrize("mode", ["label-softmax", "vocab-softmax", "logit-sigmoid", "logit"])
+@pytest.mark.parametrize("threshold", [float("nan"), float("inf"), -float("inf"), 2.0, -1.5])
+def test_thresholds_outside_the_modes_range_are_refused(
+    scorer: GenerativeScorer, mode: str, threshold: float
+) -> None:
+    moded = GenerativeScorer.from_model(scorer.model, scorer.tokenizer, max_length=512, score_mode=mode)
+    if mode == "logit" and math.isfinite(threshold):
+        assert moded.rerank("q", ["a", "b"], score_threshold=threshold) is not None
+        return
+    for call in (
+        lambda: moded.rerank("q", ["a", "b"], score_threshold=threshold),
+        lambda: asyncio.run(moded.arerank("q", ["a", "b"], score_threshold=threshold)),
+    ):
+        with pytest.raises(InvalidRequestError, match="score_threshold") as caught:
+            call()
+        assert caught.value.param == "score_threshold"
+        assert repr(threshold) in str(caught.value)
+        if mode != "logit":
+            assert f"score mode {mode!r}" in str(caught.value)
+
+
+def test_check_rank_options_knows_the_modes() -> None:
+    check_rank_options(None, 0.3)
+    check_rank_options(None, -1.5, score_mode="logit")
+    check_rank_options(None, 40.0, score_mode=None)  # the mode not known yet: any finite number
+    with pytest.raises(InvalidRequestError, match=r"within \[0, 1\]"):
+        check_rank_options(None, -1.5)
+    with pytest.raises(InvalidRequestError, match="finite"):
+        check_rank_options(None, float("nan"), score_mode=None)
