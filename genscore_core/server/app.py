@@ -72,6 +72,7 @@ from genscore_core.server.schemas import (
     RerankUsage,
     api_key_problem,
     error_body,
+    rerank_request_type,
 )
 from genscore_core.waiting import within
 
@@ -420,9 +421,6 @@ def create_app(
         "responses": errors,
     }
 
-    @app.post("/v1/rerank", **reranking)
-    @app.post("/v2/rerank", **reranking)
-    @app.post("/rerank", **reranking)
     async def rerank(request: RerankRequest) -> RerankResponse:
         check_model(request.model)
         documents = request.texts()
@@ -451,6 +449,12 @@ def create_app(
             results=results,
             usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens),
         )
+
+    # The body's type carries the range of score_threshold, a score of the server's mode: a
+    # logit-mode server takes any finite logit, and its OpenAPI schema says so.
+    rerank.__annotations__["request"] = rerank_request_type(serving.score_mode)
+    for path in ("/rerank", "/v2/rerank", "/v1/rerank"):
+        app.post(path, **reranking)(rerank)
 
     @app.get(
         "/health",

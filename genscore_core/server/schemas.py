@@ -101,7 +101,8 @@ class RerankRequest(BaseModel):
     return_documents: StrictBool = False
     """Put each document's text in its result."""
     score_threshold: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
-    """Drop results scoring below this (a genscore extension)."""
+    """Drop results scoring below this (a genscore extension): a score of the server's mode, in
+    [0, 1] here; a server in ``logit`` mode takes any finite logit (:class:`LogitRerankRequest`)."""
     max_tokens_per_doc: StrictInt | None = Field(default=None, gt=0)
     """Cut each document after this many of its own tokens before templating (Cohere, vLLM)."""
 
@@ -115,13 +116,27 @@ class RerankRequest(BaseModel):
         return [doc if isinstance(doc, str) else doc.text for doc in self.documents]
 
 
+class LogitRerankRequest(RerankRequest):
+    """:class:`RerankRequest` of a server scoring in ``logit`` mode, whose scores are raw logits."""
+
+    score_threshold: StrictFloat | None = Field(default=None, allow_inf_nan=False)
+    """Drop results whose logit is below this (a genscore extension): any finite number."""
+
+
+def rerank_request_type(score_mode: str) -> type[RerankRequest]:
+    """The ``/v1/rerank`` body of a server scoring in ``score_mode``: its ``score_threshold`` is a
+    score of that mode, and the OpenAPI schema says so."""
+    return LogitRerankRequest if score_mode == "logit" else RerankRequest
+
+
 class RerankResult(BaseModel):
     index: int
     """Position of the document in the request."""
     relevance_score: float
+    """The score under the server's score mode: the positive label's probability, in [0, 1], or its
+    raw logit (any finite number) for a server in ``logit`` mode."""
     window: tuple[int, int] | None = None
     """The reported window's character span, when the server chunks long documents."""
-    """Probability of the positive label, in [0, 1]."""
     document: RerankDocument | None = None
 
 
