@@ -255,6 +255,22 @@ def _is_module(name: str) -> bool:
         return False
 
 
+def test_every_public_name_is_documented() -> None:
+    """The reverse of the checks above: what a user can reach is named somewhere, so a new export or
+    method cannot land unseen by the docs."""
+    import genscore_core
+    from genscore_core import GenerativeScorer, RankedResult, RankedResults
+
+    text = "\n".join(page.read_text() for page in CLAIM_PAGES)
+    named = set(re.findall(r"`(?:[\w.]*\.)?(\w+)", text))
+    public = set(genscore_core.__all__)
+    public |= {name for name in vars(GenerativeScorer) if not name.startswith("_")}
+    public |= {name for name in vars(RankedResults) if not name.startswith("_")} - {"model_config"}
+    public |= set(RankedResults.model_fields) | set(RankedResult.model_fields)
+    missing = sorted(public - named)
+    assert not missing, f"public names no page documents: {missing}"
+
+
 def test_exit_codes_are_those_of_the_command_line() -> None:
     from genscore_core import cli
 
