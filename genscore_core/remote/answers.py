@@ -1,5 +1,6 @@
-"""Scores read out of a server's answer, trusting nothing in it: each a probability (a rounding step
-past 0 or 1 allowed), one per item sent, by index, none missing or repeated; errors name the item.
+"""Scores read out of a server's answer, trusting nothing in it: each a score of the client's mode (a
+probability, a rounding step past 0 or 1 allowed; in ``logit`` mode any finite number), one per item
+sent, by index, none missing or repeated; errors name the item.
 """
 
 from __future__ import annotations
@@ -29,13 +30,40 @@ def as_probability(value: Any) -> float:
     return min(max(score, 0.0), 1.0)
 
 
+def as_logit(value: Any) -> float:
+    """A score of ``logit`` mode from a server's answer: any finite number.
+
+    Raises:
+        ValueError: ``value`` is not such a number (the message quotes it).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"score {value!r} is not a number")
+    try:
+        score = float(value)
+    except OverflowError:
+        raise ValueError(f"score {_short(value)} is not a finite number") from None
+    if not math.isfinite(score):
+        raise ValueError(f"score {value!r} is not a finite number")
+    return score
+
+
+def as_score(value: Any, mode: str) -> float:
+    """A score of ``mode`` from a server's answer (:func:`as_logit` or :func:`as_probability`)."""
+    return as_logit(value) if mode == "logit" else as_probability(value)
+
+
 def scores_by_index(
-    entries: list[Any], count: int, score_of: Callable[[Any], Any], offset: int = 0
+    entries: list[Any],
+    count: int,
+    score_of: Callable[[Any], Any],
+    offset: int = 0,
+    mode: str = "label-softmax",
 ) -> list[float]:
     """The scores of ``count`` items from answer entries that each carry an ``index``, in item order.
 
     ``score_of`` reads an entry's score; ``offset`` is the place of the request's first item in its
-    job (a job split into several requests), used to name the item a bad score belongs to.
+    job (a job split into several requests), used to name the item a bad score belongs to. Each score
+    must be one of score mode ``mode`` (:func:`as_score`).
 
     Raises:
         ValueError: An entry is malformed, or an index is bad or repeated (the message names the
@@ -50,7 +78,7 @@ def scores_by_index(
         if scores[index] is not None:
             raise ValueError(f"index {index} appears twice")
         try:
-            scores[index] = as_probability(score_of(entry))
+            scores[index] = as_score(score_of(entry), mode)
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"{item_name(index, count, offset)}: {_describe(error)}") from None
     missing = [index for index, score in enumerate(scores) if score is None]

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from genscore_core.backend import JobTexts, ProgressCallback, ScoringJob
-from genscore_core.errors import InvalidRequestError
+from genscore_core.errors import ConfigurationError, InvalidRequestError
 from genscore_core.remote.answers import scores_by_index
 from genscore_core.remote.client import HttpBackend
+from genscore_core.templates import ScoreMode
 
 
 class RerankClient(HttpBackend):
@@ -31,7 +32,7 @@ class RerankClient(HttpBackend):
             scores: list[float] = []
             for start, payload in self._payloads(job):
                 count = len(payload["documents"])
-                scores.extend(self._parse(self.http.post_json(self.path, payload), count, start))
+                scores.extend(self._parse(self.http.post_json(self.path, payload), count, start, job.mode))
                 if on_progress is not None:
                     on_progress(count)
             results.append(scores)
@@ -43,19 +44,19 @@ class RerankClient(HttpBackend):
         limit = asyncio.Semaphore(self.max_concurrency)
         plans = [self._payloads(job) for job in jobs]
 
-        async def send(start: int, payload: dict[str, Any]) -> list[float]:
+        async def send(start: int, payload: dict[str, Any], mode: ScoreMode) -> list[float]:
             async with limit:
                 body = await self.http.apost_json(self.path, payload)
             count = len(payload["documents"])
             if on_progress is not None:
                 on_progress(count)
-            return self._parse(body, count, start)
+            return self._parse(body, count, start, mode)
 
-        async def score(payloads: list[tuple[int, dict[str, Any]]]) -> list[float]:
-            chunks = await asyncio.gather(*(send(start, payload) for start, payload in payloads))
+        async def score(payloads: list[tuple[int, dict[str, Any]]], mode: ScoreMode) -> list[float]:
+            chunks = await asyncio.gather(*(send(start, payload, mode) for start, payload in payloads))
             return [value for chunk in chunks for value in chunk]
 
-        return list(await asyncio.gather(*(score(payloads) for payloads in plans)))
+        return list(await asyncio.gather(*(score(payloads, job.mode) for payloads, job in zip(plans, jobs))))
 
     def _payloads(self, job: ScoringJob) -> list[tuple[int, dict[str, Any]]]:
         """The requests of one job, each with the place of its first document in the job.
@@ -79,11 +80,23 @@ class RerankClient(HttpBackend):
             payloads.append((start, payload))
         return payloads
 
-    def _parse(self, body: Any, count: int, offset: int = 0) -> list[float]:
-        """Scores by input index from ``{"results": [{"index", "relevance_score"}]}``.
+    def _parse(
+        self, body: Any, count: int, offset: int = 0, mode: ScoreMode = "label-softmax"
+    ) -> list[float]:
+        """Scores of score mode ``mode`` by input index from ``{"results": [{"index", "relevance_score"}]}``.
 
         SGLang's own ``/v1/rerank`` answers a bare list of ``{"index", "score"}``; that is read too.
+        The server applies its own score mode; ``genscore serve`` names it (``score_mode``), and one
+        other than ``mode`` is refused: its scores would rank and threshold as the wrong kind of number
+        even where they fall in the range of ``mode``. Other servers are held to the range of ``mode``.
         """
+        served = body.get("score_mode") if isinstance(body, dict) else None
+        if served is not None and served != mode:
+            raise ConfigurationError(
+                f"{self.http.base_url}{self.path} scores in score mode {served!r}, this client in {mode!r}: "
+                f"set score_mode={served!r} here, or serve with --score-mode {mode}",
+                setting="score_mode",
+            )
         entries = body.get("results") if isinstance(body, dict) else body
         if not isinstance(entries, list) or len(entries) != count:
             got = len(entries) if isinstance(entries, list) else "no"
@@ -94,6 +107,7 @@ class RerankClient(HttpBackend):
                 count,
                 lambda entry: entry["relevance_score"] if "relevance_score" in entry else entry["score"],
                 offset,
+                mode,
             )
         except ValueError as error:
             raise self._bad_answer(f"a malformed result ({error})") from None

@@ -448,6 +448,7 @@ def create_app(
             model=request.model or name,
             results=results,
             usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens),
+            score_mode=serving.score_mode,
         )
 
     # The body's type carries the range of score_threshold, a score of the server's mode: a

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from genscore_core.protocol import log_ignored_fields
+from genscore_core.templates import ScoreMode
 
 # The ``type`` of the error body for each status, as OpenAI-compatible servers name them.
 ERROR_TYPES = {
@@ -151,6 +152,9 @@ class RerankResponse(BaseModel):
     results: list[RerankResult]
     """Best first; ties keep request order."""
     usage: RerankUsage
+    score_mode: ScoreMode | None = None
+    """The server's score mode, which made ``relevance_score`` (a genscore extension): genscore's
+    clients refuse an answer of a mode other than theirs."""
 
 
 class ModelCard(BaseModel):

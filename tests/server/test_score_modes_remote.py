@@ -11,9 +11,13 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 from transformers import AutoModelForCausalLM
 
-from genscore_core import GenerativeScorer, InvalidRequestError
+from genscore_core import ConfigurationError, GenerativeScorer, InvalidRequestError, RemoteScoringError
 from genscore_core.server import create_app
 from tests.test_score_modes import reference_yes_logits
 
@@ -110,3 +114,74 @@ def test_a_threshold_outside_the_servers_mode_is_refused_naming_it(
     bounded = _rerank(live_server.url, score_threshold=-1.5)
     assert bounded.status_code == 422, bounded.text
     assert bounded.json()["error"]["param"] == "score_threshold"
+
+
+def test_a_rerank_client_in_logit_mode_takes_a_logit_servers_scores(
+    logit_server: LiveServer, expected_logits: list[float], tiny_model_dir: Path
+) -> None:
+    """server_kind="rerank" sends text: the server's mode makes the scores, and a client in the same
+    mode takes them unbounded, as a local logit-mode scorer gives them."""
+    ordered = sorted(range(len(DOCUMENTS)), key=lambda i: -expected_logits[i])
+    threshold = (expected_logits[ordered[2]] + expected_logits[ordered[3]]) / 2
+    with GenerativeScorer(
+        str(tiny_model_dir),
+        server_url=logit_server.url,
+        server_kind="rerank",
+        max_length=512,
+        score_mode="logit",
+    ) as remote:
+        ranked = remote.rerank(QUERY, DOCUMENTS, score_threshold=threshold)
+        assert [r.index for r in ranked] == ordered[:3]
+        assert [r.score for r in ranked] == pytest.approx([expected_logits[i] for i in ordered[:3]], abs=1e-5)
+        assert remote.score_pairs([(QUERY, d) for d in DOCUMENTS]) == pytest.approx(expected_logits, abs=1e-5)
+
+
+@pytest.mark.parametrize(("client_mode", "server"), [("label-softmax", "logit"), ("logit", "label-softmax")])
+def test_a_rerank_client_refuses_a_server_of_another_mode(
+    client_mode: str,
+    server: str,
+    logit_server: LiveServer,
+    live_server: LiveServer,
+    tiny_model_dir: Path,
+) -> None:
+    """Probabilities read as logits, or logits that happen to lie in [0, 1] read as probabilities,
+    would rank and threshold silently wrong: genscore serve names its mode and the client checks it."""
+    url = logit_server.url if server == "logit" else live_server.url
+    with GenerativeScorer(
+        str(tiny_model_dir), server_url=url, server_kind="rerank", max_length=512, score_mode=client_mode
+    ) as remote:
+        with pytest.raises(ConfigurationError, match=f"score mode '{server}'") as caught:
+            remote.rerank(QUERY, DOCUMENTS)
+    assert caught.value.setting == "score_mode"
+    assert repr(client_mode) in str(caught.value)
+
+
+def _stand_in(scores: list[float]) -> Starlette:
+    """A /v1/rerank server that does not name its mode (Cohere's shape), answering ``scores``."""
+
+    async def rerank(request: Request) -> JSONResponse:
+        body = await request.json()
+        results = [{"index": i, "relevance_score": scores[i]} for i in range(len(body["documents"]))]
+        return JSONResponse({"results": results})
+
+    async def health(_: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(routes=[Route("/v1/rerank", rerank, methods=["POST"]), Route("/health", health)])
+
+
+def test_a_rerank_client_holds_unnamed_scores_to_its_own_mode(tiny_model_dir: Path) -> None:
+    scores = [3.5, -40.0, 0.25, 1e300]
+    with serve_in_thread(_stand_in(scores)) as live:
+        with GenerativeScorer(
+            str(tiny_model_dir), server_url=live.url, server_kind="rerank", max_length=512, score_mode="logit"
+        ) as logit:
+            ranked = logit.rerank(QUERY, DOCUMENTS, score_threshold=0.0)
+            assert [(r.index, r.score) for r in ranked] == [(3, 1e300), (0, 3.5), (2, 0.25)]
+        with GenerativeScorer(
+            str(tiny_model_dir), server_url=live.url, server_kind="rerank", max_length=512
+        ) as probability:
+            with pytest.raises(
+                RemoteScoringError, match=r"item 0: score 3.5 is not a probability in \[0, 1\]"
+            ):
+                probability.rerank(QUERY, DOCUMENTS)
