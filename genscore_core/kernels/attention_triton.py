@@ -78,6 +78,7 @@ def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads a
     D: tl.constexpr,
     TMA: tl.constexpr,
     PRECISION: tl.constexpr,
+    FP32_DOT: tl.constexpr,  # bfloat16 in the CPU interpreter: dots on float32 copies of the tiles
 ):
     pack = tl.program_id(0)
     block = tl.program_id(1)
@@ -101,6 +102,8 @@ def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads a
     d = tl.arange(0, D)
     q_rows = q_ptr + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh
     q = tl.load(q_rows + d[None, :], mask=valid[:, None], other=0.0)
+    if FP32_DOT:
+        q = q.to(tl.float32)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D], tl.float32)
@@ -122,6 +125,9 @@ def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads a
         limit = tl.where(in_prefix, p_len, k_len) - start
         k = _load_tile(k_src, row, kv_head, stride_kt, stride_kh, limit, BLOCK_N, D, TMA)
         v = _load_tile(v_src, row, kv_head, stride_vt, stride_vh, limit, BLOCK_N, D, TMA)
+        if FP32_DOT:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
         visible = cols[None, :] < (tl.where(in_prefix, p_len, own_limit) - start)[:, None]
         # Streaming softmax in base 2 (the scale carries log2(e)), float32.
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
@@ -164,6 +170,9 @@ def segment_attention(
     if tma:
         k_src = _descriptor(k, config.block_n)
         v_src = _descriptor(v, config.block_n)
+    # The CPU interpreter multiplies bfloat16 bit patterns in tl.dot (it stores bfloat16 as uint16;
+    # triton-lang/triton#11584): there the tiles are upcast first, which is exact.
+    fp32_dot = q.dtype == torch.bfloat16 and not q.is_cuda
     _segment_attention_kernel[(heads // per_program, segments.num_blocks)](
         q,
         k_src,
@@ -186,7 +195,8 @@ def segment_attention(
         BLOCK_N=config.block_n,
         D=dim,
         TMA=tma,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 or fp32_dot else "tf32",
+        FP32_DOT=fp32_dot,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

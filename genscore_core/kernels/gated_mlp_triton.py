@@ -88,6 +88,7 @@ def _gated_mlp_kernel(  # type: ignore[no-untyped-def]  # triton reads annotatio
     HAS_UP_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
     FP64: tl.constexpr,  # float64 inputs (tests) accumulate in float64, all others in float32
+    FP32_DOT: tl.constexpr,  # bfloat16 in the CPU interpreter: dots on float32 copies of the tiles
 ):
     # GROUP_M row tiles are visited column tile by column tile, so a strip of the weights is read
     # from memory once for all of them and from L2 after.
@@ -123,6 +124,10 @@ def _gated_mlp_kernel(  # type: ignore[no-untyped-def]  # triton reads annotatio
             w_mask = (cols < N)[:, None] & inside_k[None, :]
             bg = tl.load(g_src + w_rows * stride_gn + (k + rk)[None, :], mask=w_mask, other=0.0)
             bu = tl.load(u_src + w_rows * stride_un + (k + rk)[None, :], mask=w_mask, other=0.0)
+        if FP32_DOT:
+            a = a.to(tl.float32)
+            bg = bg.to(tl.float32)
+            bu = bu.to(tl.float32)
         # The one tile of x feeds both products.
         acc_g = tl.dot(a, tl.trans(bg), acc_g, input_precision=PRECISION)
         acc_u = tl.dot(a, tl.trans(bu), acc_u, input_precision=PRECISION)
@@ -168,6 +173,9 @@ def gated_mlp(
             TensorDescriptor.from_tensor(up_weight, [cfg.block_n, cfg.block_k]),
         )
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    # The CPU interpreter multiplies bfloat16 bit patterns in tl.dot (it stores bfloat16 as uint16;
+    # triton-lang/triton#11584): there the tiles are upcast first, which is exact.
+    fp32_dot = x.dtype == torch.bfloat16 and not x.is_cuda
     _gated_mlp_kernel[grid](
         *srcs,
         gate_bias if gate_bias is not None else out,
@@ -187,8 +195,9 @@ def gated_mlp(
         TMA=tma,
         HAS_GATE_BIAS=gate_bias is not None,
         HAS_UP_BIAS=up_bias is not None,
-        PRECISION="ieee" if x.dtype in (torch.float32, torch.float64) else "tf32",
+        PRECISION="ieee" if x.dtype in (torch.float32, torch.float64) or fp32_dot else "tf32",
         FP64=x.dtype == torch.float64,
+        FP32_DOT=fp32_dot,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -106,3 +106,20 @@ def test_tilings_are_fixed_per_size_class() -> None:
     assert gated_mlp_triton.config_for(gated_mlp_triton.SMALL_M - 128) is small
     assert gated_mlp_triton.config_for(gated_mlp_triton.SMALL_M) is large
     assert gated_mlp_triton.config_for(65536) is large
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m, n, k", [(1, 200, 96), (3, 136, 64), (130, 257, 128)])
+def test_shipped_tiling_in_model_dtypes(m: int, n: int, k: int, dtype: torch.dtype) -> None:
+    """The shipped 128 x 128 x 64 tiling at intermediate sizes no multiple of it (one row, a row tile
+    and two), in the dtypes models run in, against float64. bfloat16 included: Triton's CPU
+    interpreter multiplies bfloat16 bit patterns in tl.dot, which the kernel must work around there
+    rather than return numbers off by orders of magnitude."""
+    x, wg, bg, wu, bu = (
+        t.to(dtype) if t is not None else None for t in _inputs(m, n, k, True, torch.float32)
+    )
+    got = gated_mlp(x, (wg, bg), (wu, bu), impl="triton")
+    assert got.dtype == dtype and got.shape == (m, n)
+    # The inputs are exact in every dtype; float32 accumulation, one rounding to the output dtype.
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(got.double(), _expected(x, wg, bg, wu, bu), atol=tol, rtol=tol)

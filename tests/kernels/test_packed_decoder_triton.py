@@ -121,8 +121,8 @@ def test_fused_projections_with_biases_through_the_kernels(budget: int) -> None:
 
 def test_a_bf16_residual_through_the_fused_ops(tiny_model_dir: Path) -> None:
     """A bf16 model with ``residual_dtype="model"``: the Triton add+RMSNorm rounds the stream, with
-    rotary and silu*mul on Triton too (attention and products stay torch: the interpreter's bf16 dots
-    are wrong on the CPU), prefixes carried between batches. In bf16 the kernels and the torch
+    rotary and silu*mul on Triton too (attention and products stay torch, to test the fused ops
+    alone), prefixes carried between batches. In bf16 the kernels and the torch
     versions round apart by up to ~0.06 on this model's rows (with a float32 residual too), so both
     are held to the float32 model's rows within bf16 noise; a residual read or written in the wrong
     dtype is off by order one."""
@@ -142,3 +142,20 @@ def test_a_bf16_residual_through_the_fused_ops(tiny_model_dir: Path) -> None:
     assert (triton_rows - rows("triton", "float32")).abs().max() > 1e-3, "the residual is rounded"
     torch.testing.assert_close(triton_rows, reference, atol=0.1, rtol=0.05)
     torch.testing.assert_close(triton_rows, rows("torch"), atol=0.1, rtol=0.05)
+
+
+def test_a_bf16_model_through_every_kernel(tiny_model_dir: Path) -> None:
+    """A bf16 model with attention, the fused ops and the gate/up GEMM all on Triton, prefixes carried
+    between batches, within bf16 noise of the float32 model's rows, as the torch versions are (the
+    interpreter's bf16 dots, wrong on the CPU, are upcast by the kernels there: without that the rows
+    are off by orders of magnitude)."""
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.bfloat16).eval()
+    model32 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    groups = _groups(model.config.vocab_size)
+    reference = _reference(model32, groups)
+    triton_rows = _triton_forward(model, 20).last_hidden_states(groups)
+    torch_rows = PackedForward(
+        model, max_batch_tokens=20, options=PackedOptions.all_kernels("torch")
+    ).last_hidden_states(groups)
+    torch.testing.assert_close(torch_rows, reference, atol=0.1, rtol=0.05)
+    torch.testing.assert_close(triton_rows, reference, atol=0.1, rtol=0.05)

@@ -105,8 +105,7 @@ def test_reference_in_blocks_matches_definition(block_elements: int) -> None:
         (AttentionTiling(block_m=16, block_n=16, heads=2), 4, 2, 16, torch.float32, True, 5),
         (AttentionTiling(block_m=16, block_n=16, heads=2, tma=True), 4, 2, 16, torch.float32, False, 7),
         (AttentionTiling(block_m=32, block_n=16, heads=1, tma=True), 4, 2, 16, torch.float32, True, 8),
-        # float16, not bfloat16: the interpreter's bfloat16 tl.dot is wrong on the CPU (Triton 3.9);
-        # examples/benchmarks/bench_workloads.py checks bfloat16 on the GPU.
+        # bfloat16 at model shapes: test_kernel_on_model_shapes_against_float64.
         (AttentionTiling(block_m=16, block_n=16, heads=2), 4, 2, 16, torch.float16, False, 6),
     ],
 )
@@ -211,6 +210,16 @@ def test_kernel_on_awkward_shapes(config: AttentionTiling) -> None:
     torch.testing.assert_close(got[queries], want[queries], atol=1e-5, rtol=1e-5)
 
 
+def test_dense_by_segment_is_the_definition() -> None:
+    """The vectorised float64 reference below against the one-query-at-a-time one above."""
+    table, rows = awkward_layout()
+    q, k, v = torch.randn(rows, 4, 16), torch.randn(rows, 2, 16), torch.randn(rows, 2, 16)
+    queries = torch.from_numpy(np.concatenate([np.arange(s, s + n) for s, n in table[:, :2]]))
+    torch.testing.assert_close(
+        dense_by_segment(q, k, v, table, 0.3)[queries], dense_reference(q, k, v, table, 0.3)[queries]
+    )
+
+
 def test_reference_on_awkward_shapes() -> None:
     """The reference from the definition on the layout above (queries after extra own keys)."""
     table, rows = awkward_layout()
@@ -247,3 +256,79 @@ def test_kernel_reads_column_blocks_of_one_qkv_product(config: AttentionTiling, 
     torch.testing.assert_close(got[queries], want[queries], atol=1e-5, rtol=1e-5)
     strided_reference = segment_attention_reference(q, k, v, table, 0.25)
     torch.testing.assert_close(strided_reference[queries], want[queries])
+
+
+def model_shaped_layout() -> tuple[np.ndarray, int]:
+    """The layouts a packed batch makes at DEFAULT_TILING's block of 32 queries: one-token prompts,
+    a prompt of exactly one block and one of a block and one, a prefix read by many one- and two-token
+    prompts, a segment with no queries of its own after a prefix, many tiny segments, and a spare
+    segment with no queries and no keys."""
+    rows: list[list[int]] = [[0, 20, 0, 20, 0, 0]]  # a prefix
+    stream = 20
+    for length, prefix in [(1, 20), (32, 20), (33, 20), (32, 0), (33, 0), (1, 0), (0, 20)] + [
+        (1 + i % 2, 20 if i % 3 else 0) for i in range(6)
+    ]:
+        rows.append([stream, length, stream, length, 0, prefix])
+        stream += length
+    rows.append([0, 0, 0, 0, 0, 0])
+    return np.asarray(rows, dtype=np.int64), stream
+
+
+def dense_by_segment(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: np.ndarray, scale: float
+) -> torch.Tensor:
+    """float64 from the definition, a segment at a time with every head at once: query j of a
+    segment sees the prefix and its own keys up to k_len - q_len + j."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    group = q.shape[1] // k.shape[1]
+    for q_start, q_len, k_start, k_len, p_start, p_len in table.tolist():
+        if not q_len:
+            continue
+        keys = list(range(p_start, p_start + p_len)) + list(range(k_start, k_start + k_len))
+        kk = k[keys].double().repeat_interleave(group, dim=1)  # [n, Hq, D]
+        vv = v[keys].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[q_start : q_start + q_len].double(), kk) * scale
+        seen = torch.arange(len(keys))[None, :] < (p_len + k_len - q_len + 1 + torch.arange(q_len))[:, None]
+        weights = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+        out[q_start : q_start + q_len] = torch.einsum("hqk,khd->qhd", weights, vv)
+    return out
+
+
+POINTER_LOADS = AttentionTiling(block_m=32, block_n=32, heads=2)
+MODEL_SHAPES = [
+    # (query heads, key/value heads, head dim, dtype, tiling): no GQA, Qwen3-0.6B's 16/8 x 128,
+    # Qwen2-0.5B's 14/2 x 64, ratios 4 and 8, 16 query heads on one key/value head, Gemma's head
+    # dimension 256; the shipped tiling (TMA loads) and pointer loads.
+    (4, 4, 64, torch.float32, DEFAULT_TILING),
+    (16, 8, 128, torch.bfloat16, DEFAULT_TILING),
+    (14, 2, 64, torch.bfloat16, POINTER_LOADS),
+    (8, 2, 64, torch.float16, DEFAULT_TILING),
+    (8, 1, 32, torch.float32, POINTER_LOADS),
+    (16, 1, 16, torch.bfloat16, DEFAULT_TILING),
+    (4, 2, 256, torch.float32, POINTER_LOADS),
+    (2, 1, 256, torch.bfloat16, DEFAULT_TILING),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("heads, kv_heads, dim, dtype, tiling", MODEL_SHAPES)
+def test_kernel_on_model_shapes_against_float64(
+    heads: int, kv_heads: int, dim: int, dtype: torch.dtype, tiling: AttentionTiling
+) -> None:
+    """The kernel at the head counts, head dimensions and dtypes of real models, against softmax over
+    the visible keys in float64. bfloat16 included: Triton's CPU interpreter multiplies bfloat16 bit
+    patterns in tl.dot, which the kernel must work around there rather than return numbers off by
+    orders of magnitude."""
+    table, rows = model_shaped_layout()
+    torch.manual_seed(heads * dim)
+    q = torch.randn(rows, heads, dim).to(dtype)
+    k = torch.randn(rows, kv_heads, dim).to(dtype)
+    v = torch.randn(rows, kv_heads, dim).to(dtype)
+    scale = dim**-0.5
+    got = segment_attention(q, k, v, Segments.build(table, torch.device("cpu"), tiling), scale, impl="triton")
+    assert got.dtype == dtype
+    want = dense_by_segment(q, k, v, table, scale)
+    queries = torch.from_numpy(np.concatenate([np.arange(s, s + n) for s, n in table[:, :2]]))
+    # The inputs are exact in every dtype; the output is rounded once to it (bf16: 8 bits).
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(got[queries].double(), want[queries], atol=tol, rtol=tol)
