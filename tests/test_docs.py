@@ -271,6 +271,27 @@ def test_every_public_name_is_documented() -> None:
     assert not missing, f"public names no page documents: {missing}"
 
 
+def _heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings: lower case, punctuation dropped, spaces as dashes."""
+    headings = re.findall(r"^#+ (.*)$", _prose(page), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+def test_links_between_pages_reach_a_file_and_a_heading() -> None:
+    broken = []
+    for page in PAGES:
+        for link in re.findall(r"\]\(([^)\s]+)\)", _prose(page)):
+            if re.match(r"\w+://", link):
+                continue
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path).resolve() if path else page
+            if not target.exists():
+                broken.append(f"{page.name}: {link} (no such file)")
+            elif anchor and target.suffix == ".md" and anchor not in _heading_anchors(target):
+                broken.append(f"{page.name}: {link} (no such heading)")
+    assert not broken, broken
+
+
 def test_exit_codes_are_those_of_the_command_line() -> None:
     from genscore_core import cli
 
