@@ -30,7 +30,8 @@ class RankedResult(BaseModel):
     prompt_tokens: int
     window: tuple[int, int] | None = None
     """With ``long_documents="chunk"``: the character span ``[start, end)`` of the window whose score is
-    reported (the best one, for ``"max"`` and ``"mean"``); None when the document was scored whole."""
+    reported (the best one, for ``"max"`` and ``"mean"``; ``(0, len(document))`` for a document that
+    fit whole); None when the scorer does not chunk."""
     windows: int = 1
     """How many windows the document was scored as."""
 
