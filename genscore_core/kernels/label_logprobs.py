@@ -52,11 +52,15 @@ def label_logprobs_reference(
     if label_mask is not None:
         # Padded slots may hold any id (-1, V, ...): look up a valid row, then mask the result.
         label_ids = label_ids.masked_fill(~label_mask, 0)
+    # NaN for an id outside the vocabulary (only device ids get here unchecked, see label_logprobs),
+    # not W[-1] (what indexing makes of -1) or a device-side assert.
+    outside = (label_ids < 0) | (label_ids >= vocab)
+    label_ids = label_ids.masked_fill(outside, 0)
     rows = weight[label_ids].float()  # [B, K, H]
     label_logits = torch.einsum("bh,bkh->bk", h, rows)
     if bias is not None:
         label_logits = label_logits + bias[label_ids].float()
-    logprobs = label_logits - running[:, None]
+    logprobs = (label_logits - running[:, None]).masked_fill(outside, float("nan"))
     if label_mask is not None:
         logprobs = logprobs.masked_fill(~label_mask, float("-inf"))
     return LabelLogprobs(logprobs, running)
@@ -87,6 +91,17 @@ def _check_inputs(
     tensors = [hidden, weight, label_ids] + [t for t in (label_mask, bias) if t is not None]
     if len({t.device for t in tensors}) != 1:
         raise ValueError(f"all inputs must be on one device, got {sorted({str(t.device) for t in tensors})}")
+    if label_ids.device.type == "cpu":  # on a GPU this would wait for the device: NaN there instead
+        vocab = weight.shape[0]
+        outside = (label_ids < 0) | (label_ids >= vocab)
+        if label_mask is not None:
+            outside &= label_mask
+        if outside.any():
+            row, slot = (int(i) for i in outside.nonzero()[0])
+            raise ValueError(
+                f"label id {int(label_ids[row, slot])} (row {row}, slot {slot}) is outside the "
+                f"vocabulary [0, {vocab})"
+            )
 
 
 def label_logprobs(
@@ -103,7 +118,9 @@ def label_logprobs(
     Args:
         hidden: [B, H] last-position hidden states (bf16, fp16 or fp32).
         weight: [V, H] LM head weight (the embedding matrix when embeddings are tied).
-        label_ids: [B, K] integer label ids per row; rows may have different label sets.
+        label_ids: [B, K] integer label ids per row; rows may have different label sets. An
+            unmasked id outside [0, V) is a ValueError for CPU ids; GPU ids are not checked (that
+            would wait for the device) and such a slot's log-probability is NaN.
         label_mask: Optional [B, K] bool; False marks padding (its id is never read).
         bias: Optional [V] LM head bias.
         impl: "auto" runs the Triton kernel on CUDA tensors when triton works and the torch

@@ -173,6 +173,7 @@ def _finish_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations 
     out_ptr,  # [B, K] fp32
     lse_ptr,  # [B] fp32
     n_labels,
+    n_vocab,
     hidden_size,
     n_splits,
     h_stride,
@@ -212,20 +213,25 @@ def _finish_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations 
         valid = k_ok
         if HAS_MASK:
             valid = valid & (tl.load(mask_ptr + row * mask_stride + ks, mask=k_ok, other=0) != 0)
-        # Padded label slots may hold any id (-1, V, ...): never dereference them.
+        # Padded label slots may hold any id (-1, V, ...): never dereference them. Nor an unmasked
+        # id outside the vocabulary (GPU ids are not checked on the host): its slot is NaN.
         ids = tl.load(ids_ptr + row * ids_stride + ks, mask=valid, other=0).to(tl.int64)
+        in_vocab = (ids >= 0) & (ids < n_vocab)
+        valid_id = valid & in_vocab
         dots = tl.zeros([BLOCK_K], tl.float32)
         for k in range(0, hidden_size, BLOCK_H):
             hk = k + offs_h
             hk_ok = hk < hidden_size
             w = tl.load(
-                w_ptr + ids[:, None] * w_stride + hk[None, :], mask=valid[:, None] & hk_ok[None, :], other=0.0
+                w_ptr + ids[:, None] * w_stride + hk[None, :],
+                mask=valid_id[:, None] & hk_ok[None, :],
+                other=0.0,
             )
             hv = tl.load(h_ptr + row * h_stride + hk, mask=hk_ok, other=0.0)
             dots += tl.sum(w.to(tl.float32) * hv.to(tl.float32)[None, :], axis=1)
         if HAS_BIAS:
-            dots += tl.load(bias_ptr + ids, mask=valid, other=0.0).to(tl.float32)
-        logp = tl.where(valid, dots - lse, float("-inf"))
+            dots += tl.load(bias_ptr + ids, mask=valid_id, other=0.0).to(tl.float32)
+        logp = tl.where(valid, tl.where(in_vocab, dots - lse, float("nan")), float("-inf"))
         tl.store(out_ptr + row * out_stride + ks, logp, mask=k_ok)
 
 
@@ -315,6 +321,7 @@ def label_logprobs_triton(
         logprobs,
         log_normalizer,
         n_labels,
+        n_vocab,
         hidden_size,
         n_splits,
         hidden.stride(0),

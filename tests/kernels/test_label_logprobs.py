@@ -245,3 +245,42 @@ def test_never_allocates_batch_by_vocab(impl: str, monkeypatch: pytest.MonkeyPat
     # The guard itself catches the naive path.
     with pytest.raises(AssertionError, match="vocabulary-wide"), _no_vocab_wide_tensors(vocab):
         float64_expected(**inputs)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("bad", [100, -1, 10**6])
+def test_label_ids_outside_the_vocabulary_are_refused(impl: str, bad: int) -> None:
+    """An unmasked id outside [0, V) names its row, slot and id: the kernel read past W (NaN or
+    another row's logit) and the reference took -1 as W's last row, both without a word. Masked
+    slots may hold any id."""
+    inputs = make_inputs(3, 32, 100, 3, torch.float32)
+    ids = inputs["label_ids"].clone()
+    ids[2, 1] = bad
+    with pytest.raises(
+        ValueError, match=rf"label id {bad} \(row 2, slot 1\) is outside the vocabulary \[0, 100\)"
+    ):
+        label_logprobs(inputs["hidden"], inputs["weight"], ids, impl=impl)  # type: ignore[arg-type]
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[2, 1] = False
+    out = label_logprobs(inputs["hidden"], inputs["weight"], ids, mask, impl=impl)  # type: ignore[arg-type]
+    assert_matches(out, float64_expected(inputs["hidden"], inputs["weight"], ids, mask, None), torch.float32)
+
+
+@pytest.mark.parametrize("kernel", ["reference", "triton"])
+def test_ids_outside_the_vocabulary_past_the_check_come_out_nan(kernel: str) -> None:
+    """Ids on a GPU are not checked on the host (that would wait for the device); there both paths
+    give NaN for such a slot, which the engine's score check refuses, never a number read from
+    outside W or from its last row. Called past the entry point's check, on CPU tensors."""
+    inputs = make_inputs(2, 32, 100, 4, torch.float32, with_bias=True)
+    ids = inputs["label_ids"].clone()
+    ids[0, 1], ids[1, 3] = 100, -1
+    call = label_logprobs_reference if kernel == "reference" else lpt.label_logprobs_triton
+    out = call(inputs["hidden"], inputs["weight"], ids, None, inputs["bias"])
+    outside = torch.zeros_like(ids, dtype=torch.bool)
+    outside[0, 1] = outside[1, 3] = True
+    assert out.logprobs[outside].isnan().all()
+    expected = float64_expected(inputs["hidden"], inputs["weight"], ids.clamp(0, 99), None, inputs["bias"])
+    torch.testing.assert_close(out.log_normalizer.double(), expected.log_normalizer, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(
+        out.logprobs[~outside].double(), expected.logprobs[~outside], atol=1e-4, rtol=1e-5
+    )
