@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 from pydantic import BaseModel, ConfigDict
 
@@ -127,7 +127,10 @@ def _rank_key(score: float) -> tuple[bool, float]:
 
 
 def check_rank_options(
-    top_n: object, score_threshold: object, *, score_mode: ScoreMode | None = "label-softmax"
+    top_n: object,
+    score_threshold: object,
+    *,
+    score_mode: ScoreMode | Literal["auto"] | None = "label-softmax",
 ) -> None:
     """Raise :class:`~genscore_core.InvalidRequestError` naming the option unless both are usable.
 
@@ -135,7 +138,8 @@ def check_rank_options(
     of ``score_mode``: a number within [0, 1] in every mode but ``"logit"``, where it is a logit, any
     finite number (``-1.5`` keeps documents whose logit is at least -1.5). ``score_mode=None`` is for
     callers that do not know the mode yet (an adapter before its scorer is loaded): any finite number
-    passes, and the scorer checks it against its mode again when it ranks. NumPy's integers and floats
+    passes, and the scorer checks it against its mode again when it ranks; ``"auto"`` is the setting
+    that leaves the mode to the recipe, whose modes all score in [0, 1]. NumPy's integers and floats
     count (``top_n=np.int64(5)``, a threshold read off an array); a bool does not.
     """
     if top_n is not None and (
@@ -155,6 +159,8 @@ def check_rank_options(
             return
     problem = "a finite number" if unbounded else "a number within [0, 1]"
     under = "" if score_mode is None else f" under score mode {score_mode!r}"
+    if not unbounded:
+        under += " (a logit threshold needs score_mode='logit')"
     raise InvalidRequestError(
         f"score_threshold must be {problem}{under} or None, got {score_threshold!r}",
         param="score_threshold",

@@ -12,11 +12,12 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from genscore_core import GenerativeScorer, ScorerConfig, check_rank_options, scorer_setting_names
+from genscore_core.templates import SCORE_MODES, TEMPLATES, PromptTemplate, ScoreMode
 
 SCORER_SETTINGS = scorer_setting_names()
 """``model``, ``config`` and the ScorerConfig fields."""
@@ -56,13 +57,40 @@ def plain_rank_options(data: Any) -> Any:
     """
     if not isinstance(data, dict):
         return data
-    check_rank_options(data.get("top_n"), data.get("score_threshold"))
+    check_rank_options(
+        data.get("top_n"), data.get("score_threshold"), score_mode=threshold_mode(data.get("scorer"), data)
+    )
     plain = dict(data)
     if plain.get("top_n") is not None:
         plain["top_n"] = int(plain["top_n"])
     if plain.get("score_threshold") is not None:
         plain["score_threshold"] = float(plain["score_threshold"])
     return plain
+
+
+def threshold_mode(scorer: object, settings: Mapping[str, Any]) -> ScoreMode | Literal["auto"] | None:
+    """The score mode ``score_threshold`` is a score of (``check_rank_options``), told before any
+    loading: ``scorer``'s own when one is given, else the one ``settings`` set (``score_mode``, or a
+    template's), ``"auto"`` when the recipe picks it, None when it cannot be told (checked then
+    against the scorer once it is built)."""
+    if scorer is not None:
+        mode = getattr(scorer, "score_mode", None)
+        return _known(mode)
+    config = settings.get("config")
+    config = config if isinstance(config, ScorerConfig) else None
+    mode = settings.get("score_mode", config.score_mode if config is not None else "auto")
+    if mode != "auto":
+        return _known(mode)  # None for a bad mode: ScorerConfig names it
+    template = settings.get("template", config.template if config is not None else "auto")
+    if isinstance(template, PromptTemplate):
+        return template.score_mode
+    if isinstance(template, str) and template in TEMPLATES:
+        return TEMPLATES[template].score_mode
+    return "auto" if template == "auto" else None
+
+
+def _known(mode: object) -> ScoreMode | None:
+    return next((known for known in SCORE_MODES if known == mode), None)
 
 
 def _looks_like_scorer(value: object) -> bool:

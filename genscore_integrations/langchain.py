@@ -48,6 +48,7 @@ from genscore_integrations._scorer_args import (
     plain_rank_options,
     saved_settings,
     scorer_for,
+    threshold_mode,
 )
 
 try:
@@ -93,6 +94,8 @@ def _constructor_input(owner: type[BaseModel], model: str | None, data: Any) -> 
     rest = {key: value for key, value in data.items() if key not in SCORER_SETTINGS}
     # The scorer class is looked up here, at call time, so that tests can stand in for it.
     rest["scorer"] = scorer_for(owner.__name__, rest.get("scorer"), settings, build=GenerativeScorer)
+    if rest.get("score_threshold") is not None:  # now a score of a known mode: the scorer's
+        check_rank_options(None, rest["score_threshold"], score_mode=threshold_mode(rest["scorer"], {}))
     return rest
 
 
@@ -156,7 +159,8 @@ class GenerativeReranker(BaseDocumentCompressor):
 
     The returned documents are copies, best first (ties keep input order). Each keeps its ``id``
     and gets a new metadata dict holding the input's entries (their values are the input's own
-    objects, never copied), plus ``metadata["relevance_score"]`` (a probability in [0, 1]) and
+    objects, never copied), plus ``metadata["relevance_score"]`` (a probability in [0, 1]; the raw logit
+    with ``score_mode="logit"``) and
     ``metadata["genscore_truncated"]`` (whether the document was shortened to fit ``max_length``).
     The input documents are never changed.
 
@@ -178,8 +182,9 @@ class GenerativeReranker(BaseDocumentCompressor):
     settings instead (see :meth:`model_dump`)."""
     top_n: Annotated[int, Field(ge=1, strict=True)] | None = 3
     """Most documents to return (3, as in LangChain's rerankers); ``None`` keeps them all."""
-    score_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    """Drop documents scoring below this probability; ``None`` keeps every score."""
+    score_threshold: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    """Drop documents scoring below this; ``None`` keeps every score. A score of the scorer's mode:
+    within [0, 1], or any finite logit with ``score_mode="logit"``."""
 
     if TYPE_CHECKING:  # the signature type checkers see: a scorer, or the settings to build one
 
@@ -201,7 +206,11 @@ class GenerativeReranker(BaseDocumentCompressor):
             # The reranker's own options first, outside pydantic (which would wrap the error), so a
             # bad top_n fails at once with the same InvalidRequestError as GenerativeRerank's, before
             # any weights are loaded; the scorer is built here too, so its errors are not wrapped.
-            check_rank_options(data.get("top_n"), data.get("score_threshold"))
+            check_rank_options(
+                data.get("top_n"),
+                data.get("score_threshold"),
+                score_mode=threshold_mode(data.get("scorer"), data),
+            )
             super().__init__(**_constructor_input(type(self), model, data))
 
     @model_validator(mode="before")

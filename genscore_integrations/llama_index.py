@@ -35,6 +35,7 @@ from genscore_core import (
     InvalidRequestError,
     RankedResults,
     ScorerConfig,
+    check_rank_options,
 )
 from genscore_integrations._scorer_args import (
     check_model,
@@ -43,6 +44,7 @@ from genscore_integrations._scorer_args import (
     plain_rank_options,
     saved_settings,
     scorer_for,
+    threshold_mode,
 )
 
 __all__ = ["RETRIEVAL_SCORE_KEY", "WINDOW_KEY", "GenerativeRerank"]
@@ -92,7 +94,8 @@ class GenerativeRerank(BaseNodePostprocessor):
         scorer: A ready scorer to use instead of loading one.
         config: A ready :class:`~genscore_core.ScorerConfig` to load a scorer from.
         top_n: Keep at most this many nodes (default 3, as the LangChain adapter); ``None`` keeps all.
-        score_threshold: Drop nodes whose generative score is below this value (in [0, 1]).
+        score_threshold: Drop nodes whose generative score is below this value (in [0, 1]; with
+            ``score_mode="logit"``, a logit: any finite number).
         keep_retrieval_score: Store each node's incoming score in ``metadata["retrieval_score"]``.
         metadata_mode: Which metadata goes into the text that is scored (default: what embeddings see).
         callback_manager: Legacy callback manager; query engines set their own.
@@ -118,9 +121,10 @@ class GenerativeRerank(BaseNodePostprocessor):
     )
     """Number of nodes to keep, best first (3, as GenerativeReranker's); ``None`` keeps all."""
     score_threshold: float | None = Field(
-        default=None, ge=0.0, le=1.0, description="Nodes scoring below this are dropped."
+        default=None, allow_inf_nan=False, description="Nodes scoring below this are dropped."
     )
-    """Nodes whose generative score is below this are dropped; ``None`` keeps all."""
+    """Nodes whose generative score is below this are dropped; ``None`` keeps all. A score of the
+    scorer's mode: within [0, 1], or any finite logit with ``score_mode="logit"``."""
     keep_retrieval_score: bool = Field(
         default=False, description="Whether to keep the retrieval score in metadata."
     )
@@ -148,7 +152,15 @@ class GenerativeRerank(BaseNodePostprocessor):
         # Bad options fail before anything is loaded, with the same errors as GenerativeReranker's;
         # NumPy numbers, which rerank takes, become Python's for the strict fields.
         check_model("GenerativeRerank", model)
-        options = plain_rank_options({"top_n": top_n, "score_threshold": score_threshold})
+        options = plain_rank_options(
+            {
+                "top_n": top_n,
+                "score_threshold": score_threshold,
+                "scorer": scorer,
+                "config": config,
+                **settings,
+            }
+        )
         top_n, score_threshold = options["top_n"], options["score_threshold"]
         check_names("GenerativeRerank", settings, _OWN_PARAMETERS)
         if scorer is not None:
@@ -173,6 +185,8 @@ class GenerativeRerank(BaseNodePostprocessor):
         super().__init__(**fields)  # validates the cheap fields before a model is loaded
         if scorer is None:
             scorer = GenerativeScorer(model, config=config, **settings)
+            # Settings that did not tell the mode: the threshold is a score of the one loaded.
+            check_rank_options(None, score_threshold, score_mode=threshold_mode(scorer, {}))
         self._scorer = scorer
 
     def to_dict(self, **kwargs: Any) -> dict[str, Any]:
