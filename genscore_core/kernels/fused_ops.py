@@ -8,10 +8,26 @@ computes the same function, as ``impl`` asks (:mod:`genscore_core.kernels.dispat
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from genscore_core.kernels.dispatch import KernelImpl, use_triton
+
+
+def _dims(t: torch.Tensor) -> str:
+    return str(list(t.shape))
+
+
+def _check_add_rmsnorm(residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> None:
+    # Checked on both paths: the kernel reads by these sizes, past a short tensor without a word.
+    if residual.dim() != 2:
+        raise ValueError(f"add_rmsnorm: the residual must be [tokens, hidden], got {_dims(residual)}")
+    if delta is not None and delta.shape != residual.shape:
+        raise ValueError(f"add_rmsnorm: delta {_dims(delta)} does not match the residual {_dims(residual)}")
+    if weight.shape != residual.shape[1:]:
+        raise ValueError(f"add_rmsnorm: weight {_dims(weight)} does not match the residual {_dims(residual)}")
 
 
 def add_rmsnorm(
@@ -30,7 +46,10 @@ def add_rmsnorm(
     arithmetic is float32 whatever the dtypes: a lower-precision residual stores the sum rounded and
     normalises the unrounded sum.
     """
-    if use_triton(impl, residual.device, kernel="add_rmsnorm"):
+    _check_add_rmsnorm(residual, delta, weight)
+    # Updated in place, so the kernel cannot take a contiguous copy.
+    strided = None if residual.is_contiguous() else "the residual's rows are not contiguous"
+    if use_triton(impl, residual.device, kernel="add_rmsnorm", unsupported=strided):
         from genscore_core.kernels import fused_ops_triton
 
         return fused_ops_triton.add_rmsnorm(residual, delta, weight, eps, out_dtype)
@@ -61,6 +80,7 @@ def rope(
     tables; ``positions``: [T]. Writes [T, heads, D] to ``out``, which may be ``x`` itself.
     """
     head_dim = out.shape[-1]
+    _check_rope(x, num_heads, norm_weight, cos, sin, positions, out)
     odd = f"head dimension {head_dim} is not a power of two" if head_dim & (head_dim - 1) else None
     if use_triton(impl, x.device, kernel="rope", unsupported=odd):
         from genscore_core.kernels import fused_ops_triton
@@ -79,11 +99,41 @@ def rope(
     out.copy_(((h * c) + (rotated * s)).to(out.dtype).view(out.shape))
 
 
+def _check_rope(
+    x: torch.Tensor,
+    num_heads: int,
+    norm_weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    # Checked on both paths: the kernel reads by these sizes, past a short tensor without a word.
+    head_dim = out.shape[-1]
+    rows = x.shape[0]
+    if math.prod(x.shape[1:]) != num_heads * head_dim:
+        raise ValueError(f"rope: x {_dims(x)} does not hold {num_heads} heads of {head_dim}")
+    if out.shape[0] != rows or math.prod(out.shape[1:]) != num_heads * head_dim:
+        raise ValueError(f"rope: out {_dims(out)} does not hold x's {rows} rows of {num_heads} heads")
+    if norm_weight is not None and norm_weight.shape != (head_dim,):
+        raise ValueError(
+            f"rope: norm_weight {_dims(norm_weight)} does not match the head dimension {head_dim}"
+        )
+    if cos.dim() != 2 or cos.shape[1] != head_dim or sin.shape != cos.shape:
+        raise ValueError(
+            f"rope: cos and sin {_dims(cos)}, {_dims(sin)} do not match the head dimension {head_dim}"
+        )
+    if positions.shape != (rows,):
+        raise ValueError(f"rope: positions {_dims(positions)} do not match x's {rows} rows")
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: KernelImpl = "auto") -> torch.Tensor:
     """``silu(gate) * up`` computed in float32, returned contiguous in ``gate``'s dtype.
 
     [M, N] inputs may be views with a row stride, such as the two halves of one [M, 2N] gate/up
     product: they are read in place."""
+    if gate.shape != up.shape:
+        raise ValueError(f"silu_mul: gate {_dims(gate)} and up {_dims(up)} differ in shape")
     if use_triton(impl, gate.device, kernel="silu_mul"):
         from genscore_core.kernels import fused_ops_triton
 

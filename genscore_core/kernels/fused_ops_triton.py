@@ -57,6 +57,7 @@ def add_rmsnorm(
         return out
     if delta is not None:
         delta = delta.contiguous()
+    weight = weight.contiguous()  # read by column index
     block = triton.next_power_of_2(h)
     _add_rmsnorm_kernel[(t,)](
         residual,
@@ -136,7 +137,7 @@ def rope(
     _rope_kernel[(t,)](
         x,
         x.stride(0),
-        norm_weight if norm_weight is not None else cos,
+        norm_weight.contiguous() if norm_weight is not None else cos,
         cos,
         sin,
         positions,

@@ -127,3 +127,49 @@ def test_rope_in_place_on_column_blocks_of_one_qkv_product(with_norm: bool) -> N
         want = rope64(rmsnorm64(x, norm, 1e-6) if norm is not None else x, cos, sin, pos)
         torch.testing.assert_close(block.double(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(qkv[:, (q_heads + kv_heads) * D :], before[:, (q_heads + kv_heads) * D :])
+
+
+def _rope_call(impl: str, *, heads: int = 3, width: int = D, norm: int | None = D, rows: int = T) -> None:
+    x = torch.randn(T, heads * D)
+    out = torch.empty(T, heads, D)
+    weight = torch.randn(norm) if norm is not None else None
+    rope(x, HEADS, weight, 1e-6, torch.randn(40, width), torch.randn(40, width),
+         torch.randint(0, 40, (rows,)), out, impl=impl)  # type: ignore[arg-type]  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_mismatched_shapes_are_refused(impl: str) -> None:
+    """Each path refuses, naming the tensor, what the Triton kernels would otherwise read past (a
+    short norm weight, a delta of other rows, a narrow rotary table, a gate and up of other shapes):
+    the torch versions failed with broadcasting errors or broadcast, the kernels returned numbers."""
+    r = torch.randn(T, H)
+    with pytest.raises(ValueError, match=rf"weight \[{H - 8}\] does not match the residual \[{T}, {H}\]"):
+        add_rmsnorm(r, torch.randn(T, H), torch.randn(H - 8), 1e-6, torch.float32, impl=impl)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=rf"delta \[{T - 1}, {H}\] does not match the residual \[{T}, {H}\]"):
+        add_rmsnorm(r, torch.randn(T - 1, H), torch.randn(H), 1e-6, torch.float32, impl=impl)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=rf"cos and sin \[40, 8\], \[40, 8\] .* head dimension {D}"):
+        _rope_call(impl, width=8)
+    with pytest.raises(ValueError, match=rf"norm_weight \[8\] .* head dimension {D}"):
+        _rope_call(impl, norm=8)
+    with pytest.raises(ValueError, match=rf"x \[{T}, {2 * D}\] .* {HEADS} heads of {D}"):
+        _rope_call(impl, heads=2)
+    with pytest.raises(ValueError, match=rf"positions \[{T - 2}\] .* {T} rows"):
+        _rope_call(impl, rows=T - 2)
+    with pytest.raises(ValueError, match=r"gate \[3, 10\] and up \[1, 10\]"):
+        silu_mul(torch.randn(3, 10), torch.randn(1, 10), impl=impl)  # type: ignore[arg-type]
+
+
+def test_a_residual_with_a_row_stride() -> None:
+    """The residual is updated in place, so the kernel cannot take a copy of it: an explicit Triton
+    request for a strided residual is refused, saying why; the torch version updates it in place."""
+    from genscore_core.errors import KernelUnavailableError
+
+    wide = torch.randn(T, 2 * H)
+    before = wide.clone()
+    delta, w = torch.randn(T, H), torch.randn(H)
+    with pytest.raises(KernelUnavailableError, match="add_rmsnorm: the residual's rows are not contiguous"):
+        add_rmsnorm(wide[:, :H], delta, w, 1e-6, torch.float32, impl="triton")
+    torch.testing.assert_close(wide, before)
+    out = add_rmsnorm(wide[:, :H], delta, w, 1e-6, torch.float32, impl="auto")
+    torch.testing.assert_close(wide[:, :H], before[:, :H] + delta)
+    torch.testing.assert_close(out.double(), rmsnorm64(before[:, :H] + delta, w, 1e-6), atol=1e-5, rtol=1e-5)
