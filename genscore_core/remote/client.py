@@ -123,10 +123,13 @@ class TokenScoringClient(HttpBackend):
         calls = []
         for index, job in enumerate(jobs):
             if job.mode not in ("label-softmax", "vocab-softmax"):
-                # These protocols return probabilities only (apply_softmax true or false).
+                # These protocols return probabilities only (apply_softmax true or false). A label
+                # softmax over one label is always 1, so a single-label model is not sent there.
+                usable = "'label-softmax' or 'vocab-softmax'" if len(job.label_ids) > 1 else "'vocab-softmax'"
                 raise InvalidRequestError(
-                    f"score_mode {job.mode!r} cannot be asked of a scoring server, which returns "
-                    "probabilities only; use 'label-softmax' or 'vocab-softmax'",
+                    f"score_mode {job.mode!r} cannot be asked of a scoring server's {self.path}, which "
+                    f"returns probabilities only: use {usable}, or server_kind='rerank' against a "
+                    f"genscore serve scoring in {job.mode!r} (it scores the text in its own mode)",
                     param="score_mode",
                 )
             group = group_prompts(job.prompts)

@@ -17,8 +17,15 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from transformers import AutoModelForCausalLM
 
-from genscore_core import ConfigurationError, GenerativeScorer, InvalidRequestError, RemoteScoringError
+from genscore_core import (
+    ConfigurationError,
+    GenerativeScorer,
+    InvalidRequestError,
+    PromptTemplate,
+    RemoteScoringError,
+)
 from genscore_core.server import create_app
+from genscore_core.templates import TEMPLATES
 from tests.test_score_modes import reference_yes_logits
 
 from ._support import TEST_LIMITS, LiveServer, serve_in_thread
@@ -40,6 +47,25 @@ def test_servers_are_not_asked_for_logits(tiny_model_dir: Path, live_server: Liv
         remote.rerank("q", ["d"])
     assert caught.value.param == "score_mode"
     remote.close()
+
+
+def test_a_single_label_model_is_pointed_at_what_serves_it(
+    tiny_model_dir: Path, live_server: LiveServer
+) -> None:
+    """A one-label template (bge-reranker-v2-gemma's) scores logit-sigmoid by default; label-softmax
+    is refused for it, so the refusal must not send its user there."""
+    one_label = PromptTemplate(
+        **{**TEMPLATES["qwen3-reranker"].model_dump(), "label_words": ("yes",), "score_mode": "logit-sigmoid"}
+    )
+    with GenerativeScorer(
+        str(tiny_model_dir), server_url=live_server.url, max_length=512, template=one_label
+    ) as remote:
+        assert remote.score_mode == "logit-sigmoid"
+        with pytest.raises(InvalidRequestError) as caught:
+            remote.rerank("q", ["d"])
+    message = str(caught.value)
+    assert "'label-softmax'" not in message and "'vocab-softmax'" in message
+    assert "server_kind='rerank'" in message
 
 
 @pytest.fixture(scope="module")
