@@ -95,8 +95,13 @@ class Segments:
 
 
 def check_table(host: np.ndarray) -> np.ndarray:
-    """``host`` as an [S, 6] int64 array; raises ValueError for a segment with more queries than keys."""
+    """``host`` as an [S, 6] int64 array; raises ValueError for a negative entry or a segment with
+    more queries than keys."""
     host = np.asarray(host, dtype=np.int64).reshape(-1, len(SEGMENT_FIELDS))
+    if (host < 0).any():
+        # Python slicing would wrap a negative start around; the kernel would read before the tensor.
+        bad, field = (int(i) for i in np.argwhere(host < 0)[0])
+        raise ValueError(f"segment {bad} has a negative {SEGMENT_FIELDS[field]} ({host[bad, field]})")
     q_len, k_len = host[:, 1], host[:, 3]
     if (q_len > k_len).any():
         bad = int(np.argmax(q_len > k_len))

@@ -332,3 +332,14 @@ def test_kernel_on_model_shapes_against_float64(
     # The inputs are exact in every dtype; the output is rounded once to it (bf16: 8 bits).
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
     torch.testing.assert_close(got[queries].double(), want[queries], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("field", range(6))
+def test_rejects_negative_table_entries(field: int) -> None:
+    """A negative start or length: the reference would take Python's wrap-around slice of q or k and
+    the kernel read before the tensor, both without a word."""
+    table = np.asarray([[0, 2, 0, 2, 0, 0], [2, 1, 2, 3, 0, 2]])
+    table[1, field] = -1
+    name = ("q_start", "q_len", "k_start", "k_len", "prefix_start", "prefix_len")[field]
+    with pytest.raises(ValueError, match=f"segment 1 has a negative {name} .-1."):
+        Segments.build(table, torch.device("cpu"))
