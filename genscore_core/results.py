@@ -159,9 +159,8 @@ def check_rank_options(
             return
     problem = "a finite number" if unbounded else "a number within [0, 1]"
     under = "" if score_mode is None else f" under score mode {score_mode!r}"
-    if not unbounded:
-        under += " (a logit threshold needs score_mode='logit')"
+    hint = "" if unbounded else " (a logit threshold needs score_mode='logit')"
     raise InvalidRequestError(
-        f"score_threshold must be {problem}{under} or None, got {score_threshold!r}",
+        f"score_threshold must be {problem}{under} or None, got {score_threshold!r}{hint}",
         param="score_threshold",
     )
