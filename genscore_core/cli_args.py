@@ -10,6 +10,7 @@ command lines without anyone copying it, and the two cannot drift from the confi
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import types
@@ -43,10 +44,16 @@ def argument_type(parse: Callable[[str], T], expected: str, valid: Callable[[T],
 
 positive_int = argument_type(int, "a positive integer", lambda value: value >= 1)
 non_negative_int = argument_type(int, "a non-negative integer", lambda value: value >= 0)
-number = argument_type(float, "a number", lambda value: True)
-# ``value >= 0`` is False for NaN, which is refused too.
-non_negative_float = argument_type(float, "a non-negative number", lambda value: value >= 0)
-positive_float = argument_type(float, "a positive number", lambda value: value > 0)
+# float() takes "inf" and "nan". No flag means either: an infinite --server-timeout ended in an
+# OverflowError traceback from the socket, an infinite --batch-max-wait-ms left a lone request
+# waiting forever, and a NaN was refused by the config as "should be greater than 0".
+number = argument_type(float, "a finite number", math.isfinite)
+non_negative_float = argument_type(
+    float, "a finite, non-negative number", lambda value: math.isfinite(value) and value >= 0
+)
+positive_float = argument_type(
+    float, "a finite, positive number", lambda value: math.isfinite(value) and value > 0
+)
 
 
 def flag_of(field: str) -> str:

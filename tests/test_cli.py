@@ -179,6 +179,35 @@ def test_choices_come_from_the_literal() -> None:
     assert "'auto', 'padded', 'packed'" in result.stderr
 
 
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e999"])
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [
+        # Before: an OverflowError traceback from the socket, exit code 1.
+        ("rerank", "--server-timeout"),
+        ("score", "--server-timeout"),
+        # Before: a lone request waited forever under --batch-wait always.
+        ("serve", "--batch-max-wait-ms"),
+        ("serve", "--header-timeout"),
+    ],
+)
+def test_a_number_flag_refuses_what_is_not_finite(
+    tiny_model_dir: Path, tmp_path: Path, command: str, flag: str, value: str
+) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"query": "q", "document": "d"}\n')
+    where = {
+        "rerank": ["--query", "q", "--server-url", "http://127.0.0.1:9", "--server-max-retries", "0"],
+        "score": [str(rows), "-o", str(tmp_path / "out.jsonl"), "--server-url", "http://127.0.0.1:9"],
+        "serve": ["--port", str(free_port()), "--batch-wait", "always"],
+    }[command]
+    result = _run(command, "--model", str(tiny_model_dir), *where, f"{flag}={value}", stdin="d\n")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert f"argument {flag}: expected a finite" in result.stderr and f"got {value}" in result.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 # -- exit codes -------------------------------------------------------------------------------------
 
 
