@@ -208,6 +208,41 @@ def test_a_number_flag_refuses_what_is_not_finite(
     assert not (tmp_path / "out.jsonl").exists()
 
 
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        (
+            ["--score-column", "document"],
+            "--document-column and --score-column both name the column 'document'",
+        ),
+        (["--score-column", "query"], "--query-column and --score-column both name the column 'query'"),
+        (
+            ["--query-column", "document"],
+            "--query-column and --document-column both name the column 'document'",
+        ),
+        (
+            ["--query-column", "text", "--document-column", "text"],
+            "--query-column and --document-column both name the column 'text'",
+        ),
+    ],
+)
+def test_score_refuses_two_column_flags_naming_one_column(
+    tiny_model_dir: Path, tmp_path: Path, columns: list[str], message: str
+) -> None:
+    # Before: every row was bad (or, query and document one column, each text scored against
+    # itself); with --on-bad-row skip the command wrote an empty output and exited 0.
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"query": "q", "document": "d", "text": "t"}\n')
+    output = tmp_path / "out.jsonl"
+    result = _run(
+        "score", str(rows), "-o", str(output), "--model", str(tiny_model_dir), "--max-length", "512",
+        "--no-progress", "--on-bad-row", "skip", *columns,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"genscore: error: {message}; each needs its own\n"
+    assert not output.exists() and not output.with_name("out.jsonl.partial").exists()
+
+
 # -- exit codes -------------------------------------------------------------------------------------
 
 
