@@ -40,7 +40,7 @@ from genscore_core.prompts import EncodedPrompt, PromptInfo
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse, check_text
 from genscore_core.recipes import Recipe
 from genscore_core.results import RankedResults, check_rank_options, rank_results
-from genscore_core.scoring import first_bad_score, score_range
+from genscore_core.scoring import first_bad_score, score_range_words
 from genscore_core.templates import PromptTemplate, ScoreMode
 
 RANKED_ON_THE_LOOP = 64
@@ -439,10 +439,9 @@ class GenerativeScorer:
             if bad is None:
                 continue
             param, index, where = name(job_index, bad)
-            low, high = score_range(job.mode)
             raise ScoreRangeError(
-                f"{where} was scored {values[bad]!r} by {self.backend!r}, not a finite number within "
-                f"[{low}, {high}] as score mode {job.mode!r} requires",
+                f"{where} was scored {values[bad]!r} by {self.backend!r}, not "
+                f"{score_range_words(job.mode)} as score mode {job.mode!r} requires",
                 param=param,
                 index=index,
             )

@@ -30,6 +30,13 @@ def score_range(mode: ScoreMode) -> tuple[float, float]:
     return (float("-inf"), float("inf")) if mode == "logit" else (0.0, 1.0)
 
 
+def score_range_words(mode: ScoreMode) -> str:
+    """What a score of ``mode`` must be, for error messages: "a finite number" (logit) or "a finite
+    number within [0.0, 1.0]"."""
+    low, high = score_range(mode)
+    return "a finite number" if mode == "logit" else f"a finite number within [{low}, {high}]"
+
+
 def check_scores(
     scores: torch.Tensor, mode: ScoreMode, *, job: int | None = None, where: Sequence[int] | None = None
 ) -> None:
@@ -47,8 +54,8 @@ def check_scores(
     prompt = where.index(row) if where is not None else row
     place = f"prompt {prompt}" if job is None else f"prompt {prompt} of job {job}"
     raise ScoreRangeError(
-        f"{place} scored {float(scores[row])!r}, not a finite number within [{low}, {high}] as "
-        f"score mode {mode!r} requires (half-precision overflow? try dtype='float32')",
+        f"{place} scored {float(scores[row])!r}, not {score_range_words(mode)} as score mode "
+        f"{mode!r} requires (half-precision overflow? try dtype='float32')",
         job=job,
         prompt=prompt,
     )

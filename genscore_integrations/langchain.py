@@ -70,7 +70,8 @@ __all__ = [
 ]
 
 RELEVANCE_SCORE_KEY = "relevance_score"
-"""Metadata key of the score, a probability in [0, 1] (LangChain's convention for rerankers)."""
+"""Metadata key of the score (LangChain's convention for rerankers): a probability in [0, 1], or the
+raw logit with ``score_mode="logit"``."""
 TRUNCATED_KEY = "genscore_truncated"
 """Metadata key of the flag telling whether the document was shortened to fit the prompt length."""
 WINDOW_KEY = "genscore_window"
@@ -369,7 +370,8 @@ class GenerativeCrossEncoder(BaseCrossEncoder, BaseModel):
     __deepcopy__ = _deep_copied
 
     def score(self, text_pairs: list[tuple[str, str]]) -> list[float]:
-        """Probability in [0, 1] that each (query, document) pair is relevant, in input order."""
+        """Each (query, document) pair's relevance, in input order: a probability in [0, 1], or the
+        raw logit with ``score_mode="logit"``."""
         if not text_pairs:
             return []
         return self.scorer.score_pairs(text_pairs)

@@ -45,8 +45,10 @@ def test_scores_out_of_range_never_leave() -> None:
     check_scores(torch.tensor([-40.0, 12.5]), "logit")
     with pytest.raises(ScoreRangeError, match="prompt 1 scored nan"):
         check_scores(torch.tensor([0.5, float("nan")]), "vocab-softmax")
-    with pytest.raises(ScoreRangeError, match="prompt 0 scored inf"):
+    with pytest.raises(ScoreRangeError, match="prompt 0 scored inf") as caught:
         check_scores(torch.tensor([float("inf")]), "logit")
+    # A logit has no bounds to quote: the message said "within [-inf, inf]", which inf is.
+    assert "not a finite number as score mode 'logit' requires" in caught.value.message
     with pytest.raises(ScoreRangeError, match=r"within \[0.0, 1.0\]"):
         check_scores(torch.tensor([0.2, 1.5]), "logit-sigmoid")
 
