@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from genscore_core import strict_json
 from genscore_core.cli_args import (
     add_config_arguments,
+    argument_type,
     config_settings,
     flag_of,
     non_negative_int,
@@ -375,10 +376,18 @@ def _locate(
     return f"{where}, element {position}: {error.message}"
 
 
+def _check_model_folder(out: Path) -> None:
+    # Found only when the weights were written otherwise: after a minute or two of training, for
+    # the demo model, and then as "File exists".
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} is a file; give a folder to write the model into")
+
+
 def _make_tiny_model(args: argparse.Namespace) -> int:
     from genscore_core.testing.tiny_model import RANDOM_WEIGHTS_NOTICE, make_tiny_model
 
     out = Path(args.output_dir)
+    _check_model_folder(out)
     if out.is_dir() and any(out.iterdir()) and not args.force:
         raise InputError(f"{out} is not empty; pass --force to write the tiny model into it anyway")
     try:
@@ -394,6 +403,7 @@ def _make_demo_model(args: argparse.Namespace) -> int:
     from genscore_core.testing.demo_model import DEMO_MODEL_NOTICE, holds_demo_model, make_demo_model
 
     out = Path(args.output_dir)
+    _check_model_folder(out)
     if not args.force and holds_demo_model(out, train_steps=args.train_steps, seed=args.seed):
         # Re-running a documented command must not fail, nor spend a minute writing the same weights.
         print(f"{out} already holds the demo model (same seed and steps); kept it", file=sys.stderr)
@@ -417,6 +427,11 @@ def _version() -> str:
         return version("genscore")
     except PackageNotFoundError:
         return "unknown (not installed)"
+
+
+# The seeds torch.manual_seed takes; a larger one failed after the command had started, as
+# "Overflow when unpacking long long".
+seed_int = argument_type(int, "an integer from -2**63 to 2**64-1", lambda value: -(2**63) <= value < 2**64)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -471,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a small RANDOM-weight Qwen3 with the real Qwen3 tokenizer, for offline runs",
     )
     tiny.add_argument("output_dir", metavar="DIR", help="folder to write the model and tokenizer to")
-    tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    tiny.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights (default 0)")
     tiny.add_argument("--force", action="store_true", help="write into a non-empty folder")
     tiny.set_defaults(handler=_make_tiny_model)
 
@@ -484,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("output_dir", metavar="DIR", help="folder to write the model and tokenizer to")
     demo.add_argument(
-        "--seed", type=int, default=0, help="seed of the starting weights and training data (default 0)"
+        "--seed", type=seed_int, default=0, help="seed of the starting weights and training data (default 0)"
     )
     demo.add_argument(
         "--train-steps",

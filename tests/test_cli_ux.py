@@ -311,3 +311,30 @@ def test_make_demo_model_refuses_a_step_count_that_is_not_one(
     assert done.value.code == 2
     assert "argument --train-steps: expected a non-negative integer" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["make-tiny-model", "make-demo-model"])
+def test_a_model_folder_that_is_a_file_is_refused_before_any_work(command: str, tmp_path: Path) -> None:
+    # Before: make-demo-model trained for a minute or two, then failed with "File exists".
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine\n")
+    result = _run(command, str(taken), "--force")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"genscore: error: {taken} is a file; give a folder to write the model into\n"
+    assert taken.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("command", ["make-tiny-model", "make-demo-model"])
+@pytest.mark.parametrize("seed", [str(2**64), str(-(2**63) - 1)])
+def test_a_seed_torch_cannot_take_is_a_usage_error(
+    command: str, seed: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: "genscore: error: Overflow when unpacking long long", from inside the command.
+    out = tmp_path / "model"
+    with pytest.raises(SystemExit) as done:
+        main([command, str(out), "--seed", seed])
+    assert done.value.code == 2
+    assert (
+        f"argument --seed: expected an integer from -2**63 to 2**64-1, got {seed}" in capsys.readouterr().err
+    )
+    assert not out.exists()
