@@ -12,13 +12,15 @@ import ipaddress
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from genscore_core.cli_args import (
     add_config_arguments,
     argument_type,
     config_settings,
+    flag_of,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -28,21 +30,79 @@ from genscore_core.errors import ConfigurationError
 from genscore_core.server.limits import ServerLimits
 from genscore_core.server.schemas import api_key_problem
 
-_LIMIT_FLAGS = {
-    "max_items": "max_items_per_request",
-    "max_prompt_tokens": "max_prompt_tokens_per_request",
-    "max_body_bytes": "max_body_bytes",
-    "batch_max_tokens": "batch_max_tokens",
-    "batch_max_wait_ms": "batch_max_wait_ms",
-    "batch_max_waited": "batch_max_waited",
-    "batch_wait": "batch_wait",
-    "forward_batch_tokens": "forward_batch_tokens",
-    "max_queued_requests": "max_queued_requests",
-    "max_connections": "max_connections",
-    "header_timeout": "header_timeout_s",
-    "body_timeout": "body_timeout_s",
-    "keep_alive_timeout": "keep_alive_timeout_s",
+
+@dataclass(frozen=True)
+class _LimitFlag:
+    """A ``genscore serve`` flag that sets a :class:`ServerLimits` field, whose default it shows."""
+
+    field: str
+    help: str
+    parse: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] = ()
+
+
+# Flag (without its dashes, underscored) -> the limit it sets, by help group, in --help's order.
+_LIMIT_GROUPS: dict[str, dict[str, _LimitFlag]] = {
+    "request limits and batching": {
+        "max_items": _LimitFlag("max_items_per_request", "most items or documents per request", positive_int),
+        "max_prompt_tokens": _LimitFlag(
+            "max_prompt_tokens_per_request",
+            "most prompt tokens per request, all items together",
+            positive_int,
+        ),
+        "max_body_bytes": _LimitFlag("max_body_bytes", "largest request body", positive_int),
+        "batch_max_tokens": _LimitFlag(
+            "batch_max_tokens", "prompt tokens of concurrent requests scored in one engine call", positive_int
+        ),
+        "batch_max_wait_ms": _LimitFlag(
+            "batch_max_wait_ms", "how long a request waits for others to batch with", non_negative_float
+        ),
+        "batch_wait": _LimitFlag(
+            "batch_wait",
+            "when a short queue waits --batch-max-wait-ms for more requests: only while others are being "
+            "tokenized, so a lone request starts at once (tokenizing), or always",
+            choices=("tokenizing", "always"),
+        ),
+        "batch_max_waited": _LimitFlag(
+            "batch_max_waited",
+            "engine calls a queued request may see run before it is taken, whatever the token budget",
+            positive_int,
+        ),
+        "forward_batch_tokens": _LimitFlag(
+            "forward_batch_tokens",
+            "run each engine call of several requests as forward batches filled to this many tokens, so "
+            "their shapes repeat and replay CUDA graphs; 0: the engine's balanced batches",
+            non_negative_int,
+        ),
+        "max_queued_requests": _LimitFlag(
+            "max_queued_requests", "requests allowed to wait; more get 503", positive_int
+        ),
+    },
+    "connections": {
+        "max_connections": _LimitFlag(
+            "max_connections", "open connections served at once; more get 503", positive_int
+        ),
+        "header_timeout": _LimitFlag(
+            "header_timeout_s",
+            "seconds a client may take to send a request's headers, from connecting or from the request's "
+            "first byte; slower ones are disconnected",
+            positive_float,
+        ),
+        "body_timeout": _LimitFlag(
+            "body_timeout_s",
+            "seconds a client may take to send a request's body, from the end of its headers; slower ones "
+            "are answered 408 and disconnected",
+            positive_float,
+        ),
+        "keep_alive_timeout": _LimitFlag(
+            "keep_alive_timeout_s",
+            "seconds an idle keep-alive connection stays open; keep it above the idle expiry of clients' "
+            "and proxies' pools",
+            positive_int,
+        ),
+    },
 }
+_LIMIT_FLAGS = {flag: limit.field for group in _LIMIT_GROUPS.values() for flag, limit in group.items()}
 
 
 def server_limits(args: argparse.Namespace) -> ServerLimits:
@@ -78,93 +138,16 @@ def add_serve_command(
     )
     # A server shows no progress bar; everything else a scorer takes is a flag.
     add_config_arguments(serve, exclude={"show_progress"}, required={"model"}, aliases=scorer_flag_aliases)
-    limits = serve.add_argument_group("request limits and batching")
-    limits.add_argument(
-        "--max-items",
-        type=positive_int,
-        default=defaults.max_items_per_request,
-        help="most items or documents per request (default %(default)s)",
-    )
-    limits.add_argument(
-        "--max-prompt-tokens",
-        type=positive_int,
-        default=defaults.max_prompt_tokens_per_request,
-        help="most prompt tokens per request, all items together (default %(default)s)",
-    )
-    limits.add_argument(
-        "--max-body-bytes",
-        type=positive_int,
-        default=defaults.max_body_bytes,
-        help="largest request body (default %(default)s)",
-    )
-    limits.add_argument(
-        "--batch-max-tokens",
-        type=positive_int,
-        default=defaults.batch_max_tokens,
-        help="prompt tokens of concurrent requests scored in one engine call (default %(default)s)",
-    )
-    limits.add_argument(
-        "--batch-max-wait-ms",
-        type=non_negative_float,
-        default=defaults.batch_max_wait_ms,
-        help="how long a request waits for others to batch with (default %(default)s)",
-    )
-    limits.add_argument(
-        "--batch-wait",
-        choices=("tokenizing", "always"),
-        default=defaults.batch_wait,
-        help="when a short queue waits --batch-max-wait-ms for more requests: only while others are "
-        "being tokenized, so a lone request starts at once (tokenizing), or always (default %(default)s)",
-    )
-    limits.add_argument(
-        "--batch-max-waited",
-        type=positive_int,
-        default=defaults.batch_max_waited,
-        help="engine calls a queued request may see run before it is taken, whatever the token budget "
-        "(default %(default)s)",
-    )
-    limits.add_argument(
-        "--forward-batch-tokens",
-        type=non_negative_int,
-        default=defaults.forward_batch_tokens,
-        help="run each engine call of several requests as forward batches filled to this many tokens, "
-        "so their shapes repeat and replay CUDA graphs; 0: the engine's balanced batches "
-        "(default %(default)s)",
-    )
-    limits.add_argument(
-        "--max-queued-requests",
-        type=positive_int,
-        default=defaults.max_queued_requests,
-        help="requests allowed to wait; more get 503 (default %(default)s)",
-    )
-    connections = serve.add_argument_group("connections")
-    connections.add_argument(
-        "--max-connections",
-        type=positive_int,
-        default=defaults.max_connections,
-        help="open connections served at once; more get 503 (default %(default)s)",
-    )
-    connections.add_argument(
-        "--header-timeout",
-        type=positive_float,
-        default=defaults.header_timeout_s,
-        help="seconds a client may take to send a request's headers, from connecting or from the "
-        "request's first byte; slower ones are disconnected (default %(default)s)",
-    )
-    connections.add_argument(
-        "--body-timeout",
-        type=positive_float,
-        default=defaults.body_timeout_s,
-        help="seconds a client may take to send a request's body, from the end of its headers; "
-        "slower ones are answered 408 and disconnected (default %(default)s)",
-    )
-    connections.add_argument(
-        "--keep-alive-timeout",
-        type=positive_int,
-        default=defaults.keep_alive_timeout_s,
-        help="seconds an idle keep-alive connection stays open; keep it above the idle expiry of "
-        "clients' and proxies' pools (default %(default)s)",
-    )
+    for title, flags in _LIMIT_GROUPS.items():
+        group = serve.add_argument_group(title)
+        for flag, limit in flags.items():
+            kind: dict[str, Any] = {"choices": limit.choices} if limit.choices else {"type": limit.parse}
+            group.add_argument(
+                flag_of(flag),
+                default=getattr(defaults, limit.field),
+                help=f"{limit.help} (default %(default)s)",
+                **kind,
+            )
     serve.add_argument(
         "--log-level",
         default="info",

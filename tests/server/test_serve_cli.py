@@ -173,3 +173,32 @@ def test_serve_help_gives_no_default_for_the_required_model() -> None:
     assert "Hugging Face hub id" in model_help and "(default:" not in model_help
     rerank = subprocess.run([GENSCORE, "rerank", "--help"], capture_output=True, text=True, timeout=120)
     assert "(default: Qwen/Qwen3-Reranker-0.6B)" in " ".join(rerank.stdout.split())
+
+
+def test_each_limit_flag_sets_its_own_limit_and_defaults_to_it() -> None:
+    from genscore_core.cli import build_parser
+    from genscore_core.server.cli import server_limits
+    from genscore_core.server.limits import ServerLimits
+
+    parse = build_parser().parse_args
+    assert server_limits(parse(["serve", "--model", "m"])) == ServerLimits()
+    given = {
+        "--max-items": ("max_items_per_request", 7),
+        "--max-prompt-tokens": ("max_prompt_tokens_per_request", 701),
+        "--max-body-bytes": ("max_body_bytes", 7003),
+        "--batch-max-tokens": ("batch_max_tokens", 7004),
+        "--batch-max-wait-ms": ("batch_max_wait_ms", 7.5),
+        "--batch-wait": ("batch_wait", "always"),
+        "--batch-max-waited": ("batch_max_waited", 9),
+        "--forward-batch-tokens": ("forward_batch_tokens", 7008),
+        "--max-queued-requests": ("max_queued_requests", 70),
+        "--max-connections": ("max_connections", 71),
+        "--header-timeout": ("header_timeout_s", 7.25),
+        "--body-timeout": ("body_timeout_s", 7.75),
+        "--keep-alive-timeout": ("keep_alive_timeout_s", 77),
+    }
+    argv = [part for flag, (_, value) in given.items() for part in (flag, str(value))]
+    limits = server_limits(parse(["serve", "--model", "m", *argv]))
+    assert limits.model_dump() == {**ServerLimits().model_dump(), **dict(given.values())}
+    # Every limit has its flag: a field added to ServerLimits without one is caught here.
+    assert {field for field, _ in given.values()} == set(ServerLimits.model_fields)
