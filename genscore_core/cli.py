@@ -524,7 +524,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One line, at once: exiting normally would wait for worker threads to finish their batch.
         # A progress bar interrupted mid-line is left without its newline.
         start = "\n" if getattr(args, "progress_bar", False) else ""
-        _quietly(lambda: print(f"{start}genscore: interrupted", file=sys.stderr, flush=True))
+        said = f"{start}genscore: interrupted{getattr(args, 'interrupted_note', '')}"
+        _quietly(lambda: print(said, file=sys.stderr, flush=True))
         _quietly(sys.stdout.flush)
         os._exit(EXIT_INTERRUPTED)
     except BrokenPipeError:

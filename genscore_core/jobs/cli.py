@@ -91,6 +91,10 @@ def run_score(args: argparse.Namespace) -> int:
     if clash is not None:
         print(f"genscore: error: {clash}", file=sys.stderr)
         return 2
+    # Said by genscore's Ctrl-C handler: that this job, unlike rerank's, is not lost.
+    work = args.output.with_name(args.output.name + ".partial")
+    args.interrupted_note = f"; finished chunks are kept in {work}: rerun the same command to resume"
+    args.progress_bar = not args.no_progress
     settings = config_settings(args)
     options = ScoreFileOptions(
         input=args.input,

@@ -153,3 +153,35 @@ def test_ctrl_c_stops_with_one_line(tiny_model_dir: Path, tmp_path: Path) -> Non
     said = [line for line in stderr.replace("\r", "\n").splitlines() if line.startswith("genscore")]
     assert said == ["genscore: interrupted"]
     assert rest == b""
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_genscore_score_says_how_to_resume_and_the_rerun_does(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    rows = tmp_path / "rows.jsonl"
+    texts = [f"document {i} about things" for i in range(2000)]
+    rows.write_text(
+        "".join(json.dumps({"query": f"q{i // 10}", "document": t}) + "\n" for i, t in enumerate(texts))
+    )
+    output = tmp_path / "scored.jsonl"
+    command = [GENSCORE, "score", str(rows), "-o", str(output), "--model", str(tiny_model_dir), "--max-length", "512",
+               "--chunk-size", "64"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())  # type: ignore[arg-type]
+    first_chunk = output.with_name("scored.jsonl.partial") / "part-00000000.jsonl"
+    while not first_chunk.exists():
+        assert process.poll() is None, process.communicate()[1].decode()
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=300)
+    stderr = err.decode(errors="replace")
+    assert process.returncode == 130, stderr
+    said = [line for line in stderr.replace("\r", "\n").splitlines() if line.startswith("genscore")]
+    # Before: "genscore: interrupted", as rerank says it, whose work is lost.
+    assert said == [
+        f"genscore: interrupted; finished chunks are kept in {output}.partial: rerun the same command to resume"
+    ]
+    assert out == b"" and not output.exists()
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=300, env=_env())
+    assert rerun.returncode == 0, rerun.stderr
+    assert "rows kept from an interrupted run" in rerun.stderr
+    assert [json.loads(line)["document"] for line in output.read_text().splitlines()] == texts
