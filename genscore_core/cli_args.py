@@ -82,7 +82,7 @@ def add_config_arguments(
         options: dict[str, Any] = {
             "dest": name,
             "default": argparse.SUPPRESS,
-            "help": _help(field, show_default=name not in required),
+            "help": _help(field, show_default=name not in required, note=_COMMAND_LINE_NOTES.get(name, "")),
             "required": name in required,
         }
         kind = _plain_type(field.annotation)
@@ -95,6 +95,13 @@ def add_config_arguments(
             options["metavar"] = name.upper()
         group.add_argument(flag_of(name), *aliases.get(name, ()), **options)
     return group
+
+
+# Where a flag takes less than its field: a field's help that promises a Python object would send
+# a user typing it on the command line to an error.
+_COMMAND_LINE_NOTES = {
+    "template": " On the command line: a preset name or auto (a PromptTemplate object is given from Python).",
+}
 
 
 SERVER_API_KEY_ENV = "GENSCORE_SERVER_API_KEY"
@@ -139,12 +146,12 @@ def _parser_of(kind: Any, field: FieldInfo) -> Callable[[str], Any]:
     raise TypeError(f"ScorerConfig field {field!r} has a type the command line cannot parse: {kind!r}")
 
 
-def _help(field: FieldInfo, *, show_default: bool = True) -> str:
-    """The field's description as flag help; a required flag has no default to name."""
+def _help(field: FieldInfo, *, show_default: bool = True, note: str = "") -> str:
+    """The field's description as flag help, then ``note``; a required flag has no default to name."""
     text = (field.description or "").replace("``None``", "unset")
     text = re.sub(r"``([^`]*)``", r"\1", text).replace(":class:", "")
     text = re.sub(r"`~?(?:[\w.]+\.)?(\w+)`", r"\1", text)
-    text = " ".join(text.split()).replace("%", "%%")
+    text = " ".join((text + note).split()).replace("%", "%%")
     default = field.get_default()
     if show_default and default is not None and not isinstance(default, bool) and default != "":
         text += f" (default: {default})"

@@ -152,6 +152,16 @@ def test_every_config_field_is_a_flag_with_the_fields_help_and_choices(command: 
         assert flag_of(name) in flags
 
 
+@pytest.mark.parametrize("command", ["rerank", "score", "serve"])
+def test_template_help_says_what_the_flag_takes(command: str) -> None:
+    # The field's help offers "a template", a PromptTemplate object; a template typed on the command
+    # line is refused as an unknown preset.
+    template_help = " ".join((_subcommand(command)._option_string_actions["--template"].help or "").split())
+    assert "On the command line: a preset name or auto" in template_help
+    result = _run(command, "--help")
+    assert "On the command line: a preset name or auto" in " ".join(result.stdout.split())
+
+
 @pytest.mark.parametrize("command", ["rerank", "serve"])
 def test_given_flags_become_config_fields_and_absent_ones_keep_the_config_default(command: str) -> None:
     argv = [command, "--model", "m", "--forward", "padded", "--query-share", "0.5", "--trust-remote-code",
