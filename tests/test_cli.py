@@ -253,6 +253,27 @@ def test_score_refuses_two_column_flags_naming_one_column(
     assert not output.exists() and not output.with_name("out.jsonl.partial").exists()
 
 
+@pytest.mark.parametrize("format_flag", [[], ["--format", "jsonl"]])
+def test_score_says_it_takes_a_file_not_stdin(tmp_path: Path, format_flag: list[str]) -> None:
+    output = tmp_path / "out.jsonl"
+    result = _run(
+        "score",
+        "-",
+        "-o",
+        str(output),
+        "--model",
+        "m",
+        *format_flag,
+        stdin='{"query": "q", "document": "d"}\n',
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "genscore: error: genscore score reads INPUT again to resume, so it takes a file, not stdin ('-'); "
+        "save it first\n"
+    )
+    assert not output.exists()
+
+
 # -- exit codes -------------------------------------------------------------------------------------
 
 

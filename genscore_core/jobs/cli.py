@@ -87,9 +87,15 @@ def run_score(args: argparse.Namespace) -> int:
     from genscore_core.config import ScorerConfig
     from genscore_core.jobs.score import ScoreFileOptions, score_file
 
-    clash = column_clash(args)
-    if clash is not None:
-        print(f"genscore: error: {clash}", file=sys.stderr)
+    problem = column_clash(args)
+    if str(args.input) == "-":
+        # rerank's convention: read as a file of that name, it was "cannot tell the format from the
+        # extension ''", or with --format "-: no such file".
+        problem = (
+            "genscore score reads INPUT again to resume, so it takes a file, not stdin ('-'); save it first"
+        )
+    if problem is not None:
+        print(f"genscore: error: {problem}", file=sys.stderr)
         return 2
     # Said by genscore's Ctrl-C handler: that this job, unlike rerank's, is not lost.
     work = args.output.with_name(args.output.name + ".partial")
