@@ -113,6 +113,14 @@ def server_limits(args: argparse.Namespace) -> ServerLimits:
 _port = argument_type(int, "a port number (1-65535)", lambda value: 1 <= value <= 65535)
 
 
+# An empty host (a variable that expanded to nothing) was refused only after the settings were
+# checked, as "cannot listen on  port 8000: name or service not known".
+def _host(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected an address or host name, got an empty one")
+    return text.strip()
+
+
 def add_serve_command(
     commands: Any, *, scorer_flag_aliases: Mapping[str, Sequence[str]] | None = None
 ) -> None:
@@ -128,7 +136,9 @@ def add_serve_command(
         description="Serve one model: POST /generative_scoring (/generative_score), /v1/rerank; "
         "GET /health, /v1/models, /stats. Listens on loopback unless --host says otherwise.",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--host", type=_host, default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
     serve.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--served-model-name", help="model name in responses (default: --model)")
     serve.add_argument(

@@ -202,3 +202,15 @@ def test_each_limit_flag_sets_its_own_limit_and_defaults_to_it() -> None:
     assert limits.model_dump() == {**ServerLimits().model_dump(), **dict(given.values())}
     # Every limit has its flag: a field added to ServerLimits without one is caught here.
     assert {field for field, _ in given.values()} == set(ServerLimits.model_fields)
+
+
+@pytest.mark.parametrize("host", ["", "  "])
+def test_an_empty_host_is_a_usage_error_naming_the_flag(host: str) -> None:
+    assert GENSCORE is not None
+    result = subprocess.run(
+        [GENSCORE, "serve", "--model", "m", "--host", host], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "genscore serve: error: argument --host: expected an address or host name, got an empty one"
+    )
