@@ -769,3 +769,19 @@ def test_nan_infinity_and_overflowing_numbers_are_bad_rows_not_invalid_output(
         (3, "the number 1e400 is too large for a float (write it as a string)"),
         (4, "-Infinity is not a JSON value (write null or a string)"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ({"document_column": "query"}, "query_column and document_column both name the column 'query'"),
+        ({"score_column": "document"}, "document_column and score_column both name the column 'document'"),
+    ],
+)
+def test_options_refuse_two_fields_naming_one_column(
+    tmp_path: Path, columns: dict[str, str], message: str
+) -> None:
+    # Only the command line checked this: from Python every row was bad, and with on_bad_row="skip"
+    # score_file wrote an empty output without an error.
+    with pytest.raises(ValueError, match=message):
+        ScoreFileOptions(input=tmp_path / "in.jsonl", output=tmp_path / "out.jsonl", **columns)

@@ -67,27 +67,13 @@ def command_line_option(field: str, value: Any = None) -> str:
     return flag if value is None or value is True else f"{flag} {value}"
 
 
-def column_clash(args: argparse.Namespace) -> str | None:
-    """What is wrong when two column flags name one column; None when they name three.
-
-    Caught here, before the model loads: the job found it row by row, so every row was bad, and
-    with --on-bad-row skip the command wrote an empty output and exited 0.
-    """
-    flags = {"--query-column": args.query_column, "--document-column": args.document_column}
-    flags["--score-column"] = args.score_column
-    seen: dict[str, str] = {}
-    for flag, column in flags.items():
-        if column in seen:
-            return f"{seen[column]} and {flag} both name the column {column!r}; each needs its own"
-        seen[column] = flag
-    return None
-
-
 def run_score(args: argparse.Namespace) -> int:
     from genscore_core.config import ScorerConfig
-    from genscore_core.jobs.score import ScoreFileOptions, score_file
+    from genscore_core.jobs.score import ScoreFileOptions, column_clash, score_file
 
-    problem = column_clash(args)
+    # Checked before the model loads (ScoreFileOptions checks it too, naming the Python fields).
+    flags = {"--query-column": args.query_column, "--document-column": args.document_column}
+    problem = column_clash({**flags, "--score-column": args.score_column})
     if str(args.input) == "-":
         # rerank's convention: read as a file of that name, it was "cannot tell the format from the
         # extension ''", or with --format "-: no such file".

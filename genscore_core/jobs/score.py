@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
 from genscore_core.config import ScorerConfig
@@ -89,9 +89,29 @@ class ScoreFileOptions(BaseModel):
     """Fault injection for testing resumption: after writing this many chunks, the process kills itself
     (SIGKILL) halfway through writing the next one."""
 
+    @model_validator(mode="after")
+    def _columns_differ(self) -> ScoreFileOptions:
+        fields = ("query_column", "document_column", "score_column")
+        problem = column_clash({field: getattr(self, field) for field in fields})
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
     @property
     def columns(self) -> Columns:
         return Columns(self.query_column, self.document_column, self.score_column)
+
+
+def column_clash(columns: dict[str, str]) -> str | None:
+    """What is wrong when two of ``columns`` (option name -> column name) name one column; None when
+    each names its own. A job whose query and document are one column, or whose score would replace
+    one of them, finds every row bad: with ``on_bad_row="skip"`` it wrote an empty output."""
+    seen: dict[str, str] = {}
+    for option, column in columns.items():
+        if column in seen:
+            return f"{seen[column]} and {option} both name the column {column!r}; each needs its own"
+        seen[column] = option
+    return None
 
 
 OptionName = Callable[..., str]
