@@ -85,9 +85,10 @@ class ScorerConfig(BaseModel):
     """Model name sent to the server; ``None`` sends none and the server uses its default model."""
     server_api_key: SecretStr | None = None
     """Sent as ``Authorization: Bearer ...`` (the ``--api-key`` of vLLM and SGLang)."""
-    server_timeout: float = Field(default=60.0, gt=0)
+    server_timeout: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
     """Seconds allowed for one HTTP request, from connecting to the answer's last byte; a slower attempt
-    fails and is retried like a timeout."""
+    fails and is retried like a timeout. At most a day: a socket cannot wait without bound (a request
+    is at most ``server_batch_size`` items, far from a day's work)."""
     server_max_retries: int = Field(default=3, ge=0)
     """Retries after a connection error, a timeout or a 429/5xx answer, with exponential backoff."""
     server_batch_size: int = Field(default=256, gt=0)

@@ -228,6 +228,15 @@ def test_an_unknown_dtype_is_refused_with_the_settings_before_any_loading() -> N
     assert set(DTYPE_NAMES) == set(_DTYPES)
 
 
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), 1e10, 86_400.5])
+def test_a_server_timeout_beyond_a_day_is_refused_with_the_settings(seconds: float) -> None:
+    # inf and 1e10 were taken and reached the socket, which cannot wait that long: an OverflowError
+    # traceback at the first request, naming no setting.
+    with pytest.raises(ValidationError, match="server_timeout"):
+        ScorerConfig(server_timeout=seconds)
+    assert ScorerConfig(server_timeout=86_400).server_timeout == 86_400
+
+
 def test_dtype_override_loads_in_that_dtype(tiny_model_dir: Path) -> None:
     bf16 = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="bfloat16", max_length=256)
     assert bf16.model.dtype == torch.bfloat16
