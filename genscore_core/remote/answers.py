@@ -13,19 +13,27 @@ from typing import Any
 PROBABILITY_ROUNDING = 1e-6
 
 
+def _finite(value: Any, wanted: str) -> float:
+    """``value`` as a finite float, or a ValueError quoting it and saying it is not ``wanted``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"score {value!r} is not a number")
+    try:
+        score = float(value)
+    except OverflowError:  # an integer beyond float's range (JSON allows any number of digits)
+        raise ValueError(f"score {_short(value)} is not {wanted}") from None
+    if not math.isfinite(score):
+        raise ValueError(f"score {value!r} is not {wanted}")
+    return score
+
+
 def as_probability(value: Any) -> float:
     """A score from a server's answer: a finite number within [0, 1] (up to rounding, then clamped).
 
     Raises:
         ValueError: ``value`` is not such a number (the message quotes it).
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"score {value!r} is not a number")
-    try:
-        score = float(value)
-    except OverflowError:  # an integer beyond float's range (JSON allows any number of digits)
-        raise ValueError(f"score {_short(value)} is not a probability in [0, 1]") from None
-    if not math.isfinite(score) or not -PROBABILITY_ROUNDING <= score <= 1.0 + PROBABILITY_ROUNDING:
+    score = _finite(value, "a probability in [0, 1]")
+    if not -PROBABILITY_ROUNDING <= score <= 1.0 + PROBABILITY_ROUNDING:
         raise ValueError(f"score {value!r} is not a probability in [0, 1]")
     return min(max(score, 0.0), 1.0)
 
@@ -36,15 +44,7 @@ def as_logit(value: Any) -> float:
     Raises:
         ValueError: ``value`` is not such a number (the message quotes it).
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"score {value!r} is not a number")
-    try:
-        score = float(value)
-    except OverflowError:
-        raise ValueError(f"score {_short(value)} is not a finite number") from None
-    if not math.isfinite(score):
-        raise ValueError(f"score {value!r} is not a finite number")
-    return score
+    return _finite(value, "a finite number")
 
 
 def as_score(value: Any, mode: str) -> float:
