@@ -495,13 +495,19 @@ def load_causal_lm(
         transformers_progress_bars(show_progress),
         loading_failures(name_or_path, "weights", trust_remote_code=trust_remote_code),
     ):
+        cache_only = from_cache_only(name_or_path)
+        # With peft installed, transformers looks for an adapter_config.json before the weights and
+        # does not pass local_files_only on to that lookup (transformers 5.24): a hub that does not
+        # answer was asked again, with retries (30 s for a model wholly in the cache).
+        adapter = {"adapter_kwargs": {"local_files_only": True}} if cache_only else {}
         loaded: Any = AutoModelForCausalLM.from_pretrained(
             name_or_path,
             dtype=dtype,
             trust_remote_code=trust_remote_code,
             output_loading_info=True,
-            local_files_only=from_cache_only(name_or_path),
+            local_files_only=cache_only,
             **placement,
+            **adapter,
         )
     model, info = loaded
     check_loaded_causal_lm(model, list(info.get("missing_keys") or []), name_or_path)
