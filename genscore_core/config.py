@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
+from genscore_core.errors import ConfigurationError
 from genscore_core.templates import PromptTemplate, ScoreMode
 
 DTYPE_NAMES = frozenset({"float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "half"})
@@ -129,6 +130,39 @@ class ScorerConfig(BaseModel):
             raise ValueError(f"server_url must start with http:// or https://, got {url!r}")
         return url.rstrip("/") if url is not None else None
 
+    @model_validator(mode="after")
+    def _every_setting_applies(self) -> ScorerConfig:
+        # A setting that the chosen backend never reads would pass in silence: --server-url with
+        # --device cuda scored as the server was started while scorer.config said "cuda". Only values
+        # given and unlike the default count, so that a dump of every field (an adapter's model_dump,
+        # a pickle) rebuilds the scorer it came from.
+        remote = self.server_url is not None
+        unused = [
+            name
+            for name in type(self).model_fields
+            if name in self.model_fields_set
+            and (name in LOCAL_MODEL_SETTINGS if remote else name in SERVER_SETTINGS)
+            and _asks_for_something(name, getattr(self, name))
+        ]
+        if not unused:
+            return self
+        given = ", ".join(
+            f"{name} is set" if name == "server_api_key" else f"{name}={getattr(self, name)!r}"
+            for name in unused
+        )
+        them = "it" if len(unused) == 1 else "them"
+        if remote:
+            why = (
+                f"{given} with server_url: the server runs the model as it was started, so a setting of the "
+                f"model loaded here would be ignored; leave {them} out, or leave server_url out to load the model here"
+            )
+        else:
+            why = (
+                f"{given} without server_url: the model is loaded here and no server is asked, so a setting of "
+                f"scoring through a server would be ignored; set server_url, or leave {them} out"
+            )
+        raise ConfigurationError(why, setting=unused[0])
+
 
 _NUMBER_FIELDS = frozenset(
     name
@@ -136,6 +170,21 @@ _NUMBER_FIELDS = frozenset(
     if field.annotation in (int, float, int | None, float | None)
 )
 """The settings that hold a number, which pydantic would otherwise take a bool for."""
+
+LOCAL_MODEL_SETTINGS = frozenset({"device", "dtype", "forward", "max_batch_tokens", "max_batch_size"})
+"""Settings of the model loaded here, which nothing reads when ``server_url`` is set (refused then)."""
+
+SERVER_SETTINGS = frozenset(
+    name for name in ScorerConfig.model_fields if name.startswith("server_") and name != "server_url"
+)
+"""Settings of the server client, which nothing reads without ``server_url`` (refused then)."""
+
+
+def _asks_for_something(name: str, value: object) -> bool:
+    """Whether ``value`` of setting ``name`` differs from leaving it out (``"auto"`` asks for nothing)."""
+    if name in ("device", "dtype") and value == "auto":
+        return False
+    return bool(value != ScorerConfig.model_fields[name].get_default())
 
 
 def scorer_setting_names() -> frozenset[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from genscore_core import GenerativeScorer, ScorerConfig
+from genscore_core import ConfigurationError, GenerativeScorer, ScorerConfig
 from genscore_core.cli import build_parser
 from genscore_core.cli_args import config_settings, flag_of
 from tests.recipe_ranking import RecipeReference, assert_ranked_like_recipe
@@ -165,14 +165,18 @@ def test_template_help_says_what_the_flag_takes(command: str) -> None:
 @pytest.mark.parametrize("command", ["rerank", "serve"])
 def test_given_flags_become_config_fields_and_absent_ones_keep_the_config_default(command: str) -> None:
     argv = [command, "--model", "m", "--forward", "padded", "--query-share", "0.5", "--trust-remote-code",
-            "--batch-tokens", "4096", "--server-kind", "sglang"]  # fmt: skip
+            "--batch-tokens", "4096", "--server-max-retries", "1"]  # fmt: skip
     if command == "rerank":
         argv += ["--query", "q"]
     settings = config_settings(build_parser().parse_args(argv))
     assert settings == {
         "model": "m", "forward": "padded", "query_share": 0.5, "trust_remote_code": True,
-        "max_batch_tokens": 4096, "server_kind": "sglang",
+        "max_batch_tokens": 4096, "server_max_retries": 1,
     }  # fmt: skip
+    # A server setting without --server-url would do nothing: refused by the settings themselves.
+    with pytest.raises(ConfigurationError, match="server_max_retries=1 without server_url"):
+        ScorerConfig(**settings)
+    del settings["server_max_retries"]
     config = ScorerConfig(**settings)
     assert config.model_fields_set == set(settings) and config.max_length is None
 
@@ -181,6 +185,23 @@ def test_a_bad_setting_is_one_line_naming_the_flag(tiny_model_dir: Path) -> None
     result = _run("rerank", "--model", str(tiny_model_dir), "--query", "q", "--query-share", "2", stdin="d\n")
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("genscore: error: --query-share: ") and result.stderr.count("\n") == 1
+
+
+def test_a_setting_the_server_would_ignore_is_one_line_and_exit_2(tiny_model_dir: Path) -> None:
+    # --device and --dtype with --server-url scored on the server as it was started, without a word;
+    # a server flag without --server-url did nothing either. Refused before any loading or request.
+    dead = f"http://127.0.0.1:{free_port()}"
+    for argv, said in [
+        (["rerank", "--query", "q", "--server-url", dead, "--device", "cpu"], "device='cpu' with server_url"),
+        (
+            ["serve", "--port", str(free_port()), "--server-url", dead, "--dtype", "float16"],
+            "dtype='float16' with",
+        ),
+        (["rerank", "--query", "q", "--server-timeout", "5"], "server_timeout=5.0 without server_url"),
+    ]:
+        result = _run(*argv, "--model", str(tiny_model_dir), stdin="a document\n")
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(f"genscore: error: {said}") and result.stderr.count("\n") == 1
 
 
 def test_choices_come_from_the_literal() -> None:

@@ -13,7 +13,7 @@ import torch
 from pydantic import ValidationError
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
+from genscore_core import ConfigurationError, GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_core.batching import left_pad, length_sorted_batches
 from genscore_core.engine import distinct_prompts
 from genscore_core.loading import resolve_device, resolve_dtype
@@ -234,7 +234,67 @@ def test_a_server_timeout_beyond_a_day_is_refused_with_the_settings(seconds: flo
     # traceback at the first request, naming no setting.
     with pytest.raises(ValidationError, match="server_timeout"):
         ScorerConfig(server_timeout=seconds)
-    assert ScorerConfig(server_timeout=86_400).server_timeout == 86_400
+    assert ScorerConfig(server_url=URL, server_timeout=86_400).server_timeout == 86_400
+
+
+URL = "http://127.0.0.1:9"
+
+# A setting of each kind, not its default: what the model here runs with, what the server client does.
+LOCAL_ONLY = {
+    "device": "cpu",
+    "dtype": "float16",
+    "forward": "padded",
+    "max_batch_tokens": 4096,
+    "max_batch_size": 8,
+}
+SERVER_ONLY = {
+    "server_kind": "vllm", "server_model": "m", "server_api_key": "key", "server_timeout": 5.0,
+    "server_max_retries": 0, "server_batch_size": 16,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "value"), LOCAL_ONLY.items())
+def test_a_setting_of_the_model_here_is_refused_with_a_server_url(name: str, value: Any) -> None:
+    # The server runs the model: --server-url with --device cuda or --dtype float16 scored on the
+    # server as it was started, while the settings (and scorer.config) said otherwise.
+    with pytest.raises(ConfigurationError) as caught:
+        ScorerConfig(server_url=URL, **{name: value})
+    assert caught.value.setting == name
+    assert f"{name}={value!r}" in caught.value.message and "server_url" in caught.value.message
+
+
+@pytest.mark.parametrize(("name", "value"), SERVER_ONLY.items())
+def test_a_server_setting_is_refused_without_a_server_url(name: str, value: Any) -> None:
+    # Without server_url the model is loaded here and no request is sent: the setting would do nothing.
+    with pytest.raises(ConfigurationError) as caught:
+        ScorerConfig(**{name: value})
+    assert caught.value.setting == name
+    assert name in caught.value.message and "server_url" in caught.value.message
+    assert "key" not in caught.value.message.replace("server_api_key", "")  # a secret is not shown
+    assert getattr(ScorerConfig(server_url=URL, **{name: value}), name) is not None
+
+
+def test_every_setting_that_names_the_server_is_a_server_setting() -> None:
+    # A server_* field added later is covered: the check reads the names, not a list kept here.
+    servers = {name for name in ScorerConfig.model_fields if name.startswith("server_")} - {"server_url"}
+    assert servers == set(SERVER_ONLY)
+
+
+def test_settings_at_their_defaults_pass_either_way() -> None:
+    # A dump of a scorer's settings (the adapters' model_dump, a pickle) names every field at its
+    # value: the other kind's defaults must rebuild it. "auto" asks for nothing either.
+    remote = ScorerConfig(server_url=URL, server_kind="sglang", server_timeout=5.0)
+    assert ScorerConfig(**remote.model_dump()) == remote
+    assert ScorerConfig(**remote.model_dump(mode="json")) == remote
+    local = ScorerConfig(device="cpu", forward="padded")
+    assert ScorerConfig(**local.model_dump()) == local
+    assert ScorerConfig(server_url=URL, device="auto", dtype="auto").server_url == URL
+    # Settings of the prompts, the progress bar and the tokenizer apply to both.
+    both = {"max_length": 64, "trust_remote_code": True, "show_progress": True, "long_documents": "chunk"}
+    assert ScorerConfig(server_url=URL, **both).max_length == ScorerConfig(**both).max_length == 64
+    with pytest.raises(ConfigurationError, match=r"device='cpu', dtype='float16'") as caught:
+        ScorerConfig(server_url=URL, device="cpu", dtype="float16")
+    assert caught.value.setting == "device"
 
 
 def test_dtype_override_loads_in_that_dtype(tiny_model_dir: Path) -> None:

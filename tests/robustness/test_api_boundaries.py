@@ -263,12 +263,14 @@ NUMBER_SETTINGS = [
 def test_a_bool_is_not_a_number_setting(name: str) -> None:
     # pydantic took True as 1: max_batch_tokens=True ran one token a batch, max_length=True refused
     # every prompt as too long, with nothing pointing back at the setting.
+    # A server_* setting is taken only with a server to use it.
+    server = {"server_url": "http://127.0.0.1:9"} if name.startswith("server_") else {}
     for flag in (True, False):
         with pytest.raises(ValidationError, match=f"must be a number, not the bool {flag}") as caught:
-            ScorerConfig(**{name: flag})
+            ScorerConfig(**{name: flag}, **server)
         assert [error["loc"] for error in caught.value.errors()] == [(name,)]
     usable = {"query_share": 0.5, "server_timeout": 2.5}.get(name, 3)
-    assert getattr(ScorerConfig(**{name: usable}), name) == usable
+    assert getattr(ScorerConfig(**{name: usable}, **server), name) == usable
 
 
 def test_every_number_setting_is_guarded_against_bools() -> None:
