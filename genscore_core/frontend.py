@@ -502,13 +502,17 @@ def check_token_count(value: object, param: str) -> None:
 
 
 def check_documents(documents: Sequence[str]) -> None:
-    """``documents`` is a list of texts, not one text (whose characters would each be scored)."""
+    """``documents`` is a list of texts, not one text (whose characters would each be scored), and
+    each of them valid text."""
     if isinstance(documents, (str, bytes)):
         raise InvalidRequestError(
             f"documents must be a list of texts, got {type(documents).__name__}; pass one document as "
             "[document]",
             param="documents",
         )
+    # Here, not only in check_pairs: a reranked document is documents[i] to its caller, not a pair.
+    for position, document in enumerate(documents):
+        check_text(document, "documents", position)
 
 
 def check_pairs(pairs: Sequence[tuple[str, str]]) -> None:
@@ -524,8 +528,9 @@ def check_pairs(pairs: Sequence[tuple[str, str]]) -> None:
                 param="pairs",
                 index=position,
             )
-        check_text(pair[0], "query", position)
-        check_text(pair[1], "documents", position)
+        # Named as the caller passed them: a bad score of the same pair is "pairs[3]" too.
+        check_text(pair[0], "pairs", position, where=f"pairs[{position}][0] (the query)")
+        check_text(pair[1], "pairs", position, where=f"pairs[{position}][1] (the document)")
 
 
 def _what_it_is(value: object) -> str:

@@ -127,9 +127,11 @@ def check_label_token_ids(label_token_ids: list[int], vocab_size: int) -> None:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def check_text(value: object, param: str, index: int | None = None) -> None:
-    """Raise :class:`InvalidRequestError` unless ``value`` is a string of valid Unicode text."""
-    where = f"{param}[{index}]" if index is not None else param
+def check_text(value: object, param: str, index: int | None = None, *, where: str | None = None) -> None:
+    """Raise :class:`InvalidRequestError` unless ``value`` is a string of valid Unicode text; the
+    message names it ``where`` (by default ``param[index]``)."""
+    if where is None:
+        where = f"{param}[{index}]" if index is not None else param
     if not isinstance(value, str):
         raise InvalidRequestError(
             f"{where} must be a string, got {type(value).__name__}", param=param, index=index

@@ -223,7 +223,7 @@ class GenerativeScorer:
 
     def encode(self, query: str, documents: Iterable[str]) -> list[EncodedPrompt]:
         """The templated, truncated prompts that :meth:`rerank` scores."""
-        return self.front_end.encode(query, _listed(documents, "documents"))
+        return self.front_end.encode(query, _documents(documents))
 
     def prepare_pairs(self, pairs: Iterable[tuple[str, str]]) -> PreparedPairs:
         """Build the templated prompts of (query, document) pairs without scoring them."""
@@ -232,7 +232,7 @@ class GenerativeScorer:
     def score_documents(self, query: str, documents: Iterable[str]) -> list[float]:
         """Score of each document for ``query``, in input order (any iterable of texts, read once)."""
         check_text(query, "query")
-        documents = _listed(documents, "documents")
+        documents = _documents(documents)
         return [score for score, _ in self._score_texts([(query, document) for document in documents])]
 
     def score_pairs(self, pairs: Iterable[tuple[str, str]]) -> list[float]:
@@ -279,7 +279,7 @@ class GenerativeScorer:
         """
         check_rank_options(top_n, score_threshold, score_mode=self.score_mode)
         check_text(query, "query")
-        documents = _listed(documents, "documents")
+        documents = _documents(documents)
         scored = self._score_texts([(query, document) for document in documents], max_tokens_per_doc)
         return rank_results(
             query, documents, scored, top_n=top_n, score_threshold=score_threshold, score_mode=self.score_mode
@@ -305,7 +305,7 @@ class GenerativeScorer:
         check_rank_options(top_n, score_threshold, score_mode=self.score_mode)
         check_token_count(max_prompt_tokens, "max_prompt_tokens")  # truncation never reads it: check it here
         check_text(query, "query")
-        documents = _listed(documents, "documents")
+        documents = _documents(documents)
         mode = self.score_mode
 
         def ranked(scored: Sequence[tuple[float, PromptInfo]]) -> RankedResults:
@@ -462,6 +462,14 @@ class GenerativeScorer:
             f"GenerativeScorer(model={self.config.model!r}, template={self.template.name!r}, "
             f"max_length={self.max_length}, backend={self.backend!r})"
         )
+
+
+def _documents(documents: Iterable[str]) -> list[str]:
+    """``documents`` listed and checked: its bad text is named ``documents[i]`` as its caller passed
+    it, before the (query, document) pairs built from it are checked as pairs."""
+    listed = _listed(documents, "documents")
+    check_documents(listed)
+    return listed
 
 
 def _listed(items: Iterable[Any], param: str) -> list[Any]:

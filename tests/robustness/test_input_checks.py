@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from genscore_core import GenerativeScorer, InvalidRequestError, PromptTemplate
 from genscore_core.loading import NotARerankerError
 from genscore_core.prompts import EncodedPrompt
 from genscore_core.results import rank_results
+from genscore_integrations.langchain import GenerativeCrossEncoder
 
 LABELS = [9693, 2152]
 
@@ -77,8 +79,6 @@ def _assert_names(error: InvalidRequestError, param: str, index: int | None) -> 
         (lambda s: s.rerank("query", ["ok", BAD]), "documents", 1),
         (lambda s: s.rerank(BAD, ["ok"]), "query", None),
         (lambda s: s.score_documents("query", ["ok", "ok", BAD]), "documents", 2),
-        (lambda s: s.score_pairs([("q", "ok"), ("q", BAD)]), "documents", 1),
-        (lambda s: s.score_pairs([("q", "ok"), (BAD, "ok")]), "query", 1),
         (lambda s: s.encode("q", [BAD]), "documents", 0),
         (lambda s: s.score(_request(items=["ok", "ok", BAD])), "items", 2),
         (lambda s: s.score(_request(query="\udfff")), "query", None),
@@ -100,9 +100,36 @@ async def test_lone_surrogates_are_invalid_requests_async(scorer: GenerativeScor
     with pytest.raises(InvalidRequestError) as caught:
         await scorer.arerank("query", ["ok", BAD])
     assert (caught.value.param, caught.value.index) == ("documents", 1)
+
+
+# A caller of score_pairs has no "query" or "documents" variable: naming its bad text so ("documents[3]
+# must be a string") sent them looking for one, while a bad score of the same call said "pairs[3]".
+_PAIR_CALLS = [
+    lambda s, pairs: s.score_pairs(pairs),
+    lambda s, pairs: asyncio.run(s.ascore_pairs(pairs)),
+    lambda s, pairs: s.prepare_pairs(pairs),
+    lambda s, pairs: GenerativeCrossEncoder(scorer=s).score(pairs),
+    lambda s, pairs: asyncio.run(GenerativeCrossEncoder(scorer=s).ascore(pairs)),
+]
+
+
+@pytest.mark.parametrize("call", _PAIR_CALLS)
+@pytest.mark.parametrize(
+    ("pairs", "index", "where", "problem"),
+    [
+        ([("q", "ok"), ("q", 3)], 1, "pairs[1][1] (the document)", "must be a string, got int"),
+        ([("q", "ok"), (None, "ok")], 1, "pairs[1][0] (the query)", "must be a string, got NoneType"),
+        ([("q", "ok"), ("q", "ok"), ("q", BAD)], 2, "pairs[2][1] (the document)", "is not valid text"),
+        ([(BAD, "ok")], 0, "pairs[0][0] (the query)", "is not valid text"),
+    ],
+)
+def test_bad_text_in_pairs_is_named_as_the_caller_passed_it(
+    scorer: GenerativeScorer, call: Any, pairs: list[Any], index: int, where: str, problem: str
+) -> None:
     with pytest.raises(InvalidRequestError) as caught:
-        await scorer.ascore_pairs([("q", BAD)])
-    assert (caught.value.param, caught.value.index) == ("documents", 0)
+        call(scorer, pairs)
+    assert caught.value.message.startswith(f"{where} {problem}"), caught.value.message
+    assert (caught.value.param, caught.value.index) == ("pairs", index)
 
 
 def test_encode_of_no_documents_is_empty(scorer: GenerativeScorer) -> None:
