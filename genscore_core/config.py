@@ -77,7 +77,8 @@ class ScorerConfig(BaseModel):
     server_url: str | None = None
     """Score through the server at this URL (``http://host:port``) instead of loading the model here.
     ``model`` then names the tokenizer (hub id or folder) that prompts are built with; the weights
-    stay on the server."""
+    stay on the server, so the settings of a model loaded here (device, dtype, forward, max_batch_tokens,
+    max_batch_size) are refused with it, as the other server_* settings are without it."""
     server_kind: ServerKind = "genscore"
     """The server's protocol: ``"genscore"`` (``genscore serve``) or ``"vllm"``: generative scoring
     (``/generative_scoring``); ``"sglang"``: SGLang's ``/v1/score``; ``"rerank"``: ``/v1/rerank``, which
