@@ -26,6 +26,7 @@ from typing import Any, BinaryIO, Literal
 
 from genscore_core import strict_json
 from genscore_core.errors import InvalidRequestError
+from genscore_core.protocol import check_text
 
 FileFormat = Literal["jsonl", "csv", "parquet"]
 FORMATS: tuple[FileFormat, ...] = ("jsonl", "csv", "parquet")
@@ -123,9 +124,15 @@ def _check_pair(row: InputRow, columns: Columns) -> InputRow:
             row.problem = f"missing {name!r}"
             return row
         value = fields[name]
-        if not isinstance(value, str):
-            got = "null" if value is None else type(value).__name__
-            row.problem = f"{name!r} must be a string, got {got}"
+        if value is None:
+            row.problem = f"{name!r} must be a string, got null"
+            return row
+        try:
+            # A lone surrogate (a JSON \ud800 escape) too, here by column: the scorer would name the
+            # row by its place in a call the job made up.
+            check_text(value, repr(name))
+        except InvalidRequestError as error:
+            row.problem = error.message
             return row
     row.query = fields[columns.query]
     row.document = fields[columns.document]
