@@ -33,6 +33,7 @@ from genscore_core.cli_args import (
 from genscore_core.config import ScorerConfig
 from genscore_core.errors import GenScoreError, InvalidRequestError, RemoteScoringError
 from genscore_core.jobs.cli import add_score_command
+from genscore_core.protocol import check_text
 from genscore_core.server.cli import add_serve_command
 
 if TYPE_CHECKING:
@@ -133,6 +134,7 @@ def _read_documents(
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise InputError(f"{source}, line {number}: expected a JSON object with a string 'text' field")
         _check_fields(record, f"{source}, line {number}")
+        _check_document_text(record["text"], f"{source}, line {number}")
         documents.append(record)
     if not documents:
         raise InputError(f"{source}: no documents to rerank")
@@ -222,13 +224,24 @@ def _json_array(text: str, source: str, detected: bool = True, first_line: int =
     return documents
 
 
+def _check_document_text(text: str, where: str) -> None:
+    # A JSON \ud800 escape passes the UTF-8 check of the line: refused here, where its line is
+    # known, since the scorer can name it only by its place among the pairs the command made.
+    try:
+        check_text(text, "document", where="the document")
+    except InvalidRequestError as error:
+        raise InputError(f"{where}: {error.message}") from None
+
+
 def _documents_of(array: list[Any], where: str) -> list[dict[str, Any]]:
     documents: list[dict[str, Any]] = []
     for position, element in enumerate(array):
         if isinstance(element, str):
+            _check_document_text(element, f"{where}, element {position}")
             documents.append({"text": element})
         elif isinstance(element, dict) and isinstance(element.get("text"), str):
             _check_fields(element, f"{where}, element {position}")
+            _check_document_text(element["text"], f"{where}, element {position}")
             documents.append(element)
         else:
             raise InputError(

@@ -72,7 +72,8 @@ def test_a_json_array_is_read_as_documents(tiny_model_dir: Path, tmp_path: Path)
     [
         (b'["one", 2]', "stdin, element 1: expected a string or an object with a string 'text' field"),
         (b'["one",\n "two"', "stdin: starts with '[' but is not one JSON array"),
-        (b'{"text": "bad \\ud800 escape"}', "stdin, line 1: pairs[0][1] (the document) is not valid text"),
+        (b'{"text": "bad \\ud800 escape"}', "stdin, line 1: the document is not valid text: it holds a lone"),
+        (b'["ok", "bad \\ud800"]', "stdin, element 1: the document is not valid text: it holds a lone"),
     ],
 )
 def test_bad_input_is_one_line(tiny_model_dir: Path, stdin: bytes, message: str) -> None:
