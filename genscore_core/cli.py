@@ -12,9 +12,13 @@ import io
 import json
 import math
 import os
+import queue
 import re
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -57,6 +61,11 @@ _PROGRESS_STEPS = 100
 # ...but never in slices so small that the batches stop being worth a model call.
 _PROGRESS_MIN_SLICE = 8
 INPUT_FORMATS = ("auto", "text", "jsonl", "json")
+# --queries: queries already read are scored together up to about this many documents (one model
+# call per query line cost ~20x the time of one call for 60 two-document queries on a CPU) ...
+_GROUP_DOCUMENTS = 64
+# ... and at most this many lines are read ahead of the scoring.
+_QUEUED_LINES = 64
 
 
 class InputError(Exception):
@@ -158,42 +167,96 @@ class QueryRecord:
 _QUERY_KEYS = ("query", "documents", "id")
 
 
-def read_queries(stream: TextIO, source: str) -> list[QueryRecord]:
-    """Queries from JSON lines: ``{"query": "...", "documents": [...], "id": ...}`` per line.
+def _query_line(number: int, raw: str, source: str) -> QueryRecord | None:
+    """The query of line ``number`` of a ``--queries`` file; None for a blank line."""
+    line = raw.rstrip("\r\n")
+    if number == 1:
+        line = line.removeprefix("\ufeff")
+    if not line.strip():
+        return None
+    where = f"{source}, line {number}"
+    _check_utf8_line(line, where)
+    record = _parsed_line(line, where)
+    if not isinstance(record, dict):
+        raise InputError(f'{where}: expected a JSON object {{"query": ..., "documents": [...]}}')
+    unknown = [key for key in record if key not in _QUERY_KEYS]
+    if unknown:
+        raise InputError(
+            f"{where}: unknown field {unknown[0]!r}; a query line has 'query', 'documents' and "
+            "optionally 'id'"
+        )
+    query = record.get("query")
+    if not isinstance(query, str):
+        raise InputError(f"{where}: expected a string 'query' field")
+    if not is_utf8_text(query):
+        raise InputError(f"{where}: the query is not UTF-8 text")
+    documents = record.get("documents")
+    if not isinstance(documents, list) or not documents:
+        raise InputError(f"{where}: expected a non-empty 'documents' array")
+    return QueryRecord(query, _documents_of(documents, where), record.get("id"), where)
 
-    ``documents`` holds strings or objects with a string ``text`` field (other fields are carried to
-    the output); ``id`` is optional and written as ``query_id``. Blank lines are skipped.
+
+_END = object()
+"""The input has no more lines."""
+_NOT_READY = object()
+"""No line has arrived yet: scoring what is at hand beats waiting for more (a pipe may be slow)."""
+
+
+class _QueryLines:
+    """The queries of a ``--queries`` stream, read by a thread a few lines ahead of the scoring.
+
+    The thread lets the scoring take the lines that have already arrived without blocking on the
+    next one, so that queries are grouped when the input is a file and a slow pipe still gets each
+    answer before it sends its next line. At most :data:`_QUEUED_LINES` lines wait: memory does not
+    grow with the input.
     """
-    records: list[QueryRecord] = []
-    for number, raw in enumerate(stream, start=1):
-        line = raw.rstrip("\r\n")
-        if number == 1:
-            line = line.removeprefix("\ufeff")
-        if not line.strip():
-            continue
-        where = f"{source}, line {number}"
-        _check_utf8_line(line, where)
-        record = _parsed_line(line, where)
-        if not isinstance(record, dict):
-            raise InputError(f'{where}: expected a JSON object {{"query": ..., "documents": [...]}}')
-        unknown = [key for key in record if key not in _QUERY_KEYS]
-        if unknown:
-            raise InputError(
-                f"{where}: unknown field {unknown[0]!r}; a query line has 'query', 'documents' and "
-                "optionally 'id'"
-            )
-        query = record.get("query")
-        if not isinstance(query, str):
-            raise InputError(f"{where}: expected a string 'query' field")
-        if not is_utf8_text(query):
-            raise InputError(f"{where}: the query is not UTF-8 text")
-        documents = record.get("documents")
-        if not isinstance(documents, list) or not documents:
-            raise InputError(f"{where}: expected a non-empty 'documents' array")
-        records.append(QueryRecord(query, _documents_of(documents, where), record.get("id"), where))
-    if not records:
-        raise InputError(f"{source}: no queries to rerank for")
-    return records
+
+    def __init__(self, stream: TextIO, source: str) -> None:
+        self.source = source
+        self._lines: queue.Queue[Any] = queue.Queue(maxsize=_QUEUED_LINES)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(stream,), name="genscore-input", daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: TextIO) -> None:
+        try:
+            for line in enumerate(stream, start=1):
+                if not self._put(line):
+                    return
+            self._put(_END)
+        except Exception as error:  # the scoring thread reports it, after what came before it
+            self._put(error)
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():  # a reader that has stopped taking lines must not pin the thread
+            try:
+                self._lines.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self, wait: bool) -> Any:
+        """The next query, :data:`_END`, or without ``wait`` :data:`_NOT_READY`; a bad line raises."""
+        while True:
+            try:
+                item = self._lines.get(block=wait)
+            except queue.Empty:
+                return _NOT_READY
+            if item is _END:
+                self._lines.put(_END)  # asked again, it is still the end
+                return _END
+            if isinstance(item, UnicodeDecodeError):
+                raise InputError(f"{self.source}: not UTF-8 text")
+            if isinstance(item, Exception):
+                raise item
+            number, raw = item
+            record = _query_line(number, raw, self.source)
+            if record is not None:
+                return record
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def _check_fields(record: dict[str, Any], where: str) -> None:
@@ -275,37 +338,151 @@ def _rerank(args: argparse.Namespace) -> int:
     stream, source = _open_documents(args.queries if multi else args.documents)
     try:
         if multi:
-            records = read_queries(stream, source)
-        else:
+            return _rerank_queries(args, stream, source)
+        try:
             documents, lines = _read_documents(stream, source, args.format)
-            records = [QueryRecord(args.query, documents, lines=lines, source=source)]
-    except UnicodeDecodeError:
-        raise InputError(f"{source}: not UTF-8 text") from None
+        except UnicodeDecodeError:
+            raise InputError(f"{source}: not UTF-8 text") from None
     finally:
         if stream is not sys.stdin:
             stream.close()
+    records = [QueryRecord(args.query, documents, lines=lines, source=source)]
 
     from genscore_core.scorer import GenerativeScorer
 
-    total = sum(len(record.documents) for record in records)
     settings = config_settings(args)
-    settings["show_progress"] = not args.no_progress and total >= _PROGRESS_MIN_DOCUMENTS
+    settings["show_progress"] = not args.no_progress and len(documents) >= _PROGRESS_MIN_DOCUMENTS
     args.progress_bar = settings["show_progress"]
-    with _loaded_scorer(GenerativeScorer, settings) as scorer:  # one load, whatever the number of queries
+    with _loaded_scorer(GenerativeScorer, settings) as scorer:
         rankings = rank_queries(scorer, records, top_n=args.top_n, progress=args.progress_bar)
+    out = _utf8_stdout()
+    out.write(_output_lines(records, rankings, first_index=None))
+    out.flush()
+    return 0
+
+
+def _rerank_queries(args: argparse.Namespace, stream: TextIO, source: str) -> int:
+    """Each query's lines written, and flushed, once it is scored: memory holds one group of queries,
+    a reader of the output sees answers as they come, and a bad line or Ctrl-C keeps what came before."""
+    from tqdm import tqdm
+
+    from genscore_core.scorer import GenerativeScorer
+
+    lines = _QueryLines(stream, source)
+    try:
+        # A file that is wrong from its first line fails before the model loads.
+        record = lines.next(wait=True)
+        if record is _END:
+            raise InputError(f"{source}: no queries to rerank for")
+        settings = config_settings(args)
+        settings["show_progress"] = not args.no_progress
+        out = _utf8_stdout()
+        done = 0
+        scored_documents = 0
+        bar: Any = None
+        with _loaded_scorer(GenerativeScorer, settings) as scorer:
+            while record is not _END:
+                group = [record]
+                failure: InputError | None = None
+                try:
+                    while sum(len(r.documents) for r in group) < _GROUP_DOCUMENTS:
+                        record = lines.next(wait=False)
+                        if record is _NOT_READY or record is _END:
+                            break
+                        group.append(record)
+                    else:
+                        record = _NOT_READY
+                except InputError as error:
+                    failure, record = error, _END
+                documents = sum(len(r.documents) for r in group)
+                if (
+                    bar is None
+                    and not args.no_progress
+                    and scored_documents + documents >= _PROGRESS_MIN_DOCUMENTS
+                ):
+                    # The number of documents to come is not known: the bar counts, with no time left.
+                    bar = tqdm(
+                        file=sys.stderr, desc="scoring", unit="doc", initial=scored_documents, mininterval=0
+                    )
+                    args.progress_bar = True
+                for part in _scorable(scorer, group, args.top_n, bar):
+                    text = _output_lines(*part, first_index=done)
+                    with _ctrl_c_after():
+                        out.write(text)
+                        done += len(part[0])
+                        args.interrupted_note = (
+                            f"; results written for {done} quer{'y' if done == 1 else 'ies'}"
+                        )
+                    out.flush()
+                scored_documents += documents
+                if failure is not None:
+                    raise failure
+                if record is _NOT_READY:
+                    record = lines.next(wait=True)
+            if bar is not None:
+                bar.close()
+    finally:
+        lines.close()
+    return 0
+
+
+@contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Ctrl-C is held until the block is done: the count of queries that the message of an
+    interrupted run gives is then the count of queries on stdout (which is unbuffered under
+    ``PYTHONUNBUFFERED``, so a write alone puts the lines there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[Any] = []
+    previous = signal.signal(signal.SIGINT, lambda *caught: held.append(caught))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held and callable(previous):
+            previous(*held[0])
+
+
+def _scorable(
+    scorer: GenerativeScorer, group: list[QueryRecord], top_n: int | None, bar: Any
+) -> Iterator[tuple[list[QueryRecord], list[RankedResults]]]:
+    """The group ranked in one go, or, when a document of it is refused, query by query: the queries
+    before the refused one are written, and the error names its line."""
+    try:
+        rankings = rank_queries(scorer, group, top_n=top_n, progress=bar is not None, bar=bar)
+    except InputError:
+        if len(group) == 1:
+            raise
+        for record in group:
+            yield [record], rank_queries(scorer, [record], top_n=top_n, progress=bar is not None, bar=bar)
+        return
+    yield group, rankings
+
+
+def _utf8_stdout() -> TextIO:
     out = sys.stdout
     if isinstance(out, io.TextIOWrapper):
         out.reconfigure(encoding="utf-8")  # JSON lines are UTF-8 whatever the locale
+    return out
+
+
+def _output_lines(
+    records: Sequence[QueryRecord], rankings: Sequence[RankedResults], first_index: int | None
+) -> str:
+    """The JSON lines of ranked queries; with ``first_index`` (several queries) each names its query."""
+    text = []
     for number, (record, ranked) in enumerate(zip(records, rankings)):
         for result in ranked:
-            line: dict[str, Any] = {"query_index": number} if multi else {}
-            if multi and record.id is not None:
-                line["query_id"] = record.id
+            line: dict[str, Any] = {}
+            if first_index is not None:
+                line["query_index"] = first_index + number
+                if record.id is not None:
+                    line["query_id"] = record.id
             line.update({"index": result.index, "score": result.score, "truncated": result.truncated})
             line.update(record.documents[result.index])
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
-    out.flush()
-    return 0
+            text.append(json.dumps(line, ensure_ascii=False) + "\n")
+    return "".join(text)
 
 
 def _loaded_scorer(build: type[GenerativeScorer], settings: dict[str, Any]) -> GenerativeScorer:
@@ -322,13 +499,19 @@ def _loaded_scorer(build: type[GenerativeScorer], settings: dict[str, Any]) -> G
 
 
 def rank_queries(
-    scorer: GenerativeScorer, records: Sequence[QueryRecord], *, top_n: int | None, progress: bool
+    scorer: GenerativeScorer,
+    records: Sequence[QueryRecord],
+    *,
+    top_n: int | None,
+    progress: bool,
+    bar: Any = None,
 ) -> list[RankedResults]:
     """Each query's documents best first, all scored by one scorer; a bar on stderr with ``progress``.
 
     The bar counts documents and shows the rate and the time left. It advances as the engine
     finishes batches; to keep it moving, documents are scored in slices of about 1/100 of the run
-    (at least 8 documents), with the batches of a slice spread over its documents.
+    (at least 8 documents), with the batches of a slice spread over its documents. ``bar``, a tqdm
+    bar of the caller that spans several calls, is advanced instead of a bar of this call's own.
     """
     from tqdm import tqdm
 
@@ -338,31 +521,46 @@ def rank_queries(
     pairs = [
         (records[number].query, records[number].documents[position]["text"]) for number, position in owners
     ]
-    size = max(_PROGRESS_MIN_SLICE, math.ceil(len(pairs) / _PROGRESS_STEPS)) if progress else len(pairs)
+    # A caller's bar spans many calls: a group of queries is not cut into slices smaller than a group.
+    least = _PROGRESS_MIN_SLICE if bar is None else _GROUP_DOCUMENTS
+    size = max(least, math.ceil(len(pairs) / _PROGRESS_STEPS)) if progress else len(pairs)
     scored: list[Any] = []
     # mininterval=0: every step is drawn (a hundred or so per run), none is skipped for being quick.
-    with tqdm(
-        total=len(pairs), disable=not progress, file=sys.stderr, desc="scoring", unit="doc", mininterval=0
-    ) as bar:
-        for start in range(0, len(pairs), size):
-            chunk = pairs[start : start + size]
-            try:
-                prepared = scorer.prepare_pairs(chunk)
-            except InvalidRequestError as error:
-                raise InputError(_locate(error, records, owners, start)) from None
-            prompts = sum(len(job.prompts) for job in prepared.jobs) or 1
-            finished = 0
+    own = (
+        tqdm(
+            total=len(pairs), disable=not progress, file=sys.stderr, desc="scoring", unit="doc", mininterval=0
+        )
+        if bar is None
+        else None
+    )
+    with own if own is not None else nullcontext(bar) as bar:
+        base = bar.n
+        try:
+            for start in range(0, len(pairs), size):
+                chunk = pairs[start : start + size]
+                try:
+                    prepared = scorer.prepare_pairs(chunk)
+                except InvalidRequestError as error:
+                    raise InputError(_locate(error, records, owners, start)) from None
+                prompts = sum(len(job.prompts) for job in prepared.jobs) or 1
+                finished = 0
 
-            def advance(
-                count: int, start: int = start, length: int = len(chunk), prompts: int = prompts
-            ) -> None:
-                # A long document may be several prompts (windows): the bar counts documents.
-                nonlocal finished
-                finished = min(finished + count, prompts)
-                bar.update(start + length * finished // prompts - bar.n)
+                def advance(
+                    count: int, start: int = start, length: int = len(chunk), prompts: int = prompts
+                ) -> None:
+                    # A long document may be several prompts (windows): the bar counts documents.
+                    nonlocal finished
+                    finished = min(finished + count, prompts)
+                    bar.update(base + start + length * finished // prompts - bar.n)
 
-            scored.extend(prepared.assemble(scorer.backend.score_jobs(prepared.jobs, on_progress=advance)))
-            bar.update(start + len(chunk) - bar.n)
+                scored.extend(
+                    prepared.assemble(scorer.backend.score_jobs(prepared.jobs, on_progress=advance))
+                )
+                bar.update(base + start + len(chunk) - bar.n)
+        except InputError:
+            if own is None:  # the caller scores these documents again, one query at a time
+                bar.n = base
+            raise
     rankings = []
     begin = 0
     for record in records:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -186,3 +187,100 @@ def test_ctrl_c_in_genscore_score_says_how_to_resume_and_the_rerun_does(
     assert rerun.returncode == 0, rerun.stderr
     assert "rows kept from an interrupted run" in rerun.stderr
     assert [json.loads(line)["document"] for line in output.read_text().splitlines()] == texts
+
+
+# -- --queries streams: each query is answered as it is read ----------------------------------------------
+
+STREAMED = [
+    {"query": QUERY, "id": "first", "documents": TEXTS},
+    {"query": "Which river flows through Paris?", "documents": ["The Seine.", "The Rhine.", "The Po."]},
+    {"query": "food in Lyon", "documents": TEXTS[::-1]},
+]
+
+
+def _expect_query(lines: list[dict], number: int, model: Path, top_n: int | None = None) -> None:
+    """``lines`` are query ``number`` of STREAMED ranked as the official recipe ranks it."""
+    query = STREAMED[number]
+    assert [line["query_index"] for line in lines] == [number] * len(lines)
+    assert all(line.get("query_id") == query.get("id") for line in lines)
+    reference = RecipeReference(model).scores(query["query"], query["documents"], max_length=512)
+    assert_ranked_like_recipe([(line["index"], line["score"]) for line in lines], reference, top_n=top_n)
+    assert [line["text"] for line in lines] == [query["documents"][line["index"]] for line in lines]
+
+
+def _read_line(process: subprocess.Popen[bytes]) -> dict:
+    """The next output line; failing, not hanging, when none comes (a reader that waits for EOF)."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 120)
+    assert ready, "no output line while the input is still open"
+    line = process.stdout.readline()
+    assert line, process.stderr.read().decode() if process.stderr else "no output"
+    parsed: dict = json.loads(line)
+    return parsed
+
+
+def _piped(model: Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        _command(model, "--queries", "-", *args),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+        bufsize=0,  # a buffered reader would take the next lines into its buffer, where select cannot see them
+    )  # fmt: skip
+
+
+def _send(process: subprocess.Popen[bytes], query: dict) -> None:
+    assert process.stdin is not None
+    process.stdin.write(json.dumps(query).encode() + b"\n")
+    process.stdin.flush()
+
+
+def test_a_piped_query_is_answered_before_the_next_is_sent(tiny_model_dir: Path) -> None:
+    process = _piped(tiny_model_dir, "--top-n", "2")
+    try:
+        # Before: every query was read up to EOF before any was scored; nothing came while stdin was open.
+        for number in range(2):
+            _send(process, STREAMED[number])
+            _expect_query([_read_line(process), _read_line(process)], number, tiny_model_dir, top_n=2)
+        out, err = process.communicate(b"", timeout=300)
+    finally:
+        process.kill()
+    assert (process.returncode, out, err) == (0, b"", b"")
+
+
+def test_ctrl_c_between_queries_keeps_their_results_and_says_how_many(tiny_model_dir: Path) -> None:
+    process = _piped(tiny_model_dir)
+    try:
+        _send(process, STREAMED[0])
+        first = [_read_line(process) for _ in STREAMED[0]["documents"]]
+        process.send_signal(signal.SIGINT)  # waiting for the second query
+        out, err = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    _expect_query(first, 0, tiny_model_dir)
+    assert (process.returncode, out) == (130, b"")
+    assert err.decode().splitlines() == ["genscore: interrupted; results written for 1 query"]
+
+
+@pytest.mark.parametrize(
+    ("third", "message"),
+    [
+        (b'{"query": "q", "documents": ["a"]', "line 3: invalid JSON"),
+        (b'{"query": "caf\xe9", "documents": ["a"]}', "line 3: not UTF-8 text"),
+        (b'{"query": "q", "documents": ["a"], "top_n": 1}', "line 3: unknown field 'top_n'"),
+        # Read well, refused by the scorer: a lone surrogate, written as a JSON escape.
+        (b'{"query": "q", "documents": ["a", "bad \\ud800"]}', "line 3, element 1: "),
+    ],
+)
+def test_a_bad_line_after_good_ones_keeps_their_results_and_is_named(
+    third: bytes, message: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "queries.jsonl"
+    path.write_bytes(b"".join(json.dumps(q).encode() + b"\n" for q in STREAMED[:2]) + third + b"\n")
+    result = _run(tiny_model_dir, "--queries", str(path))
+    # Before: the error came before any scoring, and the two good queries' results were lost.
+    assert result.returncode == 2
+    errors = result.stderr.decode().splitlines()
+    assert len(errors) == 1 and f"{path}, {message}" in errors[0], errors
+    lines = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    assert [line["query_index"] for line in lines] == [0, 0, 0, 1, 1, 1]
+    _expect_query(lines[:3], 0, tiny_model_dir)
+    _expect_query(lines[3:], 1, tiny_model_dir)
