@@ -266,7 +266,7 @@ def test_ctrl_c_between_queries_keeps_their_results_and_says_how_many(tiny_model
         (b'{"query": "q", "documents": ["a"]', "line 3: invalid JSON"),
         (b'{"query": "caf\xe9", "documents": ["a"]}', "line 3: not UTF-8 text"),
         (b'{"query": "q", "documents": ["a"], "top_n": 1}', "line 3: unknown field 'top_n'"),
-        # Read well, refused by the scorer: a lone surrogate, written as a JSON escape.
+        # A lone surrogate, written as a JSON escape: valid JSON, not valid text.
         (b'{"query": "q", "documents": ["a", "bad \\ud800"]}', "line 3, element 1: "),
     ],
 )
