@@ -80,7 +80,9 @@ def test_langchain_refuses_invalid_text_naming_the_document(scorer: GenerativeSc
     assert (caught.value.param, caught.value.index) == ("documents", 1)
     with pytest.raises(InvalidRequestError) as caught:
         GenerativeCrossEncoder(scorer=scorer).score([(QUERY, TEXTS[0]), (QUERY, BAD)])
-    assert (caught.value.param, caught.value.index) == ("documents", 1)
+    # The cross-encoder takes pairs: the bad text is named as its caller passed it (since b93e0ff).
+    assert (caught.value.param, caught.value.index) == ("pairs", 1)
+    assert "pairs[1][1] (the document)" in caught.value.message
 
 
 async def test_llama_index_refuses_invalid_text_naming_the_node(scorer: GenerativeScorer) -> None:
