@@ -260,11 +260,9 @@ def test_selection(qwen3: Any) -> None:
 @pytest.mark.parametrize(
     "options",
     [
-        PackedOptions(trim_last_layer=False),
+        PackedOptions(),
         PackedOptions.all_kernels("torch"),
         PackedOptions(fused_ops="torch"),
-        PackedOptions(fused_projections=False),
-        PackedOptions(fused_projections=False, trim_last_layer=False),
     ],
 )
 def test_options_keep_the_numbers(qwen3: Any, options: PackedOptions) -> None:
@@ -276,51 +274,40 @@ def test_options_keep_the_numbers(qwen3: Any, options: PackedOptions) -> None:
     )
 
 
-def test_the_residual_in_the_model_dtype_is_float32_in_a_float32_model(qwen3: Any) -> None:
-    groups = _random_groups(random.Random(6), qwen3.config.vocab_size, SPEC)
-    forward = PackedForward(qwen3, options=PackedOptions(residual_dtype="model"))
-    assert forward.decoder.residual_dtype == torch.float32
-    torch.testing.assert_close(
-        forward.last_hidden_states(groups), _reference(qwen3, groups), atol=ATOL, rtol=ATOL
-    )
+def test_options_name_only_kernel_implementations() -> None:
     with pytest.raises(ValidationError):
-        PackedOptions(residual_dtype="bfloat16")  # type: ignore[arg-type]
+        PackedOptions(attention="cuda")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        PackedOptions(trim_last_layer=False)  # type: ignore[call-arg]
 
 
 def _bf16_copy(model: Any) -> Any:
     return copy.deepcopy(model).to(torch.bfloat16)
 
 
-def test_a_bf16_model_keeps_a_bf16_residual_only_when_asked(qwen3: Any) -> None:
-    """Rounding the stream after each add moves the rows by bf16 noise, no more; only the forward
-    built with the option rounds (another one over the same weights, built after it, does not)."""
+def test_a_bf16_model_gives_the_float32_rows_within_bf16_noise(qwen3: Any) -> None:
+    """The residual stream stays float32 in a bf16 model: only the products' inputs are rounded."""
     groups = _random_groups(random.Random(6), qwen3.config.vocab_size, SPEC)
     reference = _reference(qwen3, groups)  # float32 weights and arithmetic
-    model = _bf16_copy(qwen3)
-    rounded = PackedForward(model, options=PackedOptions(residual_dtype="model"))
-    kept = PackedForward(model)
-    assert (rounded.decoder.residual_dtype, kept.decoder.residual_dtype) == (torch.bfloat16, torch.float32)
-    a, b = rounded.last_hidden_states(groups), kept.last_hidden_states(groups)
-    assert (a - b).abs().max() > 1e-3, "the residual is rounded"
-    # Both within bf16 noise of the float32 model (final-norm rows are of order one).
-    torch.testing.assert_close(a, reference, atol=0.1, rtol=0.05)
-    torch.testing.assert_close(b, reference, atol=0.1, rtol=0.05)
+    rows = PackedForward(_bf16_copy(qwen3), max_batch_tokens=30).last_hidden_states(groups)
+    assert rows.dtype == torch.float32
+    # Final-norm rows are of order one.
+    torch.testing.assert_close(rows, reference, atol=0.1, rtol=0.05)
 
 
-def test_graphs_replay_a_bf16_residual_as_the_eager_decoder_runs_it(qwen3: Any) -> None:
+def test_graphs_replay_a_bf16_model_as_the_eager_decoder_runs_it(qwen3: Any) -> None:
     """Small and large static shapes, prefixes saved and loaded through the static buffers (the CPU
-    replays on the same buffers; CUDA captures them, measured in bench_residual.py)."""
+    replays on the same buffers; CUDA captures them)."""
     model = _bf16_copy(qwen3)
-    decoder = PackedForward(model, options=PackedOptions(residual_dtype="model")).decoder
+    decoder = PackedForward(model).decoder
     groups = _random_groups(
         random.Random(16), model.config.vocab_size, [(20, [30, 2, 11, 4, 6]), (9, [7, 12, 3])]
     )
     eager = PackedForward(model, max_batch_tokens=40, options=decoder.options).last_hidden_states(groups)
     for max_tokens, large_tokens in ((4096, 0), (16, 4096)):
         graphs = DecoderGraphs(
-            decoder, max_tokens=max_tokens, token_step=16, capture_after=1, large_tokens=large_tokens,
-            prefixes=True, cuda_graphs=False,
-        )  # fmt: skip
+            decoder, max_tokens=max_tokens, token_step=16, capture_after=1, large_tokens=large_tokens
+        )
         for _ in range(2):  # captured, then replayed
             rows = _prefix_graph_rows(graphs, groups, 40)
             torch.testing.assert_close(rows, eager, atol=2e-2, rtol=0)  # a bf16 step at most
@@ -415,7 +402,7 @@ def test_graphs_reuse_static_buffers_without_stale_rows(qwen3: Any) -> None:
     long = _random_groups(random.Random(9), vocab, [(12, [30, 20, 25]), (5, [9, 9])])
     short = _random_groups(random.Random(10), vocab, [(3, [4, 2])])
     other = _random_groups(random.Random(11), vocab, [(20, [100, 90, 80])])
-    graphs = DecoderGraphs(PackedForward(qwen3).decoder, max_tokens=256, token_step=128, cuda_graphs=False)
+    graphs = DecoderGraphs(PackedForward(qwen3).decoder, max_tokens=256, token_step=128)
     with torch.inference_mode():
         assert graphs.run(_one_batch(long)) is None, "a shape seen once runs eagerly"
         first = graphs.run(_one_batch(long))
@@ -434,9 +421,8 @@ def test_graphs_keep_the_most_recently_used_shapes(qwen3: Any) -> None:
     small = _random_groups(random.Random(12), vocab, [(3, [4, 2])])  # 9 tokens
     large = _random_groups(random.Random(13), vocab, [(10, [40, 30])])  # 80 tokens
     graphs = DecoderGraphs(
-        PackedForward(qwen3).decoder, max_tokens=128, token_step=32, max_graphs=1, capture_after=1,
-        cuda_graphs=False,
-    )  # fmt: skip
+        PackedForward(qwen3).decoder, max_tokens=128, token_step=32, max_graphs=1, capture_after=1
+    )
     with torch.inference_mode():
         for groups in (small, large, small, small):
             rows = graphs.run(_one_batch(groups))
@@ -444,18 +430,6 @@ def test_graphs_keep_the_most_recently_used_shapes(qwen3: Any) -> None:
             torch.testing.assert_close(rows, _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
     assert list(graphs.graphs) == [StaticShape(tokens=32, segments=16)]
     assert (graphs.captures, graphs.replays) == (3, 4)
-
-
-def test_batches_that_carry_prefixes_between_batches_run_eagerly(qwen3: Any) -> None:
-    groups = _random_groups(random.Random(14), qwen3.config.vocab_size, [(20, [30, 2, 11, 4, 6])])
-    first, second = plan_batches(groups, 40)
-    graphs = DecoderGraphs(PackedForward(qwen3).decoder, max_tokens=4096, capture_after=1, cuda_graphs=False)
-    assert build_batch(groups, first).save and build_batch(groups, second).load
-    assert graphs.shape_for(build_batch(groups, first)) is None
-    assert graphs.shape_for(build_batch(groups, second)) is None
-    assert graphs.shape_for(_one_batch(groups)) == StaticShape(tokens=128, segments=16)
-    with pytest.raises(ValueError):
-        DecoderGraphs(graphs.decoder, max_tokens=0)
 
 
 def _prefix_graph_rows(graphs: DecoderGraphs, groups: list[PrefixGroup], budget: int) -> torch.Tensor:
@@ -495,7 +469,7 @@ def test_graphs_of_batches_that_carry_prefixes_give_the_hf_rows(
     vocab = qwen3.config.vocab_size
     graphs = DecoderGraphs(
         PackedForward(qwen3).decoder, max_tokens=max_tokens, token_step=16, capture_after=1,
-        large_tokens=large_tokens, prefixes=True, cuda_graphs=False,
+        large_tokens=large_tokens,
     )  # fmt: skip
     for seed in (16, 17):
         groups = _random_groups(random.Random(seed), vocab, [(20, [30, 2, 11, 4, 6]), (9, [7, 12, 3])])
@@ -516,27 +490,34 @@ def test_graphs_of_batches_that_carry_prefixes_give_the_hf_rows(
         assert large and all(shape.tokens % 1024 == 0 and shape.segments % 64 == 0 for shape in large)
 
 
-def test_graphs_take_prefix_batches_only_when_asked(qwen3: Any) -> None:
+def test_graphs_shape_batches_that_carry_prefixes_and_large_ones(qwen3: Any) -> None:
     groups = _random_groups(random.Random(14), qwen3.config.vocab_size, [(20, [30, 2, 11, 4, 6])])
     first, second = [build_batch(groups, s) for s in plan_batches(groups, 40)]
+    assert first.save and second.load
     decoder = PackedForward(qwen3).decoder
-    graphs = DecoderGraphs(decoder, max_tokens=4096, capture_after=1, prefixes=True, cuda_graphs=False)
+    graphs = DecoderGraphs(decoder, max_tokens=4096, capture_after=1)
+    assert graphs.shape_for(_one_batch(groups)) == StaticShape(tokens=128, segments=16)
     assert graphs.shape_for(first) == StaticShape(tokens=128, segments=16, load=0, save=128)
     assert graphs.shape_for(second) == StaticShape(tokens=128, segments=16, load=128, save=0)
     with pytest.raises(ValueError, match="loaded"):
         graphs.decode(second, None)
-    large = DecoderGraphs(decoder, max_tokens=16, large_tokens=1024, cuda_graphs=False)
+    large = DecoderGraphs(decoder, max_tokens=16, large_tokens=1024)
     assert large.shape_for(_one_batch(groups)) == StaticShape(tokens=1024, segments=64)
     assert large.shape_for(_one_batch(groups), large=False) is None
-    assert DecoderGraphs(decoder, max_tokens=16, cuda_graphs=False).shape_for(_one_batch(groups)) is None
+    assert DecoderGraphs(decoder, max_tokens=16).shape_for(_one_batch(groups)) is None
     with pytest.raises(ValueError):
         DecoderGraphs(decoder, max_tokens=16, large_tokens=-1)
+    with pytest.raises(ValueError):
+        DecoderGraphs(decoder, max_tokens=0)
 
 
-def test_a_failed_capture_switches_graphs_off(qwen3: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """Asking for CUDA graphs of a decoder on the CPU fails to capture: eager from then on, said once."""
+def test_a_failed_capture_switches_graphs_off(
+    qwen3: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA graph capture of a decoder on the CPU fails: eager from then on, said once."""
     groups = _random_groups(random.Random(15), qwen3.config.vocab_size, SPEC)
-    graphs = DecoderGraphs(PackedForward(qwen3).decoder, max_tokens=4096, capture_after=1, cuda_graphs=True)
+    graphs = DecoderGraphs(PackedForward(qwen3).decoder, max_tokens=4096, capture_after=1)
+    monkeypatch.setattr(graphs, "cuda_graphs", True)  # as on CUDA, where a capture may fail
     with caplog.at_level("WARNING", logger="genscore_core.packed.graphs"):
         assert graphs.run(_one_batch(groups)) is None
         assert graphs.run(_one_batch(groups)) is None
@@ -546,9 +527,7 @@ def test_a_failed_capture_switches_graphs_off(qwen3: Any, caplog: pytest.LogCapt
 
 def test_the_packed_forward_graphs_only_cuda_with_device_side_attention(qwen3: Any) -> None:
     assert PackedForward(qwen3).graphs is None, "CPU: no graphs"
-    assert PackedOptions().graph_tokens == 16384
-    with pytest.raises(ValidationError):
-        PackedOptions(graph_tokens=-1)
+    assert PackedForward(qwen3, options=PackedOptions(attention="torch")).graphs is None
 
 
 # -- fused projections: one q/k/v and one gate/up weight per layer, the model's modules re-pointed ----
@@ -574,11 +553,6 @@ def test_fused_projections_hold_the_weights_once_and_keep_the_model(tmp_path: Pa
     before = {name: t.clone() for name, t in model.state_dict().items()}
     params = [(m.weight, m.bias) for m in _linears(model)]
     reference = _reference(model, groups)
-    old_ptrs = [m.weight.data_ptr() for m in _linears(model)]
-
-    unfused = PackedForward(model, options=PackedOptions(fused_projections=False))
-    assert [m.weight.data_ptr() for m in _linears(model)] == old_ptrs  # untouched
-    assert unfused.decoder.layers[0].qkv is None and unfused.decoder.layers[0].gate_up is None
 
     forward = PackedForward(model, max_batch_tokens=30)
     assert [(m.weight, m.bias) for m in _linears(model)] == params  # the same parameter objects
@@ -598,8 +572,6 @@ def test_fused_projections_hold_the_weights_once_and_keep_the_model(tmp_path: Pa
         assert mlp.up_proj.weight.data_ptr() == fused.gate_up[0][mlp.gate_proj.weight.shape[0]].data_ptr()
     torch.testing.assert_close(_reference(model, groups), reference, rtol=0, atol=0)
     torch.testing.assert_close(forward.last_hidden_states(groups), reference, atol=ATOL, rtol=ATOL)
-    # The decoder built before the move reads the same parameters, now views: same numbers.
-    torch.testing.assert_close(unfused.last_hidden_states(groups), reference, atol=ATOL, rtol=ATOL)
 
     again = PackedForward(model)
     for a, b in zip(forward.decoder.layers, again.decoder.layers, strict=True):
@@ -629,6 +601,18 @@ def test_fuse_linears_fills_missing_biases_and_refuses_mixed_dtypes() -> None:
     d = torch.nn.Linear(8, 3).double()
     pointer = d.weight.data_ptr()
     assert fuse_linears([a, d]) is None and d.weight.data_ptr() == pointer
+
+
+def test_projections_in_another_dtype_than_the_embeddings_are_refused() -> None:
+    """The products' inputs are in the embeddings' dtype: a weight in another one is refused when the
+    model is checked (layer 0: the engine then takes the padded forward) or, later, when it is fused."""
+    model = _small_model("qwen2")
+    model.model.layers[0].self_attn.k_proj.double()
+    assert "k_proj is torch.float64" in (unsupported_reason(model) or "")
+    model = _small_model("qwen2")
+    model.model.layers[1].mlp.up_proj.double()
+    with pytest.raises(ValueError, match="layer 1"):
+        PackedForward(model)
 
 
 def test_fused_weights_built_under_inference_mode_keep_the_model_trainable() -> None:

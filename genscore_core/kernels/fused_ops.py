@@ -1,9 +1,9 @@
 """The small fused operations of the packed decoder, with a plain-torch version of each.
 
-The residual stream stays in float32 by default: norms and rotary embeddings are computed in float32 and
+The decoder's residual stream stays in float32: norms and rotary embeddings are computed in float32 and
 only the inputs of matrix products are cast to the model's dtype, so bf16 rounding does not pile up
-over the layers (a residual in the model's dtype is an option: ``PackedOptions.residual_dtype``). Each operation is one Triton kernel (``fused_ops_triton.py``) or the torch version below, which
-computes the same function, as ``impl`` asks (:mod:`genscore_core.kernels.dispatch`).
+over the layers. Each operation is one Triton kernel (``fused_ops_triton.py``) or the torch version
+below, which computes the same function, as ``impl`` asks (:mod:`genscore_core.kernels.dispatch`).
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ def add_rmsnorm(
 ) -> torch.Tensor:
     """``residual += delta`` (in place), then ``RMSNorm(residual) * weight`` as ``out_dtype``.
 
-    ``residual``: [T, H], float32 in the decoder unless ``PackedOptions.residual_dtype`` keeps it in a
-    bf16/fp16 model's dtype; ``delta``: [T, H] in any float dtype, or None to only normalise. The
-    arithmetic is float32 whatever the dtypes: a lower-precision residual stores the sum rounded and
-    normalises the unrounded sum.
+    ``residual``: [T, H], float32 in the decoder (a lower-precision one works too); ``delta``: [T, H]
+    in any float dtype, or None to only normalise. The arithmetic is float32 whatever the dtypes: a
+    lower-precision residual stores the sum rounded and normalises the unrounded sum.
     """
     _check_add_rmsnorm(residual, delta, weight)
     # Updated in place, so the kernel cannot take a contiguous copy.

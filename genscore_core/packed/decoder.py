@@ -1,19 +1,19 @@
 """A lean packed forward of Qwen3 / Qwen2 / Llama decoder layers over the loaded model's own weights.
 
 Nothing is copied: every matrix is the ``nn.Linear`` weight of the Hugging Face model, read in place.
-With ``PackedOptions.fused_projections`` (the default) each layer's q/k/v weights are first moved into
-one [Nq + Nk + Nv, H] tensor and its gate/up weights into one [2I, H] tensor, and the modules' weights
-are re-pointed to views of them (same values, no second copy; see :func:`fuse_linears`), so a layer
-runs one q/k/v GEMM and one gate/up GEMM instead of five. One call runs one
-:class:`~genscore_core.packed.plan.PackedBatch` through all layers:
+Each layer's q/k/v weights are first moved into one [Nq + 2 Nkv, H] tensor and its gate/up weights
+into one [2I, H] tensor, and the modules' weights are re-pointed to views of them (same values, no
+second copy; see :func:`fuse_linears`), so a layer runs one q/k/v GEMM and one gate/up GEMM instead
+of five. :meth:`PackedDecoder.run` takes one :class:`~genscore_core.packed.plan.PackedBatch` through
+all layers, each a short sequence of phases (projections, attention, MLP; the last layer trimmed):
 
-* the residual stream is float32 [T, H] (``PackedOptions.residual_dtype``); RMSNorms, Qwen3's q/k norms
-  and rotary embeddings compute in float32; only the inputs of matrix products are in the model's dtype;
+* the residual stream is float32 [T, H]; RMSNorms, Qwen3's q/k norms and rotary embeddings compute
+  in float32; only the inputs of matrix products are in the model's dtype;
 * K and V are written straight into the batch's key/value buffer, row ``t`` for stream token ``t``
-  (with fused projections, column blocks of the one q/k/v GEMM's output, read with its row stride);
-  attention reads each group's prefix keys where they were computed, once per group, never copied;
+  (column blocks of the one q/k/v GEMM's output, read with its row stride); attention reads each
+  group's prefix keys where they were computed, once per group, never copied;
 * the last layer computes queries, attention, MLP and the final norm only at the last token of each
-  segment, since nothing reads the other positions' output.
+  segment, then of each prompt, since nothing reads the other positions' output.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from genscore_core.forward import decoder_of
 from genscore_core.kernels import fused_ops
@@ -83,6 +83,9 @@ def unsupported_reason(model: Any) -> str | None:
             return f"{name} is not a plain floating-point tensor (quantised or offloaded weights?)"
         if weight.device != embed.device:
             return f"{name} is on {weight.device}, the embeddings on {embed.device}"
+        if name.endswith("_proj") and weight.dtype != embed.dtype:
+            # The products' inputs are in the embeddings' dtype (and the fused weights hold one).
+            return f"{name} is {weight.dtype}, the embeddings {embed.dtype}"
     return None
 
 
@@ -116,23 +119,54 @@ Linear = tuple[torch.Tensor, torch.Tensor | None]
 
 @dataclass(frozen=True)
 class _Layer:
-    """References to one decoder layer's parameters (no copies)."""
+    """References to one decoder layer's parameters (no copies: the separate ones are views)."""
 
+    qkv: Linear
+    """q, k and v as one [Nq + 2 Nkv, H] matrix, rows in that order (:func:`fuse_linears`)."""
     q: Linear
-    k: Linear
-    v: Linear
+    """The q rows of ``qkv`` with q_proj's own bias: the last layer's queries, at fewer rows."""
+    kv: Linear
+    """The k and v rows of ``qkv``: the last layer's keys and values."""
     o: Linear
+    gate_up: Linear
+    """gate and up as one [2I, H] matrix."""
     gate: Linear
+    """The gate rows of ``gate_up`` (the gated-MLP kernel reads the two halves)."""
     up: Linear
     down: Linear
     ln1: torch.Tensor
     ln2: torch.Tensor
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    qkv: Linear | None = None
-    """q, k and v as one [Nq + Nk + Nv, H] matrix (rows in that order), or None (separate products)."""
-    gate_up: Linear | None = None
-    """gate and up as one [2I, H] matrix, or None."""
+
+
+def _fused_layer(layer: Any, index: int) -> _Layer:
+    """``layer``'s parameters, its q/k/v and gate/up weights moved into one tensor each."""
+    attn, mlp = layer.self_attn, layer.mlp
+    # Fused first: the modules' weights are then views of the fused tensors.
+    qkv = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
+    gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj])
+    if qkv is None or gate_up is None:
+        raise ValueError(
+            f"the packed forward cannot run layer {index}: its weights differ in dtype or device"
+        )
+    q_rows = attn.q_proj.weight.shape[0]
+    weight, bias = qkv
+    w = _weights(layer)
+    return _Layer(
+        qkv=qkv,
+        q=_linear(attn.q_proj),
+        kv=(weight[q_rows:], None if bias is None else bias[q_rows:]),
+        o=_linear(attn.o_proj),
+        gate_up=gate_up,
+        gate=_linear(mlp.gate_proj),
+        up=_linear(mlp.up_proj),
+        down=_linear(mlp.down_proj),
+        ln1=layer.input_layernorm.weight,
+        ln2=layer.post_attention_layernorm.weight,
+        q_norm=w["q_norm"],
+        k_norm=w["k_norm"],
+    )
 
 
 def _linear(module: Any) -> Linear:
@@ -450,10 +484,12 @@ class DeviceBatch:
 
 
 class PackedOptions(BaseModel):
-    """How the packed decoder computes; the defaults are what the engine runs.
+    """Which implementation each kernel of the packed decoder runs; the defaults are what the engine
+    runs ("auto": Triton on CUDA, the torch references elsewhere).
 
     The other values exist so that tests can run the Triton kernels on the CPU (``all_kernels("triton")``
-    under ``TRITON_INTERPRET=1``) and benchmarks can measure what each step is worth.
+    under ``TRITON_INTERPRET=1``), each route on its own, and benchmarks can compare a kernel with its
+    reference.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -465,49 +501,45 @@ class PackedOptions(BaseModel):
     gated_mlp: KernelImpl = "auto"
     """Implementation of the MLP's gate and up products with silu*mul: "triton" is one GEMM kernel that
     applies silu*mul to its accumulators (:mod:`genscore_core.kernels.gated_mlp`) on every batch;
-    "torch" runs the two products (cuBLAS on CUDA), then silu*mul as ``fused_ops`` says; "auto" runs
-    the kernel on CUDA for bf16/fp16 batches under ``gated_mlp_max_tokens`` and the products
-    otherwise."""
-    gated_mlp_max_tokens: int = Field(default=16384, ge=0)
-    """With ``gated_mlp="auto"``, batches of at least this many (padded) tokens run the cuBLAS products
-    and silu*mul: on an H200 the kernel saved 0.4-0.7 ms a call on W4 (~9k tokens) but nothing
-    on W1's 40-64k-token batches, where cuBLAS's products ran faster than in isolation
-    (docs/benchmarks.md, "Gate/up GEMM with silu*mul in its epilogue")."""
-    residual_dtype: Literal["float32", "model"] = "float32"
-    """The residual stream's dtype: "float32" whatever the model's; "model": the model's own (bf16 in a
-    bf16 model, as the Hugging Face forward keeps it; in a float32 model the same as "float32"). The
-    adds and norms compute in float32 either way; "model" rounds the stream to the model's dtype after
-    each add, so the add+RMSNorm kernels move a third fewer bytes. Measured on an H200 with a bf16
-    Qwen3-0.6B shape: 2-3% faster on W1 and W4 (-3.8 and -0.4 ms a call), but its scores further
-    from a float32 reference than the official bf16 recipe's on two of five score sets (mean error
-    2% above to 19% below the official recipe's; float32's 5-27% below): the default keeps float32
-    (docs/benchmarks.md, "Residual stream in the model's dtype")."""
-    trim_last_layer: bool = True
-    """Compute the last layer's queries, attention and MLP only where the output is read."""
-    graph_tokens: int = Field(default=16384, ge=0)
-    """On CUDA, batches of up to this many tokens (after padding) replay CUDA graphs of the decoder
-    (:mod:`genscore_core.packed.graphs`) when the attention is the Triton kernel; 0 never does."""
-    large_graph_tokens: int = Field(default=65536, ge=0)
-    """Batches over ``graph_tokens`` and up to this many tokens replay CUDA graphs too, padded to
-    coarser steps (a streamed call's batches fill fixed token targets, so their shapes repeat); 0:
-    they run eagerly."""
-    graph_prefixes: bool = True
-    """Batches that carry a group's prefix keys/values to a later batch (load or save them) replay
-    CUDA graphs too."""
-    fused_projections: bool = True
-    """One q/k/v GEMM and one gate/up GEMM per layer instead of five: at build, each layer's q/k/v
-    and gate/up weights move into one tensor each and the model's modules are re-pointed to views
-    of them (:func:`fuse_linears`: same values, held once). False leaves the model untouched and
-    runs the separate products (a benchmark's baseline)."""
+    "torch" runs the fused gate/up product (cuBLAS on CUDA), then silu*mul as ``fused_ops`` says;
+    "auto" runs the kernel on CUDA for bf16/fp16 batches of fewer than :data:`GATED_MLP_MAX_TOKENS`
+    rows and the product otherwise."""
 
     @classmethod
-    def all_kernels(cls, impl: KernelImpl, **other: Any) -> PackedOptions:
+    def all_kernels(cls, impl: KernelImpl) -> PackedOptions:
         """The same implementation for attention, the fused operations and the gated MLP."""
-        return cls(attention=impl, fused_ops=impl, gated_mlp=impl, **other)
+        return cls(attention=impl, fused_ops=impl, gated_mlp=impl)
+
+
+GATED_MLP_MAX_TOKENS = 16384
+"""With ``gated_mlp="auto"``, batches of at least this many (padded) rows run the cuBLAS gate/up
+product and silu*mul: on an H200 the kernel saved 0.4-0.7 ms a call on W4 (~9k tokens) but nothing on
+W1's 40-64k-token batches, where cuBLAS's products ran faster than in isolation (docs/benchmarks.md,
+"Gate/up GEMM with silu*mul in its epilogue")."""
+
+KV = tuple[torch.Tensor, torch.Tensor]
+"""Keys and values [layers, rows, Hkv, D] of prefixes carried from one batch to a later one."""
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """What every layer of one :meth:`PackedDecoder.run` reads besides its own weights."""
+
+    dev: DeviceBatch
+    cos: torch.Tensor  # [positions, D] float32
+    sin: torch.Tensor  # [positions, D] float32
+    loaded: KV | None
+    """The prefixes this batch loads (their rows follow the stream's in each layer's K/V)."""
+    saved: KV | None
+    """Where this batch writes the K/V of the prefixes it saves (``dev.save_rows`` of each layer)."""
 
 
 class PackedDecoder:
     """Runs packed batches through a Qwen3/Qwen2/Llama causal LM's decoder layers.
+
+    Shapes in the comments: T stream tokens, KV key/value rows (the stream's, then the loaded
+    prefixes'), S segments, N prompts, H hidden size, Hq/Hkv query/key-value heads of D dimensions,
+    Nq = Hq * D, Nkv = Hkv * D, I the MLP's intermediate size.
 
     Raises :class:`~genscore_core.errors.KernelUnavailableError` when ``options`` ask for Triton
     explicitly and it cannot run this model here.
@@ -530,11 +562,14 @@ class PackedDecoder:
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
         self.scale = float(getattr(decoder.layers[0].self_attn, "scaling", self.head_dim**-0.5))
-        self.layers = [self._layer(layer, options.fused_projections) for layer in decoder.layers]
+        self.layers = [_fused_layer(layer, i) for i, layer in enumerate(decoder.layers)]
         self._cos = torch.empty(0, self.head_dim, device=self.device)
         self._sin = torch.empty(0, self.head_dim, device=self.device)
-        self.residual_dtype = torch.float32 if options.residual_dtype == "float32" else self.dtype
-        # Resolved once, so that a Triton request the model cannot meet fails here, not mid-batch.
+        self._resolve_kernels(options)
+
+    def _resolve_kernels(self, options: PackedOptions) -> None:
+        """Each kernel's implementation, decided once, so that a Triton request the model cannot meet
+        fails here, not mid-batch."""
         probe_q = torch.empty(0, self.num_heads, self.head_dim, device="meta")
         probe_k = torch.empty(0, self.num_kv_heads, self.head_dim, device="meta")
         odd_rope = None
@@ -546,9 +581,6 @@ class PackedDecoder:
         )  # fmt: skip
         triton_ops = use_triton(options.fused_ops, self.device, kernel="fused ops")
         triton_rope = use_triton(options.fused_ops, self.device, kernel="rope", unsupported=odd_rope)
-        self.attention_impl: KernelImpl = "triton" if triton_attention else "torch"
-        self.ops_impl: KernelImpl = "triton" if triton_ops else "torch"
-        self.rope_impl: KernelImpl = "triton" if triton_rope else "torch"
         first = self.layers[0]
         probe_x = torch.empty(0, first.gate[0].shape[1], dtype=self.dtype, device="meta")
         triton_mlp = use_triton(
@@ -557,32 +589,12 @@ class PackedDecoder:
         )  # fmt: skip
         if options.gated_mlp == "auto" and self.dtype not in (torch.bfloat16, torch.float16):
             triton_mlp = False  # measured in bf16 only; float32 products stay with cuBLAS
+        self.attention_impl: KernelImpl = "triton" if triton_attention else "torch"
+        self.ops_impl: KernelImpl = "triton" if triton_ops else "torch"
+        self.rope_impl: KernelImpl = "triton" if triton_rope else "torch"
         self.mlp_impl: KernelImpl = "triton" if triton_mlp else "torch"
-        # Rows from which "auto" runs the cuBLAS products instead (the kernel runs at any size).
-        self.mlp_max_rows = options.gated_mlp_max_tokens if options.gated_mlp == "auto" else None
-
-    @staticmethod
-    def _layer(layer: Any, fused: bool) -> _Layer:
-        w = _weights(layer)
-        attn, mlp = layer.self_attn, layer.mlp
-        # Fused first: the separate (weight, bias) pairs below are then the views into the fused ones.
-        qkv = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj]) if fused else None
-        gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj]) if fused else None
-        return _Layer(
-            qkv=qkv,
-            gate_up=gate_up,
-            q=_linear(attn.q_proj),
-            k=_linear(attn.k_proj),
-            v=_linear(attn.v_proj),
-            o=_linear(attn.o_proj),
-            gate=_linear(mlp.gate_proj),
-            up=_linear(mlp.up_proj),
-            down=_linear(mlp.down_proj),
-            ln1=layer.input_layernorm.weight,
-            ln2=layer.post_attention_layernorm.weight,
-            q_norm=w["q_norm"],
-            k_norm=w["k_norm"],
-        )
+        # Rows from which "auto" runs the cuBLAS product instead (the kernel runs at any size).
+        self.mlp_max_rows = GATED_MLP_MAX_TOKENS if options.gated_mlp == "auto" else None
 
     def rope_tables(self, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 cos/sin tables [>= max_position + 1, D] from the model's own rotary module."""
@@ -595,123 +607,134 @@ class PackedDecoder:
             self._sin = sin[0].float().contiguous()
         return self._cos, self._sin
 
-    def run(
-        self,
-        dev: DeviceBatch,
-        loaded: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    # -- one batch through every layer ----------------------------------------------------------------
+    #
+    # Each phase is a function, so that what a phase allocates is freed when it returns: the q/k/v
+    # buffer before the output projection allocates, the gate/up product before the down projection.
+    # The order of the kernels is the order of the statements; nothing here reads a device value on
+    # the host, so :mod:`genscore_core.packed.graphs` can capture a whole run.
+
+    def run(self, dev: DeviceBatch, loaded: KV | None = None) -> tuple[torch.Tensor, KV | None]:
         """Hidden states after the final norm at each prompt's last token: [N, H] float32.
 
         ``loaded``: K and V [layers, P, Hkv, D] of the prefixes this batch loads (``batch.load``, in
         order). Also returns the K and V of the prefixes it must save (``batch.save``), or None.
         """
-        tokens = dev.num_tokens
-        kv_len = dev.kv_len
         cos, sin = self.rope_tables(dev.max_position)
-        n_layers = len(self.layers)
-        kv_width = self.num_kv_heads * self.head_dim
-        q_width = self.num_heads * self.head_dim
-        saved: tuple[torch.Tensor, torch.Tensor] | None = None
-        if dev.save_rows is not None:
-            shape = (n_layers, dev.save_rows.numel(), self.num_kv_heads, self.head_dim)
-            saved = (
-                torch.empty(shape, dtype=self.dtype, device=self.device),
-                torch.empty(shape, dtype=self.dtype, device=self.device),
-            )
+        step = _Pass(dev, cos, sin, loaded, self._save_buffers(dev))
+        # The residual stream stays float32; only the inputs of products are in the model's dtype.
+        residual = F.embedding(dev.input_ids, self.embed).float()  # [T, H]
+        h = self._add_norm(residual, None, self.layers[0].ln1)  # [T, H]
+        for index, layer in enumerate(self.layers[:-1]):
+            h = self._add_norm(residual, self._attention(step, index, h), layer.ln2)  # [T, H]
+            h = self._add_norm(residual, self._mlp(layer, h), self.layers[index + 1].ln1)  # [T, H]
+        return self._last_layer(step, h, residual), step.saved
 
-        impl = self.ops_impl
-        residual = F.embedding(dev.input_ids, self.embed).to(self.residual_dtype)  # [T, H]
-        h = fused_ops.add_rmsnorm(residual, None, self.layers[0].ln1, self.eps, self.dtype, impl=impl)
-        positions_q = dev.positions
-        for index, layer in enumerate(self.layers):
-            last = self.options.trim_last_layer and index == n_layers - 1
-            # Row t of K/V is stream token t; loaded prefixes follow the stream.
-            q: torch.Tensor | None = None
-            if layer.qkv is not None:
-                # One GEMM writes [tokens, q | k | v] into a buffer of kv_len rows, whose k and v
-                # column blocks are K and V (rows past the stream: the loaded prefixes). The trimmed
-                # last layer computes q only at the rows it keeps (below): k and v alone here.
-                first = q_width if last else 0
-                weight, bias = layer.qkv
-                qkv = torch.empty((kv_len, weight.shape[0] - first), dtype=self.dtype, device=self.device)
-                _linear_into(h, (weight[first:], None if bias is None else bias[first:]), qkv[:tokens])
-                k_col = q_width - first
-                if not last:
-                    q = qkv[:tokens, :q_width].view(tokens, self.num_heads, self.head_dim)
-                k = qkv[:, k_col : k_col + kv_width].view(kv_len, self.num_kv_heads, self.head_dim)
-                v = qkv[:, k_col + kv_width :].view(kv_len, self.num_kv_heads, self.head_dim)
-                del qkv
-            else:
-                k = torch.empty((kv_len, kv_width), dtype=self.dtype, device=self.device)
-                v = torch.empty_like(k)
-                _linear_into(h, layer.k, k[:tokens])
-                _linear_into(h, layer.v, v[:tokens])
-                k = k.view(kv_len, self.num_kv_heads, self.head_dim)
-                v = v.view(kv_len, self.num_kv_heads, self.head_dim)
-            fused_ops.rope(
-                k[:tokens], self.num_kv_heads, layer.k_norm, self.eps, cos, sin, dev.positions, k[:tokens],
-                impl=self.rope_impl,
-            )  # fmt: skip
-            if loaded is not None:
-                k[tokens:].copy_(loaded[0][index])
-                v[tokens:].copy_(loaded[1][index])
-            if saved is not None and dev.save_rows is not None:
-                torch.index_select(k, 0, dev.save_rows, out=saved[0][index])
-                torch.index_select(v, 0, dev.save_rows, out=saved[1][index])
-            if last:
-                # Only the last token of each segment feeds anything from here on.
-                h = h.index_select(0, dev.segment_last)
-                residual = residual.index_select(0, dev.segment_last)
-                positions_q = dev.positions.index_select(0, dev.segment_last)
-            if q is None:
-                # With fused projections, layer.q is the q rows of the fused weight (a view).
-                q = F.linear(h, *layer.q).view(h.shape[0], self.num_heads, self.head_dim)
-            fused_ops.rope(
-                q, self.num_heads, layer.q_norm, self.eps, cos, sin, positions_q, q, impl=self.rope_impl
-            )
-            segments = dev.last_segments if last else dev.segments
-            attn = segment_attention(q, k, v, segments, self.scale, impl=self.attention_impl)
-            del q, k, v
-            if last:
-                attn = attn.index_select(0, dev.prompt_segments)
-                residual = residual.index_select(0, dev.prompt_segments)
-            attn_out = F.linear(attn.view(attn.shape[0], -1), *layer.o)
-            del attn
-            h = fused_ops.add_rmsnorm(residual, attn_out, layer.ln2, self.eps, self.dtype, impl=impl)
-            del attn_out
-            if self.mlp_impl == "triton" and (self.mlp_max_rows is None or h.shape[0] < self.mlp_max_rows):
-                # One GEMM kernel: the gate and up products never leave the chip.
-                act = gated_mlp(h, layer.gate, layer.up, impl="triton")
-            elif layer.gate_up is not None:
-                # One GEMM [rows, gate | up], then silu*mul reading its two halves in place.
-                gate_up = F.linear(h, *layer.gate_up)
-                half = gate_up.shape[1] // 2
-                act = fused_ops.silu_mul(gate_up[:, :half], gate_up[:, half:], impl=impl)
-                del gate_up
-            else:
-                act = fused_ops.silu_mul(F.linear(h, *layer.gate), F.linear(h, *layer.up), impl=impl)
-            mlp_out = F.linear(act, *layer.down)
-            del act
-            if index == n_layers - 1:
-                if not last:
-                    rows = dev.segment_last.index_select(0, dev.prompt_segments)
-                    residual = residual.index_select(0, rows)
-                    mlp_out = mlp_out.index_select(0, rows)
-                h = fused_ops.add_rmsnorm(
-                    residual, mlp_out, self.final_norm, self.eps, torch.float32, impl=impl
-                )
-            else:
-                h = fused_ops.add_rmsnorm(
-                    residual, mlp_out, self.layers[index + 1].ln1, self.eps, self.dtype, impl=impl
-                )
-            del mlp_out
-        return h, saved
+    def _attention(self, step: _Pass, index: int, h: torch.Tensor) -> torch.Tensor:
+        """Every stream token's attention over its segment, through the output projection: [T, H]."""
+        layer, dev = self.layers[index], step.dev
+        attn = self._attend(step, layer, *self._qkv(step, index, h), dev.segments, dev.positions)
+        return F.linear(attn.view(attn.shape[0], -1), *layer.o)  # [T, H]
 
+    def _qkv(
+        self, step: _Pass, index: int, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries [T, Hq, D] (not yet rotated), keys and values [KV, Hkv, D]: one GEMM's column
+        blocks, read with its row stride (:meth:`_keys_values`)."""
+        qkv = self._project(h, self.layers[index].qkv, step.dev.kv_len)  # [KV, Nq + 2 Nkv]
+        tokens, q_width = step.dev.num_tokens, self.num_heads * self.head_dim
+        q = qkv[:tokens, :q_width].view(tokens, self.num_heads, self.head_dim)
+        k, v = self._keys_values(step, index, qkv[:, q_width:])
+        return q, k, v
 
-def _linear_into(x: torch.Tensor, linear: Linear, out: torch.Tensor) -> None:
-    """``out = x @ weight.T (+ bias)``, written straight into a view of a larger buffer."""
-    weight, bias = linear
-    if bias is None:
-        torch.mm(x, weight.t(), out=out)
-    else:
-        torch.addmm(bias, x, weight.t(), out=out)
+    def _project(self, h: torch.Tensor, linear: Linear, rows: int) -> torch.Tensor:
+        """``h @ weight.T (+ bias)`` into the first T rows of a new [rows, N] buffer: the rows past
+        the stream's are where :meth:`_keys_values` puts the loaded prefixes' keys and values."""
+        weight, bias = linear
+        out = torch.empty((rows, weight.shape[0]), dtype=self.dtype, device=self.device)
+        if bias is None:
+            torch.mm(h, weight.t(), out=out[: h.shape[0]])
+        else:
+            torch.addmm(bias, h, weight.t(), out=out[: h.shape[0]])
+        return out
+
+    def _keys_values(self, step: _Pass, index: int, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [KV, Hkv, D] from ``kv`` [KV, 2 Nkv] (the stream's rows projected): keys normed
+        and rotated, the loaded prefixes' rows filled in after the stream's, the saved ones copied out.
+        Attention then reads each group's prefix keys where they are, never copied per prompt."""
+        dev, layer, tokens = step.dev, self.layers[index], step.dev.num_tokens
+        width = self.num_kv_heads * self.head_dim
+        k = kv[:, :width].view(dev.kv_len, self.num_kv_heads, self.head_dim)
+        v = kv[:, width:].view(dev.kv_len, self.num_kv_heads, self.head_dim)
+        fused_ops.rope(
+            k[:tokens], self.num_kv_heads, layer.k_norm, self.eps, step.cos, step.sin, dev.positions,
+            k[:tokens], impl=self.rope_impl,
+        )  # fmt: skip
+        if step.loaded is not None:
+            k[tokens:].copy_(step.loaded[0][index])
+            v[tokens:].copy_(step.loaded[1][index])
+        if step.saved is not None and dev.save_rows is not None:
+            torch.index_select(k, 0, dev.save_rows, out=step.saved[0][index])
+            torch.index_select(v, 0, dev.save_rows, out=step.saved[1][index])
+        return k, v
+
+    def _attend(
+        self, step: _Pass, layer: _Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        segments: Segments, positions: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """Queries [rows, Hq, D] normed and rotated in place at ``positions`` [rows], then each
+        segment's attention over its prefix and its own keys: [rows, Hq, D]."""
+        fused_ops.rope(
+            q, self.num_heads, layer.q_norm, self.eps, step.cos, step.sin, positions, q, impl=self.rope_impl
+        )
+        return segment_attention(q, k, v, segments, self.scale, impl=self.attention_impl)
+
+    def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+        """The gated MLP: [rows, H] -> [rows, H]."""
+        return F.linear(self._gated(layer, h), *layer.down)
+
+    def _gated(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+        """``silu(h @ Wg.T + bg) * (h @ Wu.T + bu)``: [rows, I]."""
+        if self.mlp_impl == "triton" and (self.mlp_max_rows is None or h.shape[0] < self.mlp_max_rows):
+            # One GEMM kernel: the gate and up products never leave the chip.
+            return gated_mlp(h, layer.gate, layer.up, impl="triton")
+        gate_up = F.linear(h, *layer.gate_up)  # [rows, 2I]
+        half = gate_up.shape[1] // 2
+        return fused_ops.silu_mul(gate_up[:, :half], gate_up[:, half:], impl=self.ops_impl)
+
+    def _last_layer(self, step: _Pass, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The last layer where its output is read: keys and values at every row (the queries read
+        them), queries and attention at each segment's last token, the rest at each prompt's only
+        (a prefix's segment feeds no score); then the final norm, in float32: [N, H]."""
+        index, layer, dev = len(self.layers) - 1, self.layers[-1], step.dev
+        k, v = self._keys_values(step, index, self._project(h, layer.kv, dev.kv_len))  # [KV, Hkv, D]
+        last = dev.segment_last
+        h = h.index_select(0, last)  # [S, H]
+        residual = residual.index_select(0, last)  # [S, H]
+        positions = dev.positions.index_select(0, last)  # [S]
+        q = F.linear(h, *layer.q).view(h.shape[0], self.num_heads, self.head_dim)  # [S, Hq, D]
+        attn = self._attend(step, layer, q, k, v, dev.last_segments, positions)  # [S, Hq, D]
+        attn = attn.index_select(0, dev.prompt_segments)  # [N, Hq, D]
+        residual = residual.index_select(0, dev.prompt_segments)  # [N, H]
+        h = self._add_norm(residual, F.linear(attn.view(attn.shape[0], -1), *layer.o), layer.ln2)
+        return self._add_norm(residual, self._mlp(layer, h), self.final_norm, torch.float32)
+
+    def _add_norm(
+        self, residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """``residual += delta`` in place (float32), then its RMSNorm times ``weight``, in the
+        model's dtype (the next product's input) or ``dtype``: [rows, H]."""
+        return fused_ops.add_rmsnorm(
+            residual, delta, weight, self.eps, dtype or self.dtype, impl=self.ops_impl
+        )
+
+    def _save_buffers(self, dev: DeviceBatch) -> KV | None:
+        """Where the K/V [layers, saved rows, Hkv, D] of the prefixes ``dev`` saves go, or None."""
+        if dev.save_rows is None:
+            return None
+        shape = (len(self.layers), dev.save_rows.numel(), self.num_kv_heads, self.head_dim)
+        return (
+            torch.empty(shape, dtype=self.dtype, device=self.device),
+            torch.empty(shape, dtype=self.dtype, device=self.device),
+        )

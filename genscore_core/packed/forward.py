@@ -17,7 +17,7 @@ from genscore_core.packed.decoder import (
     PackedOptions,
     unsupported_reason,
 )
-from genscore_core.packed.graphs import DecoderGraphs
+from genscore_core.packed.graphs import GRAPH_TOKENS, LARGE_GRAPH_TOKENS, DecoderGraphs
 from genscore_core.packed.plan import GroupSlice, PackedBatch, build_batch, plan_batches
 from genscore_core.streaming import RowKey, RowReduction, StreamBatch
 
@@ -57,7 +57,8 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
             prefix once, in the batch that computes it (a later batch of the same group reads its
             keys and values back). Memory grows with it: about 24 KB a token for a Qwen3-0.6B shape
             in bf16 (0.97 GiB at 64k on W1, docs/benchmarks.md).
-        options: How the decoder computes (kernel implementations, benchmark steps).
+        options: Which implementation each of the decoder's kernels runs (tests run Triton's on the
+            CPU through its interpreter).
     """
 
     def __init__(
@@ -281,14 +282,8 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
 
 def _graphs_of(decoder: PackedDecoder) -> DecoderGraphs | None:
     """The CUDA graphs ``decoder`` replays, or None where it runs eagerly (see ``PackedForward.graphs``)."""
-    options = decoder.options
-    if options.graph_tokens and decoder.device.type == "cuda" and decoder.attention_impl == "triton":
-        return DecoderGraphs(
-            decoder,
-            max_tokens=options.graph_tokens,
-            large_tokens=options.large_graph_tokens,
-            prefixes=options.graph_prefixes,
-        )
+    if decoder.device.type == "cuda" and decoder.attention_impl == "triton":
+        return DecoderGraphs(decoder, max_tokens=GRAPH_TOKENS, large_tokens=LARGE_GRAPH_TOKENS)
     return None
 
 

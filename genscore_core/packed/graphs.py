@@ -15,9 +15,9 @@ seen (a one-off call does not pay for a capture it will not reuse), at most ``ma
 (the least recently used goes first), and all of them share one memory pool, so they hold about the
 memory of the largest, not the sum (about 24 KB a token on a Qwen3-0.6B shape: up to about 1.5 GB at
 64k tokens, kept reserved while the graphs live). Batches that carry a group's prefix keys and values
-to a later batch replay graphs when ``prefixes`` is set: the loaded rows are copied into a static
-buffer before the replay and the saved ones copied out after it. If a capture fails, graphs are
-switched off for this decoder with a warning and every batch runs eagerly.
+to a later batch replay graphs too: the loaded rows are copied into a static buffer before the replay
+and the saved ones copied out after it. If a capture fails, graphs are switched off for this decoder
+with a warning and every batch runs eagerly.
 """
 
 from __future__ import annotations
@@ -38,6 +38,13 @@ logger = logging.getLogger(__name__)
 
 Saved = tuple[torch.Tensor, torch.Tensor]
 """Keys and values [layers, rows, kv heads, head dim] of prefixes carried between batches."""
+
+GRAPH_TOKENS = 16384
+"""The packed forward's batches of up to this many tokens (after padding) replay graphs."""
+
+LARGE_GRAPH_TOKENS = 65536
+"""Its batches over :data:`GRAPH_TOKENS` and up to this many tokens replay graphs too, padded to
+coarser steps (a streamed call's batches fill fixed token targets, so their shapes repeat)."""
 
 SEGMENT_STEP = 16
 """Segment rows are rounded up to a multiple of this."""
@@ -87,11 +94,9 @@ class DecoderGraphs:
         capture_after: A shape is captured the ``capture_after``-th time it is seen.
         large_tokens: Batches over ``max_tokens`` and up to this many tokens (after padding to
             :data:`LARGE_TOKEN_STEP`) replay graphs too; 0: none do.
-        prefixes: Batches that load or save prefix keys/values (a group carried over several
-            batches) replay graphs too, with the loaded rows copied into a static buffer first.
-        cuda_graphs: Capture CUDA graphs (the default on CUDA). False replays by running the
-            decoder on the same static buffers, which is what tests on the CPU check the padding and
-            the buffer reuse with.
+
+    A decoder on the CPU has no CUDA graphs: its "replay" runs the decoder on the same static
+    buffers, which is what tests on the CPU check the padding and the buffer reuse with.
     """
 
     def __init__(
@@ -103,22 +108,19 @@ class DecoderGraphs:
         max_graphs: int = 64,
         capture_after: int = 2,
         large_tokens: int = 0,
-        prefixes: bool = False,
-        cuda_graphs: bool | None = None,
     ) -> None:
         if max_tokens <= 0 or token_step <= 0 or max_graphs <= 0 or capture_after <= 0:
             raise ValueError("max_tokens, token_step, max_graphs and capture_after must be positive")
         if large_tokens < 0:
             raise ValueError(f"large_tokens must not be negative, got {large_tokens}")
         self.large_tokens = large_tokens
-        self.prefixes = prefixes
         self._loaded: dict[int, Saved] = {}
         self.decoder = decoder
         self.max_tokens = max_tokens
         self.token_step = token_step
         self.max_graphs = max_graphs
         self.capture_after = capture_after
-        self.cuda_graphs = decoder.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.cuda_graphs = decoder.device.type == "cuda"
         self.disabled: str | None = None
         """Why graphs were switched off (a capture failed), or None."""
         self.graphs: OrderedDict[StaticShape, _Graph] = OrderedDict()
@@ -131,8 +133,6 @@ class DecoderGraphs:
         """The shape ``batch`` would run at as a graph, or None when it runs eagerly (``large``:
         batches over ``max_tokens`` may replay graphs, up to ``large_tokens``)."""
         if self.disabled is not None or batch.num_tokens == 0:
-            return None
-        if (batch.load or batch.save) and not self.prefixes:
             return None
         shape = static_shape(batch, self.token_step)
         if shape.tokens <= self.max_tokens:

@@ -45,7 +45,7 @@ def test_add_rmsnorm(dtype: torch.dtype, tol: float) -> None:
     # Normalising only (no delta), into float32 as the final norm does.
     a = add_rmsnorm(r1, None, w, 1e-6, torch.float32, impl="torch")
     torch.testing.assert_close(add_rmsnorm(r2, None, w, 1e-6, torch.float32, impl="triton"), a)
-    # A bf16 residual (residual_dtype="model" in a bf16 model): both add in float32, store the sum rounded.
+    # A bf16 residual: both add in float32, store the sum rounded.
     r1, r2 = r.bfloat16(), r.bfloat16()
     a = add_rmsnorm(r1, delta, w, 1e-6, dtype, impl="torch")
     b = add_rmsnorm(r2, delta, w, 1e-6, dtype, impl="triton")
