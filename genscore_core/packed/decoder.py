@@ -633,6 +633,8 @@ class PackedDecoder:
     def _attention(self, step: _Pass, index: int, h: torch.Tensor) -> torch.Tensor:
         """Every stream token's attention over its segment, through the output projection: [T, H]."""
         layer, dev = self.layers[index], step.dev
+        # attn: [T, Hq, D]. q, k and v are handed on, not kept: their buffer is freed when _attend
+        # returns, before the output projection allocates.
         attn = self._attend(step, layer, *self._qkv(step, index, h), dev.segments, dev.positions)
         return F.linear(attn.view(attn.shape[0], -1), *layer.o)  # [T, H]
 
