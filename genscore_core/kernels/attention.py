@@ -31,7 +31,7 @@ SEGMENT_FIELDS = ("q_start", "q_len", "k_start", "k_len", "prefix_start", "prefi
 
 @dataclass(frozen=True)
 class AttentionTiling:
-    """Tile sizes and launch settings of the Triton kernel (tuned on an H200; see docs/benchmarks.md)."""
+    """Tile sizes and launch settings of the Triton kernel (H200; docs/benchmarks.md, "Attention kernel")."""
 
     block_m: int = 64
     """Queries per program (a power of two, at least 16)."""

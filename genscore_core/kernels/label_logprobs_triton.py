@@ -47,8 +47,9 @@ class LabelLogprobsTiling(NamedTuple):
 def default_config(n_rows: int) -> LabelLogprobsTiling:
     """Tiling by batch size: the best of a sweep on one H200 (H = 1024, V = 151669, bf16).
 
-    See docs/benchmarks.md (K1). Only B = 1, 16, 64, 128 and 1024 were swept: B = 2..8 use the
-    tiling of B = 1, 17..32 that of B = 64 with 32-row blocks, and B > 128 that of B = 1024.
+    See docs/benchmarks.md, "Label log-probabilities kernel". Only B = 1, 16, 64, 128 and 1024 were
+    swept: B = 2..8 use the tiling of B = 1, 17..32 that of B = 64 with 32-row blocks, and B > 128
+    that of B = 1024.
     """
     # Small B is memory-bound: one row block, so W is read once. tl.dot needs at least 16 rows;
     # padded rows are masked. One vocabulary tile per program measured as fast as or faster

@@ -280,7 +280,7 @@ def flat_layout(
     The page-locked buffer is written by numpy: ``tensor.pin_memory()`` would copy it again, and
     torch's CPU copies and reductions of large tensors run on its OpenMP pool, which a loaded server
     shares with the tokenizer's threads (measured: 6 ms for a 1 MB ``pin_memory``, 11 ms for the max
-    of 65k positions, while the GPU waited; docs/benchmarks.md).
+    of 65k positions, while the GPU waited; docs/benchmarks.md, "Server batching").
     """
     table = check_table(batch.segments)
     segment_last = batch.segment_last.numpy()
@@ -472,7 +472,7 @@ class PackedOptions(BaseModel):
     """With ``gated_mlp="auto"``, batches of at least this many (padded) tokens run the cuBLAS products
     and silu*mul: on an H200 the kernel saved 0.4-0.7 ms a call on W4 (~9k tokens) but nothing
     on W1's 40-64k-token batches, where cuBLAS's products ran faster than in isolation
-    (docs/benchmarks.md, "Gate/up GEMM with silu*mul in its epilogue")."""
+    (docs/benchmarks.md, "Gate/up GEMM with silu*mul")."""
     residual_dtype: Literal["float32", "model"] = "float32"
     """The residual stream's dtype: "float32" whatever the model's; "model": the model's own (bf16 in a
     bf16 model, as the Hugging Face forward keeps it; in a float32 model the same as "float32"). The
@@ -481,7 +481,7 @@ class PackedOptions(BaseModel):
     Qwen3-0.6B shape: 2-3% faster on W1 and W4 (-3.8 and -0.4 ms a call), but its scores further
     from a float32 reference than the official bf16 recipe's on two of five score sets (mean error
     2% above to 19% below the official recipe's; float32's 5-27% below): the default keeps float32
-    (docs/benchmarks.md, "Residual stream in the model's dtype")."""
+    (docs/benchmarks.md, "Residual stream")."""
     trim_last_layer: bool = True
     """Compute the last layer's queries, attention and MLP only where the output is read."""
     graph_tokens: int = Field(default=16384, ge=0)
