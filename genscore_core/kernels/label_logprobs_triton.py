@@ -251,7 +251,7 @@ def label_logprobs_triton(
     Args:
         out: Optional preallocated ([B, K] fp32, [B] fp32) buffers, written in place (tests
             poison them to catch unwritten elements).
-        config: Tile sizes; ``default_config(B)`` when omitted (the benchmark sweeps others).
+        config: Tile sizes; ``default_config(B)`` when omitted (tests run others).
     """
     # hidden: [B, H], weight: [V, H], label_ids: [B, K], label_mask: [B, K], bias: [V]
     n_rows, hidden_size = hidden.shape
