@@ -154,7 +154,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=[s for s in SHAPES if s != "tiny"], default="0.6b")
+    parser.add_argument("--shape", choices=[s for s in SHAPES if s not in ("tiny", "cpu")], default="0.6b")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--seconds", type=float, default=15.0, help="each level's measuring window")
     parser.add_argument("--warmup", type=float, default=8.0, help="each level's load before its window")

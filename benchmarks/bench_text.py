@@ -3,6 +3,7 @@
     python benchmarks/bench_text.py                      # one GPU: the 0.6B shape, bf16
     python benchmarks/bench_text.py --fresh              # new documents every call from the first call
     python benchmarks/bench_text.py --shape 8b           # the 8B shape (untied head), W1 1 x 128
+    python benchmarks/bench_text.py --cpu                # W1-W4 on the CPU: a small Qwen3 shape, fp32
     python benchmarks/bench_text.py --dry-run            # the same code on the CPU with a tiny model
 
 W1: ``rerank`` of 1 query x 256 documents (128 x 1 for the 4B and 8B shapes); W2: ``score_pairs`` of
@@ -69,8 +70,9 @@ def fresh_calls(report: Report, scorer: GenerativeScorer, texts: Texts, name: st
 
 
 def run(args: argparse.Namespace, report: Report) -> None:
-    dry = args.dry_run
-    shape = "tiny" if dry else args.shape
+    # On the CPU (--cpu, --dry-run): fp32, fewer documents and calls.
+    dry = args.dry_run or args.cpu
+    shape = "tiny" if args.dry_run else "cpu" if args.cpu else args.shape
     device = "cpu" if dry else "cuda"
     dtype = torch.float32 if dry else torch.bfloat16
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -111,11 +113,11 @@ def run(args: argparse.Namespace, report: Report) -> None:
     w1_call(), w1_call()  # a CUDA graph is captured the second time its shape is seen
     w1_s = median(call_times([w1_call] * repeats))
     got = scored_in_order(w1_call(), w1_docs)
-    note = f"peak {peak_beyond(w1_call):.2f} GiB beyond the weights"
+    note = f"peak {peak_beyond(w1_call):.2f} GiB beyond the weights" if device == "cuda" else ""
     if ref is not None:
         e, e_off = errors(got, ref), errors(off_scores, ref)
-        note += (f"; vs fp32 recipe max {e[0]:.2e} mean {e[1]:.2e} "
-                 f"(official bf16 {e_off[0]:.2e} / {e_off[1]:.2e})")  # fmt: skip
+        note += (f"{'; ' if note else ''}vs fp32 recipe max {e[0]:.2e} mean {e[1]:.2e} "
+                 f"(official recipe in {str(dtype).removeprefix('torch.')} {e_off[0]:.2e} / {e_off[1]:.2e})")  # fmt: skip
     report.add("W1", f"pairs/s, 1 x {w1_docs}, documents repeated", w1_docs / w1_s, "pairs/s", off_w1, note)
     if shape in ("4b", "8b") and not dry:
         non_embedding = sum(
@@ -163,7 +165,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=[s for s in SHAPES if s != "tiny"], default="0.6b")
+    parser.add_argument("--shape", choices=[s for s in SHAPES if s not in ("tiny", "cpu")], default="0.6b")
     parser.add_argument(
         "--fresh", action="store_true", help="W1/W4 on new documents every call from the first"
     )
@@ -171,6 +173,9 @@ def main() -> None:
     parser.add_argument("--w2-large", action="store_true", help="W2 64 x 100 as well as 16 x 64")
     parser.add_argument(
         "--no-accuracy", action="store_true", help="skip the fp32 reference (memory of the 8B)"
+    )
+    parser.add_argument(
+        "--cpu", action="store_true", help="on the CPU: hidden 256, 4 layers, fp32 (OMP_NUM_THREADS)"
     )
     parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU: checks the script")
     add_report_args(parser)

@@ -46,6 +46,9 @@ SHAPES: dict[str, dict[str, Any]] = {
                num_attention_heads=32, tie_word_embeddings=True),
     "8b": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                num_attention_heads=32, tie_word_embeddings=False),
+    # --cpu: the CPU target's model (the real vocabulary, a few small layers).
+    "cpu": dict(_QWEN3, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True),
     # --dry-run: the same code on the CPU in seconds.
     "tiny": dict(_QWEN3, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
