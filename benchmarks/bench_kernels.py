@@ -47,9 +47,7 @@ def compare(
 ) -> None:
     """``fast`` (the kernel) and ``slow`` (the reference) timed; the largest difference of their outputs."""
     diff = (fast().float() - slow().float()).abs().max().item()
-    report.add(
-        name, metric, timed_ms(fast), "ms", timed_ms(slow), f"max |kernel - reference| {diff:.2e}" + note
-    )
+    report.add(name, metric, timed_ms(fast), "ms", timed_ms(slow), f"largest difference {diff:.2e}" + note)
 
 
 def run(args: argparse.Namespace, report: Report) -> None:
@@ -135,7 +133,7 @@ def main() -> None:
     add_report_args(parser)
     args = parser.parse_args()
     command = "python benchmarks/bench_kernels.py " + shlex.join(sys.argv[1:])
-    report = Report(command=command, label=args.label, baseline_name="torch reference")
+    report = Report(command=command, label=args.label, name="kernel", baseline_name="torch reference")
     try:
         run(args, report)
     finally:

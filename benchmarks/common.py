@@ -254,6 +254,8 @@ class Row:
 class Report:
     command: str
     label: str = ""
+    name: str = "genscore"
+    """What the figures' column holds."""
     baseline_name: str = "official recipe"
     """What the baseline column holds."""
     rows: list[Row] = field(default_factory=list)
@@ -266,7 +268,7 @@ class Report:
     def table(self) -> str:
         lines = [
             f"genscore {self.label or genscore_commit()} on {machine()}",
-            f"| workload | metric | genscore | {self.baseline_name} | x baseline | note |",
+            f"| workload | metric | {self.name} | {self.baseline_name} | x baseline | note |",
             "|---|---|---:|---:|---:|---|",
         ]
         for r in self.rows:
