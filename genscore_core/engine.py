@@ -65,7 +65,7 @@ class StreamedJob:
 
 OVERLAP_SHARE = 0.0
 """The default :attr:`ScoringEngine.overlap_share` where the forward runs ahead of the device: off
-until a split call is measured faster on the GPU (docs/benchmarks.md, "Small calls")."""
+until a split call is measured faster on the GPU (docs/benchmarks.md, "Overlap")."""
 
 
 def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
@@ -90,11 +90,11 @@ def select_forward(model: Any, config: ScorerConfig, pad_token_id: int) -> Forwa
     """Pick the forward that runs prompts through the model (the one place that decides it).
 
     ``"auto"`` and ``"packed"`` use the packed forward where the architecture supports it (on the
-    CPU too: it measured 2.2x the padded forward there, docs/benchmarks.md); ``"padded"``, or an
+    CPU too: 2.2x the padded forward there, docs/benchmarks.md, "Packed forward"); ``"padded"``, or an
     unsupported model, gets the padded forward of the model's own code. Packed batches hold no
     padding, so unless ``max_batch_tokens`` was set they take the packed forward's own, larger default
-    (measured on W1, docs/benchmarks.md). The budget means the same in both: token positions one batch
-    runs through the model (:class:`~genscore_core.forward.ForwardStrategy`).
+    (measured on W1, docs/benchmarks.md, "Packed forward"). The budget means the same in both: token
+    positions one batch runs through the model (:class:`~genscore_core.forward.ForwardStrategy`).
     """
     if config.forward != "padded":
         from genscore_core.packed import DEFAULT_MAX_BATCH_TOKENS, PackedForward, unsupported_reason
@@ -199,7 +199,8 @@ class ScoringEngine(ScoringBackend):
         A prompt repeated within a job (the same chunk found by two retrievers) is computed once, so
         duplicates get the very same score and stay tied whatever batch layout the forward picks.
         Token ids need only their batch layout, which the forward does between batches: streaming
-        them (:meth:`score_stream`) measured 4% slower on W1 (docs/benchmarks.md), so they are not.
+        them (:meth:`score_stream`) measured 4% slower on W1, so they are not (docs/benchmarks.md,
+        "Streaming text calls").
         """
         return self._score_whole(jobs, on_progress)
 
@@ -217,7 +218,7 @@ class ScoringEngine(ScoringBackend):
         replay the CUDA graphs of the streamed path (:meth:`score_stream`, which lays out batch k+1
         on a producer thread while the device runs batch k). Scores equal :meth:`score_jobs`. A
         forward that does not stream scores the jobs with :meth:`score_jobs`. Not faster so far:
-        docs/benchmarks.md, "genscore serve under 32 clients".
+        docs/benchmarks.md, "Server batching".
         """
         if batch_tokens <= 0:
             raise ValueError(f"batch_tokens must be positive, got {batch_tokens}")

@@ -53,7 +53,7 @@ class PromptSummary:
     A streamed call keeps these instead of the prompts (``frontend.PairStream``): the ids then live
     only in the parts handed to the engine and are freed on its producer thread while the GPU runs.
     Kept to the call's end, W1's 256 prompts (about 100k Python ints) took 1-1.5 ms to free after
-    the scores were in (docs/benchmarks.md).
+    the scores were in (docs/benchmarks.md, "Streaming text calls").
     """
 
     num_tokens: int

@@ -382,7 +382,7 @@ class GenerativeScorer:
         also: ProgressCallback | None = None,
     ) -> Sequence[tuple[float, PromptInfo]]:
         """A small single-query call in two parts: the second is tokenized while the device runs
-        the first (docs/benchmarks.md, "Small calls")."""
+        the first (docs/benchmarks.md, "Overlap")."""
         rest = sum(len(document) for _, document in pairs)
         stream = self.front_end.stream_pairs(pairs, first_part_chars=first_chars, part_chars=rest)
         [job] = stream.jobs

@@ -40,7 +40,7 @@ FIRST_BATCH_TOKENS = 4096
 tokenizes the rest (about 7 ms of an H200 on a Qwen3-0.6B shape). The first batch leaves at the end
 of the stream's first part of documents (``frontend.FIRST_PART_CHARS``) even when that part holds
 fewer tokens (:meth:`BatchPlanner.ripe`). Each later batch's target is twice its predecessor's, up
-to the forward's budget (docs/benchmarks.md)."""
+to the forward's budget (docs/benchmarks.md, "Streaming text calls")."""
 
 
 BATCH_GROWTH = 2.0
@@ -223,7 +223,8 @@ class BatchPlanner:
         for the next part to be tokenized to learn that its next prompt does not fit. The first batch
         never waits for a second part: W1's first part (24k characters, 10 documents) held 3.4k
         tokens, short of 4,096 by less than its largest prompt, so the GPU started only once the
-        second part (29 documents) was tokenized too, about 15 ms into the call (docs/benchmarks.md).
+        second part (29 documents) was tokenized too, about 15 ms into the call
+        (docs/benchmarks.md, "Streaming text calls").
         """
         if not self._rows:
             return None

@@ -13,7 +13,7 @@ A plain ``load_state_dict`` (the default, ``assign=False``) copies the new value
 tensors, fused views included: nothing goes stale and nothing is rebuilt.
 
 The check looks at a few parameters only, so that it costs the same whatever the depth of the model
-(a few microseconds; docs/benchmarks.md, "Following a model moved after the scorer was built"):
+(a few microseconds; docs/benchmarks.md, "Following a moved model"):
 operations on the whole model change all of them. A change to some inner layers alone (a submodule
 cast or given new parameters on its own) is not seen: build the scorer again after such a change.
 """

@@ -110,7 +110,7 @@ def test_page_runs_as_written(page: Path, tmp_path: Path, demo_model_dir: Path, 
 
 # --- Claims checked against the code, cheaply (no model) ---------------------------------------------
 
-# Pages that describe the code (docs/benchmarks.md records measurements of past commits).
+# Pages that describe the code (the benchmarks page records measurements and names the scripts' flags).
 CLAIM_PAGES = [page for page in PAGES if page.name != "benchmarks.md"]
 # Flags of other programs the docs show (pip, curl, vLLM, SGLang, Ray, ruff, the benchmark scripts).
 OTHER_FLAGS = {

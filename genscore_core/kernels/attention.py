@@ -31,7 +31,7 @@ SEGMENT_FIELDS = ("q_start", "q_len", "k_start", "k_len", "prefix_start", "prefi
 
 @dataclass(frozen=True)
 class AttentionTiling:
-    """Tile sizes and launch settings of the Triton kernel (tuned on an H200; see docs/benchmarks.md)."""
+    """Tile sizes and launch settings of the Triton kernel (H200; docs/benchmarks.md, "Attention kernel")."""
 
     block_m: int = 64
     """Queries per program (a power of two, at least 16)."""
@@ -81,12 +81,10 @@ class Segments:
         host: np.ndarray,
         device: torch.device,
         tiling: AttentionTiling = DEFAULT_TILING,
-        *,
-        by_segment: bool = True,
     ) -> Segments:
         """Plan the blocks (see :func:`plan_blocks`) and copy the table and blocks to ``device``."""
         host = check_table(host)
-        blocks = plan_blocks(host, tiling, by_segment=by_segment)
+        blocks = plan_blocks(host, tiling)
         flat = torch.from_numpy(np.concatenate([host.reshape(-1), blocks.reshape(-1)]))
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
@@ -109,12 +107,13 @@ def check_table(host: np.ndarray) -> np.ndarray:
     return host
 
 
-def plan_blocks(host: np.ndarray, tiling: AttentionTiling, *, by_segment: bool = True) -> np.ndarray:
+def plan_blocks(host: np.ndarray, tiling: AttentionTiling) -> np.ndarray:
     """[NB, 2] int64: (segment, first query) of each block of ``tiling.block_m`` queries.
 
-    Longest work first, so that no long block starts last. ``by_segment`` (the default) keeps the
-    blocks of one segment together, so they run at the same time and read the segment's keys from
-    L2 rather than each from memory; otherwise blocks are ordered by their own work alone.
+    Longest work first, so that no long block starts last, with the blocks of one segment together,
+    so that they run at the same time and read the segment's keys from L2 rather than each from
+    memory (blocks ordered by their own work alone ran 5% slower on W1: docs/benchmarks.md,
+    "Attention kernel").
     """
     q_len, k_len, prefix_len = host[:, 1], host[:, 3], host[:, 5]
     per_segment = -(-q_len // tiling.block_m)
@@ -124,13 +123,10 @@ def plan_blocks(host: np.ndarray, tiling: AttentionTiling, *, by_segment: bool =
     ) * tiling.block_m
     # Keys each block reads.
     work = prefix_len[segment] + (k_len - q_len)[segment] + np.minimum(first + tiling.block_m, q_len[segment])
-    if by_segment:
-        segment_work = np.bincount(segment, weights=work, minlength=len(host))
-        rank = np.empty(len(host), dtype=np.int64)
-        rank[np.argsort(-segment_work, kind="stable")] = np.arange(len(host))
-        order = np.lexsort((-work, rank[segment]))
-    else:
-        order = np.argsort(-work, kind="stable")
+    segment_work = np.bincount(segment, weights=work, minlength=len(host))
+    rank = np.empty(len(host), dtype=np.int64)
+    rank[np.argsort(-segment_work, kind="stable")] = np.arange(len(host))
+    order = np.lexsort((-work, rank[segment]))
     return np.stack([segment[order], first[order]], axis=1).astype(np.int64)
 
 

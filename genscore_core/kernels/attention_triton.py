@@ -113,7 +113,7 @@ def _segment_attention_kernel(  # type: ignore[no-untyped-def]  # triton reads a
     # keys up to the last one its last query sees. Query qi sees the prefix keys below p_len and own
     # keys up to shift + qi (bottom-right causal), so every tile is masked per query; one pipeline
     # for all tiles beats separate unmasked and diagonal loops (each a few tiles long, each with its
-    # own pipeline to fill and drain), see docs/benchmarks.md.
+    # own pipeline to fill and drain): docs/benchmarks.md, "Attention kernel".
     shift = k_len - q_len
     n_prefix = tl.cdiv(p_len, BLOCK_N)
     n_own = tl.cdiv(tl.minimum(shift + m_start + BLOCK_M, k_len), BLOCK_N)

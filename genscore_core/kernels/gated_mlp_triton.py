@@ -11,8 +11,8 @@ that is not a multiple of 16 bytes, as in the tests' odd shapes), the same kerne
 pointers.
 
 The tiling is fixed per size class (:data:`CONFIGS`), chosen by a sweep on one H200
-(``examples/benchmarks/bench_gated_mlp.py``; the sweep, and the persistent, flattened,
-warp-specialised and TMA-store variants it dropped, are in docs/benchmarks.md): nothing is tuned at
+(the persistent, flattened, warp-specialised and TMA-store variants it dropped:
+docs/benchmarks.md, "Gate/up GEMM with silu*mul"): nothing is tuned at
 run time, so the kernel is captured in CUDA graphs for any token count.
 
 This module imports triton at the top; ``gated_mlp.py`` imports it only when it is needed.

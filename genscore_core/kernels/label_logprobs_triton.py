@@ -47,8 +47,9 @@ class LabelLogprobsTiling(NamedTuple):
 def default_config(n_rows: int) -> LabelLogprobsTiling:
     """Tiling by batch size: the best of a sweep on one H200 (H = 1024, V = 151669, bf16).
 
-    See docs/benchmarks.md (K1). Only B = 1, 16, 64, 128 and 1024 were swept: B = 2..8 use the
-    tiling of B = 1, 17..32 that of B = 64 with 32-row blocks, and B > 128 that of B = 1024.
+    See docs/benchmarks.md, "Label log-probabilities kernel". Only B = 1, 16, 64, 128 and 1024 were
+    swept: B = 2..8 use the tiling of B = 1, 17..32 that of B = 64 with 32-row blocks, and B > 128
+    that of B = 1024.
     """
     # Small B is memory-bound: one row block, so W is read once. tl.dot needs at least 16 rows;
     # padded rows are masked. One vocabulary tile per program measured as fast as or faster
@@ -250,7 +251,7 @@ def label_logprobs_triton(
     Args:
         out: Optional preallocated ([B, K] fp32, [B] fp32) buffers, written in place (tests
             poison them to catch unwritten elements).
-        config: Tile sizes; ``default_config(B)`` when omitted (the benchmark sweeps others).
+        config: Tile sizes; ``default_config(B)`` when omitted (tests run others).
     """
     # hidden: [B, H], weight: [V, H], label_ids: [B, K], label_mask: [B, K], bias: [V]
     n_rows, hidden_size = hidden.shape

@@ -314,7 +314,7 @@ def flat_layout(
     The page-locked buffer is written by numpy: ``tensor.pin_memory()`` would copy it again, and
     torch's CPU copies and reductions of large tensors run on its OpenMP pool, which a loaded server
     shares with the tokenizer's threads (measured: 6 ms for a 1 MB ``pin_memory``, 11 ms for the max
-    of 65k positions, while the GPU waited; docs/benchmarks.md).
+    of 65k positions, while the GPU waited; docs/benchmarks.md, "Server batching").
     """
     table = check_table(batch.segments)
     segment_last = batch.segment_last.numpy()
@@ -515,7 +515,7 @@ GATED_MLP_MAX_TOKENS = 16384
 """With ``gated_mlp="auto"``, batches of at least this many (padded) rows run the cuBLAS gate/up
 product and silu*mul: on an H200 the kernel saved 0.4-0.7 ms a call on W4 (~9k tokens) but nothing on
 W1's 40-64k-token batches, where cuBLAS's products ran faster than in isolation (docs/benchmarks.md,
-"Gate/up GEMM with silu*mul in its epilogue")."""
+"Gate/up GEMM with silu*mul")."""
 
 KV = tuple[torch.Tensor, torch.Tensor]
 """Keys and values [layers, rows, Hkv, D] of prefixes carried from one batch to a later one."""

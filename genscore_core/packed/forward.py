@@ -56,7 +56,7 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         max_batch_tokens: Token positions run per batch: every prompt's own tokens, plus each shared
             prefix once, in the batch that computes it (a later batch of the same group reads its
             keys and values back). Memory grows with it: about 24 KB a token for a Qwen3-0.6B shape
-            in bf16 (0.97 GiB at 64k on W1, docs/benchmarks.md).
+            in bf16 (0.97 GiB at 64k on W1, docs/benchmarks.md, "Packed forward").
         options: Which implementation each of the decoder's kernels runs (tests run Triton's on the
             CPU through its interpreter).
     """

@@ -2,9 +2,9 @@
 
 A small call (``rerank`` of 20 documents, about 8k tokens on a Qwen3-0.6B shape) is launch-bound on
 an H200: the host takes as long to launch its ~480 kernels as the GPU takes to run them
-(docs/benchmarks.md, "Small calls"). Large streamed calls are launch-bound too while the producer
+(docs/benchmarks.md, "CUDA graphs"). Large streamed calls are launch-bound too while the producer
 thread tokenizes on every core: launching a batch took about 31 ms against 16 ms once the producer
-was done (docs/benchmarks.md). Replaying a captured graph takes the host out of that loop.
+was done (docs/benchmarks.md, "CUDA graphs"). Replaying a captured graph takes the host out of that loop.
 
 A graph has fixed sizes, so batches are padded to a :class:`~genscore_core.packed.decoder.StaticShape`
 (tokens rounded up to a multiple of ``token_step``, or of :data:`LARGE_TOKEN_STEP` over

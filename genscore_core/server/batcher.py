@@ -24,7 +24,7 @@ has queued all its GPU work, the worker takes the next call from the queue (same
 bound) and has it laid out on a second thread (distinct prompts, prefix groups, every forward
 batch's host buffer) while the GPU finishes; it queues that call on the engine's thread right behind
 the running one, so the GPU waits neither for the layout nor for a round trip through the event loop
-between calls (docs/benchmarks.md, "Where a loaded server's GPU time goes").
+between calls (docs/benchmarks.md, "Server batching").
 
 Pipelined: the engine's thread only *launches* a call (its kernels, the copy of its scores to the
 host, an event behind them: :meth:`~genscore_core.engine.ScoringEngine.launch_prepared`); a third
@@ -42,7 +42,7 @@ time per token of the calls collected before, less twice a recent layout time), 
 queue already fills the budget, or when the running call is answered first. Taken as soon as the
 running call has launched, it missed the requests still on their way back from the call answered
 just before, and the call after it was often taken only after the running one was answered, with
-the device idle meanwhile (docs/benchmarks.md, "When the call behind the running one is taken").
+the device idle meanwhile (docs/benchmarks.md, "Server batching").
 
 A job's scores do not depend on what it is batched with, beyond float32 rounding (observed
 differences are below 1e-6).

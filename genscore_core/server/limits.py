@@ -37,7 +37,7 @@ class ServerLimits(BaseModel):
     """With a local engine, each call of several requests runs as forward batches filled to this
     many tokens (the last holds the rest), so that their shapes repeat from call to call and replay
     CUDA graphs; 0: the engine's own batches, balanced in size, which differ every call and run
-    eagerly. Off by default: not measured faster yet (docs/benchmarks.md)."""
+    eagerly. Off by default: not measured faster yet (docs/benchmarks.md, "Server batching")."""
     max_queued_requests: int = Field(default=4096, gt=0)
     """Requests waiting to be scored; beyond this new ones get a 503 (with ``Retry-After``)."""
     max_connections: int = Field(default=512, gt=0)

@@ -4,9 +4,9 @@ The batcher lays the next call out while the running one is on the device and la
 behind (:mod:`genscore_core.server.batcher`). Taken too early, that call misses the requests whose
 clients are still on their way back (the clients of the call answered just before: at 32 clients
 they return 15-60 ms after their answer); taken after the running call is answered, the device
-idles while it is laid out. A profile of 32 clients (docs/benchmarks.md, "When the call behind the
-running one is taken") showed both: calls alternating between ~11 and ~21 requests, and every
-fourth call taken only after the one before was answered, with ~10-20 ms of idle device before it.
+idles while it is laid out. A profile of 32 clients (docs/benchmarks.md, "Server batching")
+showed both: calls alternating between ~11 and ~21 requests, and every fourth call taken only after
+the one before was answered, with ~10-20 ms of idle device before it.
 
 :class:`DevicePace` predicts when the device finishes the running call from the calls collected
 before it (device seconds per prompt token, weighted by tokens: ~1.5 us a token on an H200 for the

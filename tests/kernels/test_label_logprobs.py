@@ -1,8 +1,8 @@
 """Label log-probability kernel and reference against an independent float64 computation.
 
 The Triton kernels run on CPU tensors through the interpreter (conftest.py sets TRITON_INTERPRET=1),
-so shapes are small; the same check at Qwen3 sizes runs on a GPU in
-examples/benchmarks/bench_label_logprobs.py.
+so shapes are small; benchmarks/bench_kernels.py compares kernel and reference at Qwen3 sizes on a
+GPU.
 """
 
 from __future__ import annotations
