@@ -17,8 +17,8 @@ import pytest
 from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_core.cli import main
 from genscore_core.errors import ModelNotFoundError
-from genscore_core.jobs import InputFileError, JobStateError, ScoreFileOptions, score_file
-from tests.reference_recipe import official_qwen3_scores
+from genscore_core.jobs import InputFileError, JobStateError, ScoreFileOptions, ScoreFileReport, score_file
+from tests.helpers.reference_recipe import official_qwen3_scores
 
 GENSCORE = shutil.which("genscore")
 QUERIES = ["capital of France", "how do plants make food", "tallest mountain"]
@@ -75,6 +75,21 @@ class InterruptedScorer(RecordingScorer):
         if len(self.calls) == self.at:
             raise KeyboardInterrupt
         return super().score_pairs(pairs)
+
+
+def _assert_recipe_scores_and_one_null_document(
+    scorer: GenerativeScorer,
+    pairs: list[tuple[str, str]],
+    scores: list[float],
+    report: ScoreFileReport,
+    line: int,
+) -> None:
+    """The written scores are the recipe's for ``pairs``, and the one bad row is at ``line``: a null document."""
+    expected = official_qwen3_scores(scorer.model, scorer.tokenizer, pairs, max_length=512)
+    assert scores == pytest.approx(expected, abs=2e-5)
+    assert report.bad_rows_file is not None
+    [bad] = read_jsonl(report.bad_rows_file)
+    assert (bad["line"], bad["error"]) == (line, "'document' must be a string, got null")
 
 
 def test_jsonl_rows_come_back_in_order_with_the_official_recipes_scores(
@@ -166,11 +181,7 @@ def test_parquet_keeps_the_schema_and_lists_null_documents(tmp_path: Path, score
     assert scored.schema.field("id").type == pa.int32() and scored.schema.field("score").type == pa.float64()
     assert scored.column("id").to_pylist() == [0, 1, 2, 3, 5, 6, 7, 8]
     pairs = [(r["query"], r["document"]) for r in rows if r["id"] != 4]
-    expected = official_qwen3_scores(scorer.model, scorer.tokenizer, pairs, max_length=512)
-    assert scored.column("score").to_pylist() == pytest.approx(expected, abs=2e-5)
-    assert report.bad_rows_file is not None
-    [bad] = read_jsonl(report.bad_rows_file)
-    assert (bad["line"], bad["error"]) == (5, "'document' must be a string, got null")
+    _assert_recipe_scores_and_one_null_document(scorer, pairs, scored.column("score").to_pylist(), report, 5)
 
 
 def test_every_bad_row_is_reported_and_none_is_dropped_silently(
@@ -573,11 +584,7 @@ def test_a_pandas_categorical_query_column_is_read_as_text(tmp_path: Path, score
     assert list(scored["query"].astype(str)) == [row["query"] for row in kept]
     assert list(scored["document"].astype(str)) == [row["document"] for row in kept]
     pairs = [(row["query"], row["document"]) for row in kept]
-    expected = official_qwen3_scores(scorer.model, scorer.tokenizer, pairs, max_length=512)
-    assert list(scored["score"]) == pytest.approx(expected, abs=2e-5)
-    assert report.bad_rows_file is not None
-    [bad] = read_jsonl(report.bad_rows_file)
-    assert (bad["line"], bad["error"]) == (3, "'document' must be a string, got null")
+    _assert_recipe_scores_and_one_null_document(scorer, pairs, list(scored["score"]), report, 3)
 
 
 def test_a_json_key_given_twice_is_a_bad_row_not_a_lost_value(
