@@ -77,6 +77,14 @@ class InterruptedScorer(RecordingScorer):
         return super().score_pairs(pairs)
 
 
+def _score(source: Path, output: Path, scorer: GenerativeScorer, **options: Any) -> Any:
+    return score_file(
+        ScoreFileOptions(input=source, output=output, show_progress=False, **options),
+        config_of(scorer),
+        scorer,
+    )
+
+
 def _assert_recipe_scores_and_one_null_document(
     scorer: GenerativeScorer,
     pairs: list[tuple[str, str]],
@@ -134,9 +142,7 @@ def test_csv_keeps_values_as_text_and_names_bad_rows_by_line(
     output = tmp_path / "scored.csv"
 
     with pytest.raises(InvalidRequestError, match=r"1 bad row \(line 5: 2 fields, but the header has 3\)"):
-        score_file(
-            ScoreFileOptions(input=source, output=output, show_progress=False), config_of(scorer), scorer
-        )
+        _score(source, output, scorer)
     assert not output.exists()
 
     options = ScoreFileOptions(
@@ -198,9 +204,7 @@ def test_every_bad_row_is_reported_and_none_is_dropped_silently(
     output = tmp_path / "scored.jsonl"
 
     with pytest.raises(InvalidRequestError) as failure:
-        score_file(
-            ScoreFileOptions(input=source, output=output, show_progress=False), config_of(scorer), scorer
-        )
+        _score(source, output, scorer)
     for line in (4, 5, 6, 9, 10):
         assert f"line {line}:" in failure.value.message
     assert "pass on_bad_row='skip'" in failure.value.message
@@ -279,14 +283,6 @@ def test_a_killed_run_resumes_to_the_bytes_of_an_uninterrupted_run(
 
 
 # -- input files as they come ---------------------------------------------------------------------------
-
-
-def _score(source: Path, output: Path, scorer: GenerativeScorer, **options: Any) -> Any:
-    return score_file(
-        ScoreFileOptions(input=source, output=output, show_progress=False, **options),
-        config_of(scorer),
-        scorer,
-    )
 
 
 def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path, scorer: GenerativeScorer) -> None:
@@ -757,9 +753,7 @@ def test_nan_infinity_and_overflowing_numbers_are_bad_rows_not_invalid_output(
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     output = tmp_path / "scored.jsonl"
     with pytest.raises(InvalidRequestError) as failure:
-        score_file(
-            ScoreFileOptions(input=source, output=output, show_progress=False), config_of(scorer), scorer
-        )
+        _score(source, output, scorer)
     assert "3 bad rows (line 2: NaN is not a JSON value" in failure.value.message
 
     options = ScoreFileOptions(input=source, output=output, on_bad_row="skip", show_progress=False)
