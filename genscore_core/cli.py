@@ -35,7 +35,7 @@ from genscore_core.cli_args import (
     positive_int,
 )
 from genscore_core.config import ScorerConfig
-from genscore_core.errors import GenScoreError, InvalidRequestError, RemoteScoringError
+from genscore_core.errors import GenScoreError, InputError, InvalidRequestError, RemoteScoringError
 from genscore_core.jobs.cli import add_score_command
 from genscore_core.protocol import check_text
 from genscore_core.server.cli import add_serve_command
@@ -66,10 +66,6 @@ INPUT_FORMATS = ("auto", "text", "jsonl", "json")
 _GROUP_DOCUMENTS = 64
 # ... and at most this many lines are read ahead of the scoring.
 _QUEUED_LINES = 64
-
-
-class InputError(Exception):
-    """Bad command-line input: reported on one line, exit code 2."""
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")

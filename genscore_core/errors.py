@@ -8,6 +8,11 @@
   checkpoint missing weights, label words the tokenizer does not have).
 * :class:`RemoteScoringError`: a scoring server could not be reached or kept failing (exit code 3).
 * :class:`ServerBusyError`: ``genscore serve`` has no room for the request now (HTTP 503).
+
+The rest are narrower: errors of one input format (:class:`StrictJSONError`, :class:`InputError`,
+:class:`InputFileError`, :class:`JobStateError`), the HTTP answers of ``genscore serve``
+(:class:`ServerHTTPError`), and signals that stay inside genscore (:class:`RequestAbandoned`,
+:class:`AttemptTooLongError`). A test checks that no module defines an exception class anywhere else.
 """
 
 from __future__ import annotations
@@ -137,3 +142,96 @@ class KernelUnavailableError(ConfigurationError):
     The message says what to install or set (``setting`` is ``"impl"``). ``impl="auto"`` never raises
     it: it falls back to torch.
     """
+
+
+class InputFileError(InvalidRequestError):
+    """The input file as a whole cannot be read (missing column, not UTF-8, malformed CSV...)."""
+
+
+class JobStateError(InvalidRequestError):
+    """The output or its work folder is in a state the job must not overwrite without being told."""
+
+
+class InputError(Exception):
+    """Bad command-line input: reported on one line, exit code 2."""
+
+
+class StrictJSONError(ValueError):
+    """Text that is valid for Python's reader but not as standard JSON."""
+
+
+class NotStandardJSONError(StrictJSONError):
+    """``NaN``, ``Infinity`` or a number beyond a float."""
+
+
+class RepeatedKeyError(StrictJSONError):
+    """One object holds ``key`` twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the key {key!r} appears twice in one object")
+        self.key = key
+
+
+class RequestAbandoned(GenScoreError):
+    """The caller of a request went away; its work was dropped."""
+
+
+class AttemptTooLongError(Exception):
+    """One attempt of a request to a scoring server ran past ``server_timeout``.
+
+    The client retries it; a caller only sees :class:`RemoteScoringError` (``timed_out``) once
+    every attempt has failed.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"no complete answer within the {timeout:g} s timeout")
+
+
+class ServerHTTPError(GenScoreError):
+    """An HTTP error answer of ``genscore serve``: ``status_code``, ``detail``, and the ``headers``
+    and ``param`` (the field named in the error body) to send with it.
+
+    Not a Starlette ``HTTPException``, so that this module needs no server package: the server
+    answers these itself, also when FastAPI wraps one raised while it read the body.
+    """
+
+    param: str | None = None
+
+    def __init__(self, status_code: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status_code = status_code
+        self.detail = detail
+        self.headers = headers
+
+
+class BodyTooLargeError(ServerHTTPError):
+    """A request body beyond ``--max-body-bytes`` (HTTP 413)."""
+
+    def __init__(self, max_bytes: int, size: int | None = None) -> None:
+        got = f"{size} bytes" if size is not None else "more"
+        super().__init__(
+            413, f"request body is {got}; this server accepts at most {max_bytes} bytes (--max-body-bytes)"
+        )
+
+
+class BodyTimeoutError(ServerHTTPError):
+    """A request body that did not arrive within ``--body-timeout`` of its headers (HTTP 408)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            408,
+            f"the request body did not arrive within {seconds:g} s of its headers (--body-timeout)",
+            # The rest of the body may still come: the connection cannot carry another request.
+            headers={"Connection": "close"},
+        )
+
+
+class UnknownModelError(ServerHTTPError):
+    """A request naming a model the server does not serve (HTTP 404)."""
+
+    param = "model"
+
+    def __init__(self, requested: str, served: str) -> None:
+        super().__init__(
+            404, f"The model `{requested}` does not exist; this server serves `{served}` (GET /v1/models)"
+        )

@@ -16,11 +16,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from genscore_core.errors import GenScoreError
-
-
-class RequestAbandoned(GenScoreError):
-    """The caller of a request went away; its work was dropped."""
+from genscore_core.errors import RequestAbandoned as RequestAbandoned
 
 
 @dataclass

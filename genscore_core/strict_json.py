@@ -12,21 +12,9 @@ import json
 import math
 from typing import Any
 
-
-class StrictJSONError(ValueError):
-    """Text that is valid for Python's reader but not as standard JSON."""
-
-
-class NotStandardJSONError(StrictJSONError):
-    """``NaN``, ``Infinity`` or a number beyond a float."""
-
-
-class RepeatedKeyError(StrictJSONError):
-    """One object holds ``key`` twice."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"the key {key!r} appears twice in one object")
-        self.key = key
+from genscore_core.errors import NotStandardJSONError as NotStandardJSONError
+from genscore_core.errors import RepeatedKeyError as RepeatedKeyError
+from genscore_core.errors import StrictJSONError as StrictJSONError
 
 
 def _refuse_constant(name: str) -> Any:

@@ -15,8 +15,8 @@ import pytest
 from genscore_core import ConfigurationError, GenerativeScorer, ScorerConfig
 from genscore_core.cli import build_parser
 from genscore_core.cli_args import config_settings, flag_of
-from tests.recipe_ranking import RecipeReference, assert_ranked_like_recipe
-from tests.server._support import free_port
+from tests.helpers.recipe_ranking import RecipeReference, assert_ranked_like_recipe
+from tests.helpers.server import free_port
 
 GENSCORE = shutil.which("genscore")
 

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import genscore_core.scorer
 from genscore_core import GenerativeScorer
 from genscore_core.cli import QueryRecord, build_parser, main, rank_queries
-from tests.reference_recipe import official_qwen3_scores
+from tests.helpers.reference_recipe import official_qwen3_scores
 
 GENSCORE = shutil.which("genscore")
 COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]

@@ -5,7 +5,7 @@ Hugging Face cache this test lays out, with ``HF_HUB_OFFLINE=1``: transformers a
 by name exactly as they would load the real checkpoints (the recipe is still picked from the name),
 but the weights are those of ``genscore make-demo-model``. ``./demo-qwen3``, the folder the README
 writes, is the session's demo model too; ``make-demo-model`` keeps a folder that already holds it.
-Blocks that cannot run here say why in a ``<!-- not-run: reason -->`` marker (tests/doc_blocks.py).
+Blocks that cannot run here say why in a ``<!-- not-run: reason -->`` marker (tests/helpers/doc_blocks.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from genscore_core import GenerativeScorer
-from tests.doc_blocks import NOT_CODE, PAGES, REPO, RUNNABLE, Block, blocks
-from tests.server._support import free_port
+from tests.helpers.doc_blocks import NOT_CODE, PAGES, REPO, RUNNABLE, Block, blocks
+from tests.helpers.server import free_port
 
 # Hub ids used in the docs, served from the test's cache by the demo model.
 HUB_IDS = ("Qwen/Qwen3-Reranker-0.6B", "mixedbread-ai/mxbai-rerank-base-v2")
@@ -93,7 +93,7 @@ RUN_PAGES = [page for page in PAGES if any(b.runs for b in blocks(page))]
 def test_page_runs_as_written(page: Path, tmp_path: Path, demo_model_dir: Path, hub_home: Path) -> None:
     (tmp_path / "demo-qwen3").symlink_to(demo_model_dir)
     done = subprocess.run(
-        [sys.executable, "-m", "tests.doc_blocks", str(page), "--port", str(free_port())],
+        [sys.executable, "-m", "tests.helpers.doc_blocks", str(page), "--port", str(free_port())],
         cwd=tmp_path,
         env=_env(hub_home),
         capture_output=True,
@@ -350,7 +350,7 @@ def test_server_endpoints_and_stats_are_those_documented(scorer: GenerativeScore
     import httpx
 
     from genscore_core.server import create_app
-    from tests.server._support import TEST_LIMITS, serve_in_thread
+    from tests.helpers.server import TEST_LIMITS, serve_in_thread
 
     rows = {row[0]: row[1] for row in _table_rows_of(_prose(REPO / "docs" / "scaling.md")) if len(row) == 2}
     documented = set()

@@ -17,7 +17,7 @@ from genscore_core import ConfigurationError, GenerativeScorer, InvalidRequestEr
 from genscore_core.batching import left_pad, length_sorted_batches
 from genscore_core.engine import distinct_prompts
 from genscore_core.loading import resolve_device, resolve_dtype
-from tests.model_gate import ModelGate
+from tests.helpers.model_gate import ModelGate
 
 DOCS = [
     "Paris is the capital and largest city of France.",

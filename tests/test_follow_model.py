@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from genscore_core import GenerativeScorer
 from genscore_core.frontend import STREAM_MIN_CHARS
 from genscore_core.testing.tiny_model import make_tiny_model
-from tests.reference_recipe import official_qwen3_scores
+from tests.helpers.reference_recipe import official_qwen3_scores
 
 WORDS = "paris france capital river museum berlin wall history london bridge photon energy search".split()
 MAX_LENGTH = 256

@@ -22,7 +22,7 @@ from genscore_core.config import ScorerConfig
 from genscore_core.engine import select_forward
 from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup
 from genscore_core.packed import PackedForward
-from tests.test_packed_forward import ATOL, SPEC, _random_groups, _reference
+from tests.helpers.packed_reference import ATOL, SPEC, random_groups, reference_rows
 
 KINDS = ["padded", "packed"]
 
@@ -82,7 +82,7 @@ def _record(forward: ForwardStrategy[Any, Any], recorder: Recorder) -> None:
 
 
 def _groups(vocab: int, seed: int = 2) -> list[PrefixGroup]:
-    return _random_groups(random.Random(seed), vocab, SPEC)
+    return random_groups(random.Random(seed), vocab, SPEC)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -102,7 +102,7 @@ def test_float32_final_hidden_states_out(
         sum(len(g.suffix_ids) for g in groups),
         model.config.hidden_size,
     )
-    reference = _reference(qwen3, groups)  # float32 weights, float32 arithmetic
+    reference = reference_rows(qwen3, groups)  # float32 weights, float32 arithmetic
     if dtype == torch.float32:
         torch.testing.assert_close(got, reference, atol=ATOL, rtol=ATOL)
     else:  # bf16 weights and matmuls: close to float32, and not rounded to bf16 at the end
@@ -168,7 +168,7 @@ def test_the_budget_bounds_positions_run_per_batch(qwen3: Any, kind: str, budget
     recorder = Recorder()
     _record(forward, recorder)
     got = forward.last_hidden_states(groups)
-    torch.testing.assert_close(got, _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(got, reference_rows(qwen3, groups), atol=ATOL, rtol=ATOL)
     assert len(recorder.calls) > 1
     assert all(tokens <= budget or n == 1 for tokens, n, _ in recorder.calls)
     positions = sum(tokens for tokens, _, _ in recorder.calls)

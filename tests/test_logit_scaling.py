@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from genscore_core import GenerativeScorer
-from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir, write_model_folder
-from tests.reference_recipe import (
+from genscore_core.testing.tiny_model import qwen3_tokenizer_dir, write_model_folder
+from tests.helpers.reference_recipe import (
     QWEN3_INSTRUCTION,
     QWEN3_PREFIX,
     QWEN3_SUFFIX,
     full_vocab_label_prob,
     official_qwen3_scores,
 )
+from tests.helpers.tiny_models import special_ids, tiny_sizes
 
 QUERY = "Which rivers flow through Paris?"
 DOCS = [
@@ -34,18 +35,9 @@ def _scaled_model(kind: str, out: Path) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
     common: dict[str, Any] = dict(
-        vocab_size=QWEN3_VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
+        **tiny_sizes(), **special_ids(tokenizer, "pad", "bos", "eos"), max_position_embeddings=2048,
         initializer_range=0.1,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    )  # fmt: skip
     torch.manual_seed(0)
     if kind == "granite":
         # A scaling far from 1 (the real models use 6-16): scores without it differ by a lot.

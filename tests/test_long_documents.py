@@ -15,13 +15,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from genscore_core import GenerativeScorer, PromptTooLongError
 from genscore_core.server import create_app
-from tests.reference_recipe import (
+from tests.helpers.reference_recipe import (
     QWEN3_INSTRUCTION,
     QWEN3_PREFIX,
     QWEN3_SUFFIX,
     official_qwen3_scores,
 )
-from tests.server._support import TEST_LIMITS, serve_in_thread
+from tests.helpers.server import TEST_LIMITS, serve_in_thread
 
 MAX_LENGTH = 160
 OVERLAP = 16

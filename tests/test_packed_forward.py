@@ -37,8 +37,7 @@ from genscore_core.packed import (
 )
 from genscore_core.packed.decoder import DeviceBatch, StaticShape, host_layout
 from genscore_core.packed.graphs import DecoderGraphs, static_shape
-
-ATOL = 1e-5
+from tests.helpers.packed_reference import ATOL, SPEC, random_groups, reference_rows
 
 
 @pytest.fixture(scope="module")
@@ -60,33 +59,12 @@ def _small_model(kind: str) -> Any:
     return LlamaForCausalLM(LlamaConfig(**common, attention_bias=True, mlp_bias=True)).eval()
 
 
-def _random_groups(rng: random.Random, vocab: int, spec: list[tuple[int, list[int]]]) -> list[PrefixGroup]:
-    def ids(n: int) -> list[int]:
-        return [rng.randrange(vocab) for _ in range(n)]
-
-    return [PrefixGroup(ids(p), [ids(n) for n in suffixes]) for p, suffixes in spec]
-
-
-SPEC = [(12, [5, 1, 17, 9]), (0, [3, 8]), (7, [1]), (20, [30, 2, 11, 4, 6])]
-
-
-def _reference(model: Any, groups: list[PrefixGroup]) -> torch.Tensor:
-    """Each prompt alone through the model's own forward: the final-norm hidden state at its last token."""
-    rows = []
-    with torch.inference_mode():
-        for group in groups:
-            for prompt in group.prompts():
-                output = model.model(input_ids=torch.tensor([prompt]))
-                rows.append(output.last_hidden_state[0, -1])
-    return torch.stack(rows)
-
-
 # -- packing ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("budget", [1, 10, 25, 40, 1000])
 def test_plan_covers_every_prompt_once_in_order(budget: int) -> None:
-    groups = _random_groups(random.Random(0), 100, SPEC)
+    groups = random_groups(random.Random(0), 100, SPEC)
     plans = plan_batches(groups, budget)
     order = [(s.group, i) for slices in plans for s in slices for i in range(s.start, s.stop)]
     assert order == [(g, i) for g, group in enumerate(groups) for i in range(len(group.suffix_ids))]
@@ -113,7 +91,7 @@ def test_plan_balances_batches() -> None:
 
 
 def test_batch_layout() -> None:
-    groups = _random_groups(random.Random(1), 100, SPEC)
+    groups = random_groups(random.Random(1), 100, SPEC)
     for budget in (25, 1000):
         for slices in plan_batches(groups, budget):
             batch = build_batch(groups, slices)
@@ -151,10 +129,10 @@ def test_plan_rejects_bad_budget() -> None:
 @pytest.mark.parametrize("budget", [8, 30, 100_000])
 def test_matches_hf_forward_fp32(qwen3: Any, budget: int) -> None:
     """Small budgets split groups over batches, so prefixes go through the cross-batch KV cache."""
-    groups = _random_groups(random.Random(2), qwen3.config.vocab_size, SPEC)
+    groups = random_groups(random.Random(2), qwen3.config.vocab_size, SPEC)
     got = PackedForward(qwen3, max_batch_tokens=budget).last_hidden_states(groups)
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got, _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(got, reference_rows(qwen3, groups), atol=ATOL, rtol=ATOL)
 
 
 @pytest.mark.parametrize("budget", [8, 30, 100_000])
@@ -163,7 +141,7 @@ def test_batches_laid_out_ahead_run_as_laid_out(
 ) -> None:
     """prepare() plans and lays out every batch as the call will (empty prefixes, prefixes carried
     between batches); the call then builds none again and gives the very rows of a call without it."""
-    groups = _random_groups(random.Random(2), qwen3.config.vocab_size, SPEC)
+    groups = random_groups(random.Random(2), qwen3.config.vocab_size, SPEC)
     forward = PackedForward(qwen3, max_batch_tokens=budget)
     expected = forward.last_hidden_states(groups)
     prepared = forward.prepare(groups)
@@ -183,22 +161,22 @@ def test_batches_laid_out_ahead_run_as_laid_out(
     forward.max_batch_tokens = max(1, budget // 2)
     again = forward.last_hidden_states(groups, prepared=prepared)
     assert len(built) == len(plan_batches(groups, forward.max_batch_tokens))
-    torch.testing.assert_close(again, _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(again, reference_rows(qwen3, groups), atol=ATOL, rtol=ATOL)
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_other_architectures(kind: str) -> None:
     model = _small_model(kind)
     assert supports(model), unsupported_reason(model)
-    groups = _random_groups(random.Random(3), model.config.vocab_size, SPEC)
+    groups = random_groups(random.Random(3), model.config.vocab_size, SPEC)
     got = PackedForward(model, max_batch_tokens=30).last_hidden_states(groups)
-    torch.testing.assert_close(got, _reference(model, groups), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(got, reference_rows(model, groups), atol=ATOL, rtol=ATOL)
 
 
 def test_progress_and_empty(qwen3: Any) -> None:
     forward = PackedForward(qwen3, max_batch_tokens=20)
     seen: list[int] = []
-    groups = _random_groups(random.Random(4), 1000, SPEC)
+    groups = random_groups(random.Random(4), 1000, SPEC)
     forward.last_hidden_states(groups, seen.append)
     assert sum(seen) == sum(len(g.suffix_ids) for g in groups) and len(seen) > 1
     assert forward.last_hidden_states([]).shape == (0, qwen3.config.hidden_size)
@@ -266,11 +244,11 @@ def test_selection(qwen3: Any) -> None:
     ],
 )
 def test_options_keep_the_numbers(qwen3: Any, options: PackedOptions) -> None:
-    groups = _random_groups(random.Random(6), qwen3.config.vocab_size, SPEC)
+    groups = random_groups(random.Random(6), qwen3.config.vocab_size, SPEC)
     forward = PackedForward(qwen3, max_batch_tokens=30, options=options)
     assert forward.decoder.options is options
     torch.testing.assert_close(
-        forward.last_hidden_states(groups), _reference(qwen3, groups), atol=ATOL, rtol=ATOL
+        forward.last_hidden_states(groups), reference_rows(qwen3, groups), atol=ATOL, rtol=ATOL
     )
 
 
@@ -287,8 +265,8 @@ def _bf16_copy(model: Any) -> Any:
 
 def test_a_bf16_model_gives_the_float32_rows_within_bf16_noise(qwen3: Any) -> None:
     """The residual stream stays float32 in a bf16 model: only the products' inputs are rounded."""
-    groups = _random_groups(random.Random(6), qwen3.config.vocab_size, SPEC)
-    reference = _reference(qwen3, groups)  # float32 weights and arithmetic
+    groups = random_groups(random.Random(6), qwen3.config.vocab_size, SPEC)
+    reference = reference_rows(qwen3, groups)  # float32 weights and arithmetic
     rows = PackedForward(_bf16_copy(qwen3), max_batch_tokens=30).last_hidden_states(groups)
     assert rows.dtype == torch.float32
     # Final-norm rows are of order one.
@@ -300,7 +278,7 @@ def test_graphs_replay_a_bf16_model_as_the_eager_decoder_runs_it(qwen3: Any) -> 
     replays on the same buffers; CUDA captures them)."""
     model = _bf16_copy(qwen3)
     decoder = PackedForward(model).decoder
-    groups = _random_groups(
+    groups = random_groups(
         random.Random(16), model.config.vocab_size, [(20, [30, 2, 11, 4, 6]), (9, [7, 12, 3])]
     )
     eager = PackedForward(model, max_batch_tokens=40, options=decoder.options).last_hidden_states(groups)
@@ -323,7 +301,7 @@ def _one_batch(groups: list[PrefixGroup]) -> Any:
 
 
 def test_static_shape_rounds_up_with_two_spare_segments() -> None:
-    groups = _random_groups(random.Random(7), 100, SPEC)
+    groups = random_groups(random.Random(7), 100, SPEC)
     batch = _one_batch(groups)  # 136 tokens, 15 segments (3 prefixes, 12 prompts)
     assert (batch.num_tokens, len(batch.segments)) == (136, 15)
     assert static_shape(batch, 128) == StaticShape(tokens=256, segments=32)
@@ -342,7 +320,7 @@ def test_static_shape_rounds_up_with_two_spare_segments() -> None:
 
 @pytest.mark.parametrize("step", [1, 16, 128, 1000])
 def test_a_padded_batch_gives_the_rows_of_the_hf_forward(qwen3: Any, step: int) -> None:
-    groups = _random_groups(random.Random(8), qwen3.config.vocab_size, SPEC)
+    groups = random_groups(random.Random(8), qwen3.config.vocab_size, SPEC)
     batch = _one_batch(groups)
     decoder = PackedForward(qwen3).decoder
     shape = static_shape(batch, step)
@@ -351,7 +329,7 @@ def test_a_padded_batch_gives_the_rows_of_the_hf_forward(qwen3: Any, step: int) 
     with torch.inference_mode():
         rows, saved = decoder.run(dev)
     assert saved is None and rows.shape[0] == shape.segments
-    torch.testing.assert_close(rows[: batch.num_prompts], _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(rows[: batch.num_prompts], reference_rows(qwen3, groups), atol=ATOL, rtol=ATOL)
 
 
 @pytest.mark.parametrize("step", [1, 16, 128, 1000])
@@ -359,7 +337,7 @@ def test_every_row_of_a_padded_batch_is_a_query_of_one_segment(step: int) -> Non
     """The attention writes every row of its output: spare tokens attend among themselves (an
     unwritten row can hold NaN on the GPU, which the next layer would carry into real rows' key
     tiles), and every spare attention block points at an empty segment."""
-    groups = _random_groups(random.Random(8), 100, SPEC)
+    groups = random_groups(random.Random(8), 100, SPEC)
     batch = _one_batch(groups)
     shape = static_shape(batch, step)
     parts, table, _ = host_layout(batch, shape)
@@ -388,7 +366,7 @@ def test_every_row_of_a_padded_batch_is_a_query_of_one_segment(step: int) -> Non
 
 
 def test_a_batch_that_does_not_fit_its_shape_is_refused() -> None:
-    groups = _random_groups(random.Random(7), 100, SPEC)
+    groups = random_groups(random.Random(7), 100, SPEC)
     batch = _one_batch(groups)
     with pytest.raises(ValueError, match="does not fit"):
         DeviceBatch.static(StaticShape(tokens=100, segments=16), torch.device("cpu"), batch)
@@ -399,9 +377,9 @@ def test_a_batch_that_does_not_fit_its_shape_is_refused() -> None:
 def test_graphs_reuse_static_buffers_without_stale_rows(qwen3: Any) -> None:
     """A shorter batch replayed in the buffers of a longer one of the same shape gets its own rows."""
     vocab = qwen3.config.vocab_size
-    long = _random_groups(random.Random(9), vocab, [(12, [30, 20, 25]), (5, [9, 9])])
-    short = _random_groups(random.Random(10), vocab, [(3, [4, 2])])
-    other = _random_groups(random.Random(11), vocab, [(20, [100, 90, 80])])
+    long = random_groups(random.Random(9), vocab, [(12, [30, 20, 25]), (5, [9, 9])])
+    short = random_groups(random.Random(10), vocab, [(3, [4, 2])])
+    other = random_groups(random.Random(11), vocab, [(20, [100, 90, 80])])
     graphs = DecoderGraphs(PackedForward(qwen3).decoder, max_tokens=256, token_step=128)
     with torch.inference_mode():
         assert graphs.run(_one_batch(long)) is None, "a shape seen once runs eagerly"
@@ -411,15 +389,15 @@ def test_graphs_reuse_static_buffers_without_stale_rows(qwen3: Any) -> None:
         assert graphs.captures == 1 and graphs.replays == 2
         assert graphs.run(_one_batch(other)) is None, "a new shape (384 tokens) is over max_tokens"
     assert first is not None and second is not None
-    torch.testing.assert_close(first, _reference(qwen3, long), atol=ATOL, rtol=ATOL)
-    torch.testing.assert_close(second, _reference(qwen3, short), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(first, reference_rows(qwen3, long), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(second, reference_rows(qwen3, short), atol=ATOL, rtol=ATOL)
     assert second.shape[0] == 2, "only the batch's own prompts come back"
 
 
 def test_graphs_keep_the_most_recently_used_shapes(qwen3: Any) -> None:
     vocab = qwen3.config.vocab_size
-    small = _random_groups(random.Random(12), vocab, [(3, [4, 2])])  # 9 tokens
-    large = _random_groups(random.Random(13), vocab, [(10, [40, 30])])  # 80 tokens
+    small = random_groups(random.Random(12), vocab, [(3, [4, 2])])  # 9 tokens
+    large = random_groups(random.Random(13), vocab, [(10, [40, 30])])  # 80 tokens
     graphs = DecoderGraphs(
         PackedForward(qwen3).decoder, max_tokens=128, token_step=32, max_graphs=1, capture_after=1
     )
@@ -427,7 +405,7 @@ def test_graphs_keep_the_most_recently_used_shapes(qwen3: Any) -> None:
         for groups in (small, large, small, small):
             rows = graphs.run(_one_batch(groups))
             assert rows is not None
-            torch.testing.assert_close(rows, _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
+            torch.testing.assert_close(rows, reference_rows(qwen3, groups), atol=ATOL, rtol=ATOL)
     assert list(graphs.graphs) == [StaticShape(tokens=32, segments=16)]
     assert (graphs.captures, graphs.replays) == (3, 4)
 
@@ -472,7 +450,7 @@ def test_graphs_of_batches_that_carry_prefixes_give_the_hf_rows(
         large_tokens=large_tokens,
     )  # fmt: skip
     for seed in (16, 17):
-        groups = _random_groups(random.Random(seed), vocab, [(20, [30, 2, 11, 4, 6]), (9, [7, 12, 3])])
+        groups = random_groups(random.Random(seed), vocab, [(20, [30, 2, 11, 4, 6]), (9, [7, 12, 3])])
         batches = [build_batch(groups, s) for s in plan_batches(groups, 40)]
         assert any(b.save for b in batches) and any(b.load for b in batches)
         shapes = [graphs.shape_for(b) for b in batches]
@@ -483,7 +461,7 @@ def test_graphs_of_batches_that_carry_prefixes_give_the_hf_rows(
             for shape, b in zip(shapes, batches)
         )
         rows = _prefix_graph_rows(graphs, groups, 40)
-        torch.testing.assert_close(rows, _reference(qwen3, groups), atol=ATOL, rtol=ATOL)
+        torch.testing.assert_close(rows, reference_rows(qwen3, groups), atol=ATOL, rtol=ATOL)
     assert graphs.captures == len(graphs.graphs) and graphs.replays > graphs.captures, "shapes repeat"
     if large_tokens:
         large = [shape for shape in graphs.graphs if shape.tokens > max_tokens]
@@ -491,7 +469,7 @@ def test_graphs_of_batches_that_carry_prefixes_give_the_hf_rows(
 
 
 def test_graphs_shape_batches_that_carry_prefixes_and_large_ones(qwen3: Any) -> None:
-    groups = _random_groups(random.Random(14), qwen3.config.vocab_size, [(20, [30, 2, 11, 4, 6])])
+    groups = random_groups(random.Random(14), qwen3.config.vocab_size, [(20, [30, 2, 11, 4, 6])])
     first, second = [build_batch(groups, s) for s in plan_batches(groups, 40)]
     assert first.save and second.load
     decoder = PackedForward(qwen3).decoder
@@ -515,7 +493,7 @@ def test_a_failed_capture_switches_graphs_off(
     qwen3: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A CUDA graph capture of a decoder on the CPU fails: eager from then on, said once."""
-    groups = _random_groups(random.Random(15), qwen3.config.vocab_size, SPEC)
+    groups = random_groups(random.Random(15), qwen3.config.vocab_size, SPEC)
     graphs = DecoderGraphs(PackedForward(qwen3).decoder, max_tokens=4096, capture_after=1)
     monkeypatch.setattr(graphs, "cuda_graphs", True)  # as on CUDA, where a capture may fail
     with caplog.at_level("WARNING", logger="genscore_core.packed.graphs"):
@@ -549,10 +527,10 @@ def test_fused_projections_hold_the_weights_once_and_keep_the_model(tmp_path: Pa
     objects, same values and state_dict (a save and reload gives them back), same HF forward, no
     second copy; a second decoder over the same model finds them fused and copies nothing."""
     model = _small_model("llama")  # q/k/v and MLP biases
-    groups = _random_groups(random.Random(9), model.config.vocab_size, SPEC)
+    groups = random_groups(random.Random(9), model.config.vocab_size, SPEC)
     before = {name: t.clone() for name, t in model.state_dict().items()}
     params = [(m.weight, m.bias) for m in _linears(model)]
-    reference = _reference(model, groups)
+    reference = reference_rows(model, groups)
 
     forward = PackedForward(model, max_batch_tokens=30)
     assert [(m.weight, m.bias) for m in _linears(model)] == params  # the same parameter objects
@@ -570,7 +548,7 @@ def test_fused_projections_hold_the_weights_once_and_keep_the_model(tmp_path: Pa
             rows += n
         assert rows == weight.shape[0]
         assert mlp.up_proj.weight.data_ptr() == fused.gate_up[0][mlp.gate_proj.weight.shape[0]].data_ptr()
-    torch.testing.assert_close(_reference(model, groups), reference, rtol=0, atol=0)
+    torch.testing.assert_close(reference_rows(model, groups), reference, rtol=0, atol=0)
     torch.testing.assert_close(forward.last_hidden_states(groups), reference, atol=ATOL, rtol=ATOL)
 
     again = PackedForward(model)

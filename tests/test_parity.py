@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from genscore_core import GenerativeScorer
-from tests.reference_recipe import full_vocab_label_prob, label_softmax_prob, official_qwen3_scores
+from tests.helpers.reference_recipe import full_vocab_label_prob, label_softmax_prob, official_qwen3_scores
 
 WORDS = (
     "paris france capital city river seine museum louvre berlin germany wall history london thames "

@@ -21,7 +21,7 @@ from genscore_core.engine import shared_prefix_length
 from genscore_core.prompts import TemplatePromptBuilder, build_raw_prompts
 from genscore_core.protocol import GenerativeScoringRequest
 from genscore_core.templates import get_template, resolve_label_ids
-from tests.reference_recipe import label_softmax_prob
+from tests.helpers.reference_recipe import label_softmax_prob
 
 
 def test_qwen3_preset_labels_are_the_real_ids(scorer: GenerativeScorer) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from genscore_core import GenerativeScorer
-from tests.reference_recipe import NO_ID, QWEN3_PREFIX, QWEN3_SUFFIX, YES_ID, label_softmax_prob
+from tests.helpers.reference_recipe import NO_ID, QWEN3_PREFIX, QWEN3_SUFFIX, YES_ID, label_softmax_prob
 
 MAX_LENGTH = 512
 INSTRUCTION = "Judge relevance carefully. " * 50  # about 200 tokens

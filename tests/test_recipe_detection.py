@@ -18,8 +18,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 
 from genscore_core import MXBAI_RERANK_V2, QWEN3_RERANKER, GenerativeScorer
 from genscore_core.recipes import resolve_recipe
-from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir
-from tests.reference_recipe import mxbai_fixed_tokens, mxbai_reference_ids
+from genscore_core.testing.tiny_model import qwen3_tokenizer_dir
+from tests.helpers.reference_recipe import mxbai_fixed_tokens, mxbai_reference_ids
+from tests.helpers.tiny_models import tiny_sizes
 
 MXBAI_ID = "mixedbread-ai/mxbai-rerank-base-v2"
 
@@ -31,15 +32,9 @@ def resaved_mxbai(tmp_path_factory: pytest.TempPathFactory) -> Path:
     original = root / "mxbai-rerank-base-v2"
     tokenizer = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
     config = Qwen2Config(
-        vocab_size=QWEN3_VOCAB_SIZE,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+        **tiny_sizes(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1),
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
     torch.manual_seed(5)
     Qwen2ForCausalLM(config).save_pretrained(str(original))
     tokenizer.save_pretrained(str(original))
@@ -117,7 +112,7 @@ def test_a_card_naming_two_families_or_broken_metadata_picks_nothing(
 
 
 def test_the_deepest_folder_that_names_a_family_wins(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from tests.reference_recipe import official_qwen3_scores
+    from tests.helpers.reference_recipe import official_qwen3_scores
 
     # A Qwen3-Reranker fine-tune kept in a folder of mxbai experiments: the model's own folder decides.
     nested = tmp_path / "mxbai-rerank-experiments" / "Qwen3-Reranker-0.6B-ft"

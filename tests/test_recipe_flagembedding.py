@@ -28,8 +28,9 @@ from transformers import AutoTokenizer, GemmaConfig, GemmaForCausalLM
 
 from genscore_core import GenerativeScorer
 from genscore_core.templates import BGE_RERANKER_V2_GEMMA
-from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir
-from tests.reference_recipe import BGE_PROMPT
+from genscore_core.testing.tiny_model import qwen3_tokenizer_dir
+from tests.helpers.reference_recipe import BGE_PROMPT
+from tests.helpers.tiny_models import special_ids, tiny_sizes
 
 WORDS = "panda bear China bamboo forest what is the giant species endemic hi capital river".split()
 FLAG_MAX_LENGTH = 120  # FlagLLMReranker's max_length, which the model card calls max_length too
@@ -69,19 +70,9 @@ def flag_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer.pad_token = "<|fim_pad|>"
     assert tokenizer.bos_token_id != tokenizer.pad_token_id
     config = GemmaConfig(
-        vocab_size=QWEN3_VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        initializer_range=0.1,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=151645,
-    )
+        **tiny_sizes(), head_dim=16, max_position_embeddings=2048, initializer_range=0.1,
+        **special_ids(tokenizer, "pad", "bos"), eos_token_id=151645,
+    )  # fmt: skip
     torch.manual_seed(23)
     GemmaForCausalLM(config).save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))

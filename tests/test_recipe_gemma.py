@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from genscore_core import GenerativeScorer
 from genscore_core.templates import BGE_RERANKER_V2_GEMMA
 from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir
-from tests.reference_recipe import BGE_PROMPT, bge_reference_ids, last_logits_left_padded
+from tests.helpers.reference_recipe import BGE_PROMPT, bge_reference_ids, last_logits_left_padded
 
 WORDS = "panda bear China bamboo forest what is the giant species endemic hi capital river".split()
 MAX_LENGTH = 200

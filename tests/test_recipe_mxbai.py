@@ -11,13 +11,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from genscore_core import MXBAI_RERANK_V2, GenerativeScorer
-from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir
-from tests.reference_recipe import (
+from genscore_core.testing.tiny_model import qwen3_tokenizer_dir
+from tests.helpers.reference_recipe import (
     last_logits_left_padded,
     mxbai_fixed_tokens,
     mxbai_reference_ids,
     only_second,
 )
+from tests.helpers.tiny_models import tiny_sizes
 
 WORDS = "what why capital France Paris river Seine museum tower token model search engine index".split()
 
@@ -28,17 +29,9 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-qwen2") / "mxbai-rerank-tiny-v2"
     tokenizer = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
     config = Qwen2Config(
-        vocab_size=QWEN3_VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        initializer_range=0.1,
-        tie_word_embeddings=True,
+        **tiny_sizes(), max_position_embeddings=4096, initializer_range=0.1, tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
-    )
+    )  # fmt: skip
     torch.manual_seed(11)
     Qwen2ForCausalLM(config).save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))

@@ -17,8 +17,8 @@ import pytest
 from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_core.cli import main
 from genscore_core.errors import ModelNotFoundError
-from genscore_core.jobs import InputFileError, JobStateError, ScoreFileOptions, score_file
-from tests.reference_recipe import official_qwen3_scores
+from genscore_core.jobs import InputFileError, JobStateError, ScoreFileOptions, ScoreFileReport, score_file
+from tests.helpers.reference_recipe import official_qwen3_scores
 
 GENSCORE = shutil.which("genscore")
 QUERIES = ["capital of France", "how do plants make food", "tallest mountain"]
@@ -77,6 +77,29 @@ class InterruptedScorer(RecordingScorer):
         return super().score_pairs(pairs)
 
 
+def _score(source: Path, output: Path, scorer: GenerativeScorer, **options: Any) -> Any:
+    return score_file(
+        ScoreFileOptions(input=source, output=output, show_progress=False, **options),
+        config_of(scorer),
+        scorer,
+    )
+
+
+def _assert_recipe_scores_and_one_null_document(
+    scorer: GenerativeScorer,
+    pairs: list[tuple[str, str]],
+    scores: list[float],
+    report: ScoreFileReport,
+    line: int,
+) -> None:
+    """The written scores are the recipe's for ``pairs``, and the one bad row is at ``line``: a null document."""
+    expected = official_qwen3_scores(scorer.model, scorer.tokenizer, pairs, max_length=512)
+    assert scores == pytest.approx(expected, abs=2e-5)
+    assert report.bad_rows_file is not None
+    [bad] = read_jsonl(report.bad_rows_file)
+    assert (bad["line"], bad["error"]) == (line, "'document' must be a string, got null")
+
+
 def test_jsonl_rows_come_back_in_order_with_the_official_recipes_scores(
     tmp_path: Path, scorer: GenerativeScorer
 ) -> None:
@@ -119,9 +142,7 @@ def test_csv_keeps_values_as_text_and_names_bad_rows_by_line(
     output = tmp_path / "scored.csv"
 
     with pytest.raises(InvalidRequestError, match=r"1 bad row \(line 5: 2 fields, but the header has 3\)"):
-        score_file(
-            ScoreFileOptions(input=source, output=output, show_progress=False), config_of(scorer), scorer
-        )
+        _score(source, output, scorer)
     assert not output.exists()
 
     options = ScoreFileOptions(
@@ -166,11 +187,7 @@ def test_parquet_keeps_the_schema_and_lists_null_documents(tmp_path: Path, score
     assert scored.schema.field("id").type == pa.int32() and scored.schema.field("score").type == pa.float64()
     assert scored.column("id").to_pylist() == [0, 1, 2, 3, 5, 6, 7, 8]
     pairs = [(r["query"], r["document"]) for r in rows if r["id"] != 4]
-    expected = official_qwen3_scores(scorer.model, scorer.tokenizer, pairs, max_length=512)
-    assert scored.column("score").to_pylist() == pytest.approx(expected, abs=2e-5)
-    assert report.bad_rows_file is not None
-    [bad] = read_jsonl(report.bad_rows_file)
-    assert (bad["line"], bad["error"]) == (5, "'document' must be a string, got null")
+    _assert_recipe_scores_and_one_null_document(scorer, pairs, scored.column("score").to_pylist(), report, 5)
 
 
 def test_every_bad_row_is_reported_and_none_is_dropped_silently(
@@ -187,9 +204,7 @@ def test_every_bad_row_is_reported_and_none_is_dropped_silently(
     output = tmp_path / "scored.jsonl"
 
     with pytest.raises(InvalidRequestError) as failure:
-        score_file(
-            ScoreFileOptions(input=source, output=output, show_progress=False), config_of(scorer), scorer
-        )
+        _score(source, output, scorer)
     for line in (4, 5, 6, 9, 10):
         assert f"line {line}:" in failure.value.message
     assert "pass on_bad_row='skip'" in failure.value.message
@@ -268,14 +283,6 @@ def test_a_killed_run_resumes_to_the_bytes_of_an_uninterrupted_run(
 
 
 # -- input files as they come ---------------------------------------------------------------------------
-
-
-def _score(source: Path, output: Path, scorer: GenerativeScorer, **options: Any) -> Any:
-    return score_file(
-        ScoreFileOptions(input=source, output=output, show_progress=False, **options),
-        config_of(scorer),
-        scorer,
-    )
 
 
 def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path, scorer: GenerativeScorer) -> None:
@@ -573,11 +580,7 @@ def test_a_pandas_categorical_query_column_is_read_as_text(tmp_path: Path, score
     assert list(scored["query"].astype(str)) == [row["query"] for row in kept]
     assert list(scored["document"].astype(str)) == [row["document"] for row in kept]
     pairs = [(row["query"], row["document"]) for row in kept]
-    expected = official_qwen3_scores(scorer.model, scorer.tokenizer, pairs, max_length=512)
-    assert list(scored["score"]) == pytest.approx(expected, abs=2e-5)
-    assert report.bad_rows_file is not None
-    [bad] = read_jsonl(report.bad_rows_file)
-    assert (bad["line"], bad["error"]) == (3, "'document' must be a string, got null")
+    _assert_recipe_scores_and_one_null_document(scorer, pairs, list(scored["score"]), report, 3)
 
 
 def test_a_json_key_given_twice_is_a_bad_row_not_a_lost_value(
@@ -750,9 +753,7 @@ def test_nan_infinity_and_overflowing_numbers_are_bad_rows_not_invalid_output(
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     output = tmp_path / "scored.jsonl"
     with pytest.raises(InvalidRequestError) as failure:
-        score_file(
-            ScoreFileOptions(input=source, output=output, show_progress=False), config_of(scorer), scorer
-        )
+        _score(source, output, scorer)
     assert "3 bad rows (line 2: NaN is not a JSON value" in failure.value.message
 
     options = ScoreFileOptions(input=source, output=output, on_bad_row="skip", show_progress=False)

@@ -12,7 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from genscore_core import GenerativeScorer, InvalidRequestError, check_rank_options
 from genscore_core.scoring import ScoreRangeError, check_scores
-from tests.reference_recipe import QWEN3_INSTRUCTION, QWEN3_PREFIX, QWEN3_SUFFIX, YES_ID
+from tests.helpers.reference_recipe import (
+    reference_yes_logits,
+)
 
 PAIRS = [("capital of France?", "Paris is the capital of France."), ("rivers", "The Thames. The Seine.")]
 
@@ -60,22 +62,6 @@ DOCUMENTS = [
     "Paris is the capital of France.",  # a tie with the first: input order decides
     "x",
 ]
-
-
-def reference_yes_logits(model: object, tokenizer: object, query: str, documents: list[str]) -> list[float]:
-    """The "yes" logit of each document's prompt, built by the official recipe, from full logits."""
-    prefix = tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)  # type: ignore[attr-defined]
-    suffix = tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)  # type: ignore[attr-defined]
-    logits = []
-    for document in documents:
-        body = tokenizer.encode(  # type: ignore[attr-defined]
-            f"<Instruct>: {QWEN3_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}",
-            add_special_tokens=False,
-        )
-        with torch.no_grad():
-            out = model(input_ids=torch.tensor([prefix + body + suffix])).logits[0, -1].double()  # type: ignore[operator]
-        logits.append(float(out[YES_ID]))
-    return logits
 
 
 def test_logit_mode_thresholds_are_logits(scorer: GenerativeScorer, tiny_model_dir: Path) -> None:

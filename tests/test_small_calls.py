@@ -25,8 +25,8 @@ from genscore_core.scoring import LabelHead
 from genscore_core.server import ServerLimits
 from genscore_core.server.app import create_app
 from genscore_core.server.cli import add_serve_command, server_limits
-from tests.reference_recipe import official_qwen3_scores
-from tests.server._support import serve_in_thread
+from tests.helpers.reference_recipe import official_qwen3_scores
+from tests.helpers.server import serve_in_thread
 
 WORDS = "paris france capital river seine museum berlin wall history london thames bridge tower".split()
 

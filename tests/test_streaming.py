@@ -29,7 +29,7 @@ from genscore_core.streaming import (
     TokenRows,
     plan_stream,
 )
-from tests.reference_recipe import official_qwen3_scores
+from tests.helpers.reference_recipe import official_qwen3_scores
 
 WORDS = "paris france capital river seine museum berlin wall history london thames bridge tower".split()
 
@@ -293,16 +293,19 @@ def test_an_error_in_the_producer_reaches_the_consumer_and_nothing_hangs() -> No
     assert not prefetcher._thread.is_alive()
 
 
+def _items_until_blocked(blocked: threading.Event) -> Iterator[int]:
+    """Counts up, setting ``blocked`` as it makes item 2: with depth 1, item 0 is taken and item 1
+    queued, so the producer blocks on putting this one."""
+    for i in range(1000):
+        if i == 2:
+            blocked.set()
+        yield i
+
+
 def test_a_consumer_that_stops_early_stops_the_producer() -> None:
     started = threading.Event()
 
-    def items() -> Iterator[int]:
-        for i in range(1000):
-            if i == 2:  # item 0 taken, item 1 queued: the producer blocks on putting this one
-                started.set()
-            yield i
-
-    prefetcher = Prefetcher(items(), lambda x: x, depth=1)
+    prefetcher = Prefetcher(_items_until_blocked(started), lambda x: x, depth=1)
     with pytest.raises(RuntimeError, match="consumer failed"):
         with prefetcher as results:
             for value in results:
@@ -320,13 +323,7 @@ def test_a_producer_ends_by_itself_when_the_exit_that_joins_it_is_interrupted(
     has left and ends."""
     blocked = threading.Event()
 
-    def items() -> Iterator[int]:
-        for i in range(1000):
-            if i == 2:  # item 0 taken, item 1 queued: the producer blocks on putting this one
-                blocked.set()
-            yield i
-
-    prefetcher = Prefetcher(items(), lambda x: x, depth=1)
+    prefetcher = Prefetcher(_items_until_blocked(blocked), lambda x: x, depth=1)
     real_join = prefetcher._thread.join
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:

@@ -25,6 +25,7 @@ from pathlib import Path, PurePath
 from typing import Any, BinaryIO, Literal
 
 from genscore_core import strict_json
+from genscore_core.errors import InputFileError as InputFileError
 from genscore_core.errors import InvalidRequestError
 from genscore_core.protocol import check_text
 
@@ -46,10 +47,6 @@ _CSV_FIELD_LIMIT = 2**31 - 1
 # A "\r" not followed by "\n" ends a CSV line too (as in open(newline="")); reading a binary file
 # by lines splits only after "\n".
 _CSV_LONE_CR = re.compile(rb"\r(?!\n)")
-
-
-class InputFileError(InvalidRequestError):
-    """The input file as a whole cannot be read (missing column, not UTF-8, malformed CSV...)."""
 
 
 @dataclass(frozen=True)

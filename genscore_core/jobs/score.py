@@ -33,14 +33,15 @@ from tqdm import tqdm
 
 from genscore_core.config import ScorerConfig
 from genscore_core.errors import (
+    InputFileError,
     InvalidRequestError,
+    JobStateError,
     ScoreRangeError,
 )
 from genscore_core.jobs.files import (
     PART_SUFFIX,
     Columns,
     FileFormat,
-    InputFileError,
     InputRow,
     RowReader,
     detect_format,
@@ -59,10 +60,6 @@ _MANIFEST = "job.json"
 _MANIFEST_VERSION = 1
 # How many bad rows one error message lists before it says "and N more".
 _LISTED_BAD_ROWS = 20
-
-
-class JobStateError(InvalidRequestError):
-    """The output or its work folder is in a state the job must not overwrite without being told."""
 
 
 class ScoreFileOptions(BaseModel):

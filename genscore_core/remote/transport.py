@@ -27,7 +27,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from genscore_core.errors import InvalidRequestError, RemoteConfigurationError, RemoteScoringError
+from genscore_core.errors import (
+    AttemptTooLongError,
+    InvalidRequestError,
+    RemoteConfigurationError,
+    RemoteScoringError,
+)
 from genscore_core.waiting import within
 
 try:
@@ -177,7 +182,7 @@ class HttpTransport:
         except httpx.TimeoutException:
             # A wait cut to the time left ran out: the attempt did, as it does on the async path.
             if time.monotonic() >= deadline - _CLOCK_SLACK_S:
-                raise _AttemptTooLong(self.timeout) from None
+                raise AttemptTooLongError(self.timeout) from None
             raise
         finally:
             _ATTEMPT_DEADLINE.reset(token)
@@ -189,10 +194,10 @@ class HttpTransport:
             answer = _Answer(response)
             for chunk in response.iter_bytes():
                 if time.monotonic() > deadline:
-                    raise _AttemptTooLong(self.timeout)
+                    raise AttemptTooLongError(self.timeout)
                 self._check_size(path, answer.add(chunk))
             if time.monotonic() > deadline:
-                raise _AttemptTooLong(self.timeout)
+                raise AttemptTooLongError(self.timeout)
         return answer.whole()
 
     async def _aread_answer(
@@ -364,8 +369,8 @@ class HttpTransport:
         if isinstance(error, httpx.TransportError):
             self._check_open(path, in_flight=True)
             return self._transport_failure(error)
-        if isinstance(error, (_AttemptTooLong, asyncio.TimeoutError)):
-            return _Failure(str(_AttemptTooLong(self.timeout)), timed_out=True)
+        if isinstance(error, (AttemptTooLongError, asyncio.TimeoutError)):
+            return _Failure(str(AttemptTooLongError(self.timeout)), timed_out=True)
         self._check_open(path, in_flight=True)
         raise error
 
@@ -545,16 +550,11 @@ def _deadline_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
     return transport
 
 
-class _AttemptTooLong(Exception):
-    def __init__(self, timeout: float) -> None:
-        super().__init__(f"no complete answer within the {timeout:g} s timeout")
-
-
 _ATTEMPT_ERRORS = (
     httpx.DecodingError,
     httpx.TransportError,
     RuntimeError,
-    _AttemptTooLong,
+    AttemptTooLongError,
     asyncio.TimeoutError,
 )
 """What one attempt of a request may raise: :meth:`HttpTransport._failure_of` sorts it."""

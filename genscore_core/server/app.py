@@ -48,11 +48,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from genscore_core import __version__, strict_json
 from genscore_core.errors import (
+    BodyTimeoutError,
+    BodyTooLargeError,
     InvalidRequestError,
     RemoteConfigurationError,
     RemoteScoringError,
     ScoreRangeError,
     ServerBusyError,
+    ServerHTTPError,
+    UnknownModelError,
 )
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse
 from genscore_core.request_life import AbandonStats, RequestAbandoned
@@ -83,24 +87,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class BodyTooLargeError(StarletteHTTPException):
-    def __init__(self, max_bytes: int, size: int | None = None) -> None:
-        got = f"{size} bytes" if size is not None else "more"
-        super().__init__(
-            413, f"request body is {got}; this server accepts at most {max_bytes} bytes (--max-body-bytes)"
-        )
-
-
-class BodyTimeoutError(StarletteHTTPException):
-    def __init__(self, seconds: float) -> None:
-        super().__init__(
-            408,
-            f"the request body did not arrive within {seconds:g} s of its headers (--body-timeout)",
-            # The rest of the body may still come: the connection cannot carry another request.
-            headers={"Connection": "close"},
-        )
 
 
 PARSED_OFF_THE_LOOP_BYTES = 1 << 20
@@ -136,15 +122,6 @@ class StrictJsonRoute(APIRoute):
             return await handle(_StrictJsonRequest(request.scope, request.receive))
 
         return strict_json_handler
-
-
-class UnknownModelError(StarletteHTTPException):
-    param = "model"
-
-    def __init__(self, requested: str, served: str) -> None:
-        super().__init__(
-            404, f"The model `{requested}` does not exist; this server serves `{served}` (GET /v1/models)"
-        )
 
 
 def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -271,7 +248,7 @@ class BodySizeLimitMiddleware:
                 body_complete = not message.get("more_body", False)
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    # FastAPI re-raises HTTPExceptions from body reading; the handler answers 413.
+                    # FastAPI wraps it in a 400 HTTPException; the handler answers the 413 it caused.
                     raise BodyTooLargeError(self.max_bytes)
             return message
 
@@ -575,17 +552,28 @@ def _add_error_handlers(app: FastAPI) -> None:
         )
         return JSONResponse(error_body(str(error), 500, param), status_code=500)
 
+    @app.exception_handler(ServerHTTPError)
+    async def server_http_error(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, ServerHTTPError)
+        return _http_answer(error)
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)
+        if isinstance(error.__cause__, ServerHTTPError):  # FastAPI wrapped one raised as it read the body
+            return _http_answer(error.__cause__)
         unreadable = _unreadable_body(error)
         if unreadable is not None:
             return JSONResponse(error_body(unreadable, 422), status_code=422)
-        return JSONResponse(
-            error_body(str(error.detail), error.status_code, getattr(error, "param", None)),
-            status_code=error.status_code,
-            headers=getattr(error, "headers", None),
-        )
+        return _http_answer(error)
+
+
+def _http_answer(error: StarletteHTTPException | ServerHTTPError) -> JSONResponse:
+    return JSONResponse(
+        error_body(str(error.detail), error.status_code, getattr(error, "param", None)),
+        status_code=error.status_code,
+        headers=getattr(error, "headers", None),
+    )
 
 
 def _unreadable_body(error: StarletteHTTPException) -> str | None:

@@ -17,7 +17,7 @@ from genscore_core import GenerativeScorer, InvalidRequestError, ModelNotFoundEr
 from genscore_core.templates import TEMPLATES
 from genscore_integrations.langchain import GenerativeReranker
 from genscore_integrations.llama_index import GenerativeRerank
-from tests.test_score_modes import reference_yes_logits
+from tests.helpers.reference_recipe import reference_yes_logits
 
 QUERY = "capital of France?"
 TEXTS = [

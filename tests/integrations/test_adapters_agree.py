@@ -28,16 +28,9 @@ import genscore_integrations.llama_index as li
 from genscore_core import GenerativeScorer, InvalidRequestError, ModelNotFoundError, ScorerConfig
 from genscore_integrations.langchain import GenerativeCrossEncoder, GenerativeReranker
 from genscore_integrations.llama_index import GenerativeRerank
-from tests.recipe_ranking import RecipeReference, spied
+from tests.helpers.recipe_ranking import RIVER_QUERY, RIVER_TEXTS, RecipeReference, spied
 
-QUERY = "Which river flows through Paris?"
-TEXTS = [
-    "The Seine flows through Paris before reaching the English Channel.",
-    "Berlin is the capital of Germany and lies on the Spree.",
-    "The Loire is the longest river in France.",
-    "Paris hosted the Summer Olympics in 1900, 1924 and 2024.",
-    "The Thames flows through London.",
-]
+QUERY, TEXTS = RIVER_QUERY, RIVER_TEXTS
 ADAPTERS = [GenerativeReranker, GenerativeCrossEncoder, GenerativeRerank]
 
 

@@ -1,8 +1,8 @@
 """LangChain adapters on the tiny random Qwen3: mapping, contracts, async, and real retrieval pipelines.
 
 Random weights carry no relevance signal, so every expected score and order comes from the official
-Qwen3-Reranker recipe (tests/reference_recipe.py) run on a copy of the model loaded with transformers,
-never from genscore's own output (see tests/recipe_ranking.py).
+Qwen3-Reranker recipe (tests/helpers/reference_recipe.py) run on a copy of the model loaded with transformers,
+never from genscore's own output (see tests/helpers/recipe_ranking.py).
 """
 
 from __future__ import annotations
@@ -35,9 +35,11 @@ from pydantic import PrivateAttr
 import genscore_integrations.langchain as lc
 from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_integrations.langchain import GenerativeCrossEncoder, GenerativeReranker
-from tests.model_gate import ModelGate
-from tests.recipe_ranking import (
+from tests.helpers.model_gate import ModelGate
+from tests.helpers.recipe_ranking import (
     NEAR_TIE,
+    RIVER_QUERY,
+    RIVER_TEXTS,
     SCORE_TOLERANCE,
     SCORING_ENTRY_POINTS,
     RecipeReference,
@@ -48,14 +50,10 @@ from tests.recipe_ranking import (
     threshold_between,
 )
 
-QUERY = "Which river flows through Paris?"
+QUERY = RIVER_QUERY
 
 TEXTS = [
-    "The Seine flows through Paris before reaching the English Channel.",
-    "Berlin is the capital of Germany and lies on the Spree.",
-    "The Loire is the longest river in France.",
-    "Paris hosted the Summer Olympics in 1900, 1924 and 2024.",
-    "The Thames flows through London.",
+    *RIVER_TEXTS,
     "Croissants are a staple of French bakeries.",
     "The Rhône rises in the Swiss Alps and flows into the Mediterranean.",
 ]

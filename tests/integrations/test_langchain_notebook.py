@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integrations.notebooks import DEMO_FOLDER, committed, execute, printed
+from tests.helpers.notebooks import DEMO_FOLDER, committed, execute, printed
 
 NOTEBOOK = "langchain_rag_reranking.ipynb"
 

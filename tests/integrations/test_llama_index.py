@@ -1,9 +1,9 @@
 """GenerativeRerank, the LlamaIndex node postprocessor, on the tiny random Qwen3.
 
 The weights are random, so instead of expecting relevant documents first every score and order is
-checked against the official Qwen3-Reranker recipe (tests/reference_recipe.py) run on the same texts
+checked against the official Qwen3-Reranker recipe (tests/helpers/reference_recipe.py) run on the same texts
 with a copy of the model loaded by transformers, never against genscore's own output (see
-tests/recipe_ranking.py).
+tests/helpers/recipe_ranking.py).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from pydantic import Field, ValidationError
 import genscore_integrations.llama_index as li
 from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_integrations.llama_index import RETRIEVAL_SCORE_KEY, GenerativeRerank
-from tests.model_gate import ModelGate
-from tests.recipe_ranking import (
+from tests.helpers.model_gate import ModelGate
+from tests.helpers.recipe_ranking import (
     SCORING_ENTRY_POINTS,
     RecipeReference,
     assert_ranked_like_recipe,

@@ -22,8 +22,8 @@ import torch
 from genscore_core import GenerativeScorer, InvalidRequestError
 from genscore_core.jobs import ScoreFileOptions, score_file
 from genscore_core.server import ServerLimits
-from tests.reference_recipe import official_qwen3_scores
-from tests.server._support import (
+from tests.helpers.reference_recipe import official_qwen3_scores
+from tests.helpers.server import (
     SEED_EMPTY_ITEMS_ERROR,
     SEED_EMPTY_ITEMS_REQUEST,
     SEED_TEXT_REQUEST,

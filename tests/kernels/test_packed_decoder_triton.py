@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qw
 
 from genscore_core.forward import PrefixGroup
 from genscore_core.packed import PackedForward, PackedOptions
-from tests.test_packed_forward import ATOL, _reference
+from tests.helpers.packed_reference import ATOL, reference_rows
 
 pytest.importorskip("triton")
 
@@ -49,7 +49,7 @@ def test_qwen3_through_the_kernels(tiny_model_dir: Path, budget: int) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
     groups = _groups(model.config.vocab_size)
     got = _triton_forward(model, budget).last_hidden_states(groups)
-    torch.testing.assert_close(got, _reference(model, groups), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(got, reference_rows(model, groups), atol=ATOL, rtol=ATOL)
 
 
 def test_qwen2_through_the_kernels() -> None:
@@ -62,7 +62,7 @@ def test_qwen2_through_the_kernels() -> None:
     model = Qwen2ForCausalLM(config).eval()
     groups = _groups(config.vocab_size)
     got = _triton_forward(model, 20).last_hidden_states(groups)
-    torch.testing.assert_close(got, _reference(model, groups), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(got, reference_rows(model, groups), atol=ATOL, rtol=ATOL)
 
 
 def test_fused_mlp_alone_with_mlp_biases() -> None:
@@ -85,7 +85,7 @@ def test_fused_mlp_alone_with_mlp_biases() -> None:
     assert forward.decoder.mlp_impl == "triton"
     groups = _groups(config.vocab_size)
     torch.testing.assert_close(
-        forward.last_hidden_states(groups), _reference(model, groups), atol=ATOL, rtol=ATOL
+        forward.last_hidden_states(groups), reference_rows(model, groups), atol=ATOL, rtol=ATOL
     )
 
 
@@ -115,7 +115,7 @@ def test_fused_projections_with_biases_through_the_kernels(budget: int) -> None:
     assert (decoder.attention_impl, decoder.ops_impl, decoder.mlp_impl) == ("triton", "triton", "torch")
     groups = _groups(config.vocab_size)
     torch.testing.assert_close(
-        forward.last_hidden_states(groups), _reference(model, groups), atol=ATOL, rtol=ATOL
+        forward.last_hidden_states(groups), reference_rows(model, groups), atol=ATOL, rtol=ATOL
     )
 
 
@@ -128,7 +128,7 @@ def test_a_bf16_model_through_the_fused_ops(tiny_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.bfloat16).eval()
     model32 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
     groups = _groups(model.config.vocab_size)
-    reference = _reference(model32, groups)
+    reference = reference_rows(model32, groups)
 
     def rows(ops: str) -> torch.Tensor:
         options = PackedOptions(fused_ops=ops, attention="torch", gated_mlp="torch")  # type: ignore[arg-type]
@@ -149,7 +149,7 @@ def test_a_bf16_model_through_every_kernel(tiny_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.bfloat16).eval()
     model32 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
     groups = _groups(model.config.vocab_size)
-    reference = _reference(model32, groups)
+    reference = reference_rows(model32, groups)
     triton_rows = _triton_forward(model, 20).last_hidden_states(groups)
     torch_rows = PackedForward(
         model, max_batch_tokens=20, options=PackedOptions.all_kernels("torch")

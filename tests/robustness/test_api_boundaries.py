@@ -27,7 +27,7 @@ from genscore_core import (
     ScoringJob,
 )
 from genscore_core.backend import ProgressCallback
-from tests.reference_recipe import official_qwen3_scores
+from tests.helpers.reference_recipe import official_qwen3_scores
 
 QUERY = "capital of france"
 DOCUMENTS = ["Paris is the capital of France.", "Berlin is the capital of Germany.", "A river."]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.recipe_ranking import RecipeReference, assert_ranked_like_recipe
+from tests.helpers.recipe_ranking import RecipeReference, assert_ranked_like_recipe
 
 GENSCORE = shutil.which("genscore")
 QUERY = "capital of France"

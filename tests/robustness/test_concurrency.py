@@ -15,7 +15,7 @@ import pytest
 
 from genscore_core import GenerativeScorer, InvalidRequestError
 from genscore_core.frontend import STREAM_MIN_CHARS
-from tests.reference_recipe import official_qwen3_scores
+from tests.helpers.reference_recipe import official_qwen3_scores
 
 QUERY = "capital of france"
 DOCUMENTS = [

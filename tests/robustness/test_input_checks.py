@@ -143,6 +143,16 @@ def test_encode_of_no_documents_is_empty(scorer: GenerativeScorer) -> None:
 _BERT_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "capital", "of", "france", "paris", "is"]
 
 
+def _bert_config(tokenizer: BertTokenizerFast) -> BertConfig:
+    return BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+
+
 def _bert_tokenizer(extra: list[str]) -> BertTokenizerFast:
     return BertTokenizerFast(vocab={word: i for i, word in enumerate(_BERT_WORDS + extra)})
 
@@ -153,13 +163,7 @@ def bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("bert")
     tokenizer = _bert_tokenizer(["yes", "no"])
     tokenizer.save_pretrained(str(folder))
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
+    config = _bert_config(tokenizer)
     BertModel(config).save_pretrained(str(folder))
     return folder
 
@@ -182,13 +186,7 @@ def test_an_encoder_that_loads_as_a_causal_lm_is_refused_as_not_causal(tmp_path:
 
     tokenizer = _bert_tokenizer(["yes", "no"])
     folder = tmp_path / "bert-mlm"
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
+    config = _bert_config(tokenizer)
     BertForMaskedLM(config).save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     settings = json.loads((folder / "config.json").read_text())

@@ -16,8 +16,8 @@ import torch
 
 from genscore_core import ConfigurationError, GenerativeScorer, ModelNotFoundError
 from genscore_core.cli import main as cli_main
-from tests.doc_blocks import REPO
-from tests.server._support import free_port
+from tests.helpers.doc_blocks import REPO
+from tests.helpers.server import free_port
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from genscore_core import ConfigurationError, GenerativeScorer, ScorerConfig
 from genscore_core.testing.tiny_model import qwen3_tokenizer_dir
-from tests.reference_recipe import official_qwen3_scores
+from tests.helpers.reference_recipe import official_qwen3_scores
 
 
 @pytest.fixture(scope="module")

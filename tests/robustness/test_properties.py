@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from genscore_core import GenerativeScorer, InvalidRequestError
-from tests.reference_recipe import full_vocab_label_prob, label_softmax_prob, official_qwen3_scores
+from tests.helpers.reference_recipe import full_vocab_label_prob, label_softmax_prob, official_qwen3_scores
 
 VOCAB = 151669
 MAX_LENGTH = 512

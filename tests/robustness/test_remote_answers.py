@@ -20,7 +20,7 @@ from fastapi.responses import Response, StreamingResponse
 from genscore_core import GenerativeScorer
 from genscore_core.errors import RemoteScoringError
 from genscore_core.server import create_app
-from tests.server._support import TEST_LIMITS, LiveServer, serve_in_thread
+from tests.helpers.server import TEST_LIMITS, LiveServer, serve_in_thread
 
 KINDS = ("genscore", "vllm", "sglang", "rerank")
 QUERY = "capital of France"
@@ -150,6 +150,16 @@ def _calls(scorer: GenerativeScorer, kind: str) -> list[Any]:
     return calls
 
 
+def _refusals(scorer: GenerativeScorer, kind: str) -> list[str]:
+    """The message of the RemoteScoringError that each of ``_calls`` raises."""
+    messages = []
+    for call in _calls(scorer, kind):
+        with pytest.raises(RemoteScoringError) as caught:
+            call()
+        messages.append(str(caught.value))
+    return messages
+
+
 BAD_SCORES = {
     "1.5": "1.5",
     "-0.2": "-0.2",
@@ -168,10 +178,7 @@ def test_bad_scores_are_refused_naming_server_and_value(
     remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, kind: str, bad: str
 ) -> None:
     fault.score = bad
-    for call in _calls(remotes[kind], kind):
-        with pytest.raises(RemoteScoringError) as caught:
-            call()
-        message = str(caught.value)
+    for message in _refusals(remotes[kind], kind):
         assert faulty_server.url in message
         assert f"score {BAD_SCORES[bad]} " in message
 
@@ -190,11 +197,9 @@ def test_bad_indices_are_refused(
     shown: str,
 ) -> None:
     fault.index = bad
-    for call in _calls(remotes[kind], kind):
-        with pytest.raises(RemoteScoringError) as caught:
-            call()
-        assert faulty_server.url in str(caught.value)
-        assert f"index {shown} " in str(caught.value)
+    for message in _refusals(remotes[kind], kind):
+        assert faulty_server.url in message
+        assert f"index {shown} " in message
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -203,10 +208,7 @@ def test_integers_beyond_float_range_are_refused_as_scores(
 ) -> None:
     # JSON numbers have no size limit; float() of a 401-digit integer overflows.
     fault.score = "1" + "0" * 400
-    for call in _calls(remotes[kind], kind):
-        with pytest.raises(RemoteScoringError) as caught:
-            call()
-        message = str(caught.value)
+    for message in _refusals(remotes[kind], kind):
         assert faulty_server.url in message
         assert "score 10000000000000000000...(401 characters) is not a probability" in message
 
@@ -216,10 +218,7 @@ def test_an_index_of_hundreds_of_digits_is_shortened_in_the_error(
     remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, kind: str
 ) -> None:
     fault.index = "1" + "0" * 400
-    for call in _calls(remotes[kind], kind):
-        with pytest.raises(RemoteScoringError) as caught:
-            call()
-        message = str(caught.value)
+    for message in _refusals(remotes[kind], kind):
         assert faulty_server.url in message
         assert "index 10000000000000000000...(401 characters) is outside [0, 3)" in message
         assert len(message) < 300
@@ -231,11 +230,9 @@ def test_deeply_nested_bodies_are_refused_as_not_json(
 ) -> None:
     # Deeper than Python's JSON parser recurses.
     fault.body = "[" * 100_000 + "]" * 100_000
-    for call in _calls(remotes[kind], kind):
-        with pytest.raises(RemoteScoringError) as caught:
-            call()
-        assert f"{faulty_server.url}" in str(caught.value)
-        assert "not JSON" in str(caught.value)
+    for message in _refusals(remotes[kind], kind):
+        assert f"{faulty_server.url}" in message
+        assert "not JSON" in message
 
 
 @contextmanager
@@ -350,11 +347,9 @@ def test_sglang_rows_must_hold_one_probability_per_label(
     remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, rows: str, problem: str
 ) -> None:
     fault.body = f'{{"object": "scoring", "scores": [{rows}]}}'
-    for call in _calls(remotes["sglang"], "sglang"):
-        with pytest.raises(RemoteScoringError) as caught:
-            call()
-        assert f"{faulty_server.url}/v1/score answered a malformed score row" in str(caught.value)
-        assert problem in str(caught.value)
+    for message in _refusals(remotes["sglang"], "sglang"):
+        assert f"{faulty_server.url}/v1/score answered a malformed score row" in message
+        assert problem in message
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")

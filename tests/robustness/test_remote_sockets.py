@@ -21,6 +21,7 @@ import pytest
 from genscore_core import GenerativeScorer
 from genscore_core.errors import RemoteScoringError
 from genscore_core.remote.transport import ANSWER_BYTES_FLOOR, HttpTransport, retry_after_seconds
+from tests.helpers.server import read_http_message
 
 KINDS = ("genscore", "vllm", "sglang", "rerank")
 QUERY = "capital of France"
@@ -28,27 +29,6 @@ DOCUMENTS = ["Paris is the capital of France.", "Berlin is in Germany.", "Lyon h
 
 Answer = Callable[[socket.socket, bytes], None]
 """Writes an answer on a connection, given the request's bytes."""
-
-
-def _read_request(connection: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = connection.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(body) < length:
-        chunk = connection.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return head + b"\r\n\r\n" + body
 
 
 @contextmanager
@@ -64,7 +44,7 @@ def socket_server(answer: Answer) -> Iterator[str]:
         with connection:
             try:
                 while not stopped.is_set():
-                    request = _read_request(connection)
+                    request = read_http_message(connection)
                     if not request:
                         return
                     answer(connection, request)

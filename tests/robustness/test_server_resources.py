@@ -23,14 +23,15 @@ from genscore_core import GenerativeScorer
 from genscore_core.request_life import AbandonStats
 from genscore_core.server import ServerLimits, create_app
 from genscore_core.server.connections import uvicorn_options
-from tests.server._support import (
+from tests.helpers.server import (
     TEST_LIMITS,
+    check_against_spec,
     free_port,
+    read_http_message,
     serve_in_thread,
     stop_server_process,
     wait_healthy,
 )
-from tests.server.test_openapi import check_against_spec
 
 GENSCORE = shutil.which("genscore")
 
@@ -233,20 +234,7 @@ def test_a_client_that_never_finishes_its_headers_is_disconnected(limited: Serve
 def _health_exchange(sock: socket.socket) -> bytes:
     """One ``GET /health`` on a kept-alive connection; the whole answer, or b"" if the server closed it."""
     sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        chunk = sock.recv(4096)
-        if not chunk:
-            return answer
-        answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))  # fmt: skip
-    while len(body) < length:
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        body += chunk
-    return head + b"\r\n\r\n" + body
+    return read_http_message(sock)
 
 
 @pytest.mark.slow

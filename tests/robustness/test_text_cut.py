@@ -23,7 +23,7 @@ from genscore_core.truncation import (
     NFC_CHARS_PER_CHAR,
     max_chars_per_token,
 )
-from tests.reference_recipe import (
+from tests.helpers.reference_recipe import (
     QWEN3_INSTRUCTION,
     QWEN3_PREFIX,
     QWEN3_SUFFIX,
@@ -204,7 +204,7 @@ def _counting_tokenizer() -> tuple[Any, _CharCountingBackend]:
 
 
 def _official_qwen3_ids(tokenizer: Any, query: str, document: str, max_length: int) -> list[int]:
-    """The prompt ids of the model card's recipe (tests/reference_recipe.py): the body tokenized whole
+    """The prompt ids of the model card's recipe (tests/helpers/reference_recipe.py): the body tokenized whole
     and tail-truncated to what the prefix and suffix leave."""
     prefix = tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)
     suffix = tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)

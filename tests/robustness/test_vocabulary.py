@@ -20,7 +20,8 @@ from genscore_core import GenerativeScorer, InvalidRequestError, PromptTemplate
 from genscore_core.frontend import STREAM_MIN_CHARS
 from genscore_core.loading import NotARerankerError
 from genscore_core.testing.tiny_model import qwen3_tokenizer_dir
-from tests.reference_recipe import label_softmax_prob
+from tests.helpers.reference_recipe import label_softmax_prob
+from tests.helpers.tiny_models import tiny_sizes
 
 LABELS = [9693, 2152]
 RARE = "科幻"
@@ -33,16 +34,9 @@ PLAIN = PromptTemplate(
 
 def _save_model(folder: Path, vocab_size: int) -> Path:
     config = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        tie_word_embeddings=True,
+        **tiny_sizes(vocab_size=vocab_size, hidden_size=32), head_dim=8, tie_word_embeddings=True,
         initializer_range=0.1,
-    )
+    )  # fmt: skip
     torch.manual_seed(0)
     Qwen3ForCausalLM(config).eval().save_pretrained(str(folder))
     AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir())).save_pretrained(str(folder))

@@ -9,8 +9,7 @@ import pytest
 
 from genscore_core import GenerativeScorer
 from genscore_core.server import create_app
-
-from ._support import TEST_LIMITS, LiveServer, serve_in_thread
+from tests.helpers.server import TEST_LIMITS, LiveServer, serve_in_thread
 
 
 @pytest.fixture(scope="session")

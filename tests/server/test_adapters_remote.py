@@ -12,8 +12,7 @@ import pytest
 
 from genscore_core import GenerativeScorer, RemoteConfigurationError
 from genscore_core.server import create_app
-
-from ._support import TEST_LIMITS, LiveServer, serve_in_thread
+from tests.helpers.server import TEST_LIMITS, LiveServer, serve_in_thread
 
 pytest.importorskip("langchain_core")
 pytest.importorskip("llama_index.core")

@@ -20,8 +20,8 @@ from genscore_core.cli_args import SERVER_API_KEY_ENV
 from genscore_core.errors import ConfigurationError, RemoteConfigurationError
 from genscore_core.server import create_app
 from genscore_core.server.cli import API_KEY_ENV, add_serve_command, api_key_setting, exposure_warning
-from tests.recipe_ranking import SCORE_TOLERANCE, RecipeReference
-from tests.server._support import (
+from tests.helpers.recipe_ranking import SCORE_TOLERANCE, RecipeReference
+from tests.helpers.server import (
     SEED_TEXT_REQUEST,
     TEST_LIMITS,
     free_port,

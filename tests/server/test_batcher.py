@@ -3,42 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Sequence
 
 import pytest
 
 from genscore_core import GenerativeScorer
 from genscore_core.engine import ScoringJob
-from genscore_core.forward import ProgressCallback
 from genscore_core.server import RequestBatcher, ServerBusyError
-
-
-class RecordingBackend:
-    """Scores each prompt by its first token; records the jobs of every call."""
-
-    def __init__(self, fail_on: int | None = None, delay: float = 0.0) -> None:
-        self.calls: list[list[int]] = []
-        self.fail_on = fail_on
-        self.delay = delay
-        self.release = threading.Event()
-        self.release.set()
-        self.entered = threading.Event()
-        """Set once the worker has called score_jobs: what tests wait for instead of sleeping."""
-
-    def score_jobs(
-        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
-    ) -> list[list[float]]:
-        self.entered.set()
-        self.release.wait(5)
-        self.calls.append([job.prompts[0][0] for job in jobs])
-        if self.fail_on is not None and any(job.prompts[0][0] == self.fail_on for job in jobs):
-            raise RuntimeError(f"cannot score job {self.fail_on}")
-        return [[float(prompt[0]) for prompt in job.prompts] for job in jobs]
-
-
-def job(tag: int, tokens: int = 4, prompts: int = 1) -> ScoringJob:
-    return ScoringJob([[tag] * tokens for _ in range(prompts)], [1, 2])
+from tests.helpers.backends import RecordingBackend, job
 
 
 async def test_concurrent_jobs_share_one_call() -> None:

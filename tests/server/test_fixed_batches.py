@@ -17,9 +17,8 @@ from genscore_core.engine import ScoringEngine, ScoringJob
 from genscore_core.forward import ProgressCallback
 from genscore_core.server import RequestBatcher, ServerLimits, create_app
 from genscore_core.server.cli import add_serve_command, server_limits
-
-from ._support import LiveServer, serve_in_thread
-from .test_batcher import RecordingBackend
+from tests.helpers.backends import RecordingBackend
+from tests.helpers.server import LiveServer, rerank_concurrently, serve_in_thread
 
 WORDS = "paris france capital river seine museum berlin wall history london thames bridge tower".split()
 
@@ -156,17 +155,7 @@ def test_concurrent_requests_through_fixed_batches_score_as_alone(
         for _ in range(8)
     ]
 
-    async def run() -> list[dict[int, float]]:
-        async with httpx.AsyncClient(base_url=fixed_server.url, timeout=120.0) as client:
-
-            async def one(body: dict[str, object]) -> dict[int, float]:
-                answer = await client.post("/v1/rerank", json=body)
-                answer.raise_for_status()
-                return {r["index"]: r["relevance_score"] for r in answer.json()["results"]}
-
-            return list(await asyncio.gather(*(one(b) for b in bodies)))
-
-    answers = asyncio.run(run())
+    answers = rerank_concurrently(fixed_server.url, bodies)
     stats = httpx.get(f"{fixed_server.url}/stats").json()
     assert stats["largest_batch"] > 1, "requests shared calls"
     assert stats["engine_seconds"] > 0

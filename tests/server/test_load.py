@@ -18,8 +18,7 @@ import pytest
 
 from genscore_core import GenerativeScorer
 from genscore_core.server import ServerLimits, create_app
-
-from ._support import LiveServer, serve_in_thread
+from tests.helpers.server import LiveServer, serve_in_thread
 
 CLIENTS = 32
 REQUESTS_PER_CLIENT = 50

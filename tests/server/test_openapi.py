@@ -11,13 +11,17 @@ import json
 from typing import Any
 
 import httpx
-import jsonschema
 import pytest
 
 from genscore_core import GenerativeScorer
 from genscore_core.server import create_app
-
-from ._support import SEED_TEXT_REQUEST, TEST_LIMITS, LiveServer, serve_in_thread
+from tests.helpers.server import (
+    SEED_TEXT_REQUEST,
+    TEST_LIMITS,
+    LiveServer,
+    check_against_spec,
+    serve_in_thread,
+)
 
 SCORING_PATHS = ["/generative_scoring", "/generative_score"]
 RERANK_PATHS = ["/v1/rerank", "/v2/rerank", "/rerank"]
@@ -50,16 +54,6 @@ def error_cases(path: str) -> dict[int, dict[str, Any]]:
 def spec(live_server: LiveServer) -> dict[str, Any]:
     document: dict[str, Any] = httpx.get(f"{live_server.url}/openapi.json", timeout=30).json()
     return document
-
-
-def check_against_spec(spec: dict[str, Any], method: str, path: str, response: httpx.Response) -> None:
-    """The status is listed for the endpoint, and the body validates against the schema listed for it."""
-    listed = spec["paths"][path][method]["responses"]
-    status = str(response.status_code)
-    assert status in listed, f"{method.upper()} {path} answered {status}; the document lists {sorted(listed)}"
-    schema = listed[status]["content"]["application/json"]["schema"]
-    # Refs point into the document's components: validate from a root that holds them.
-    jsonschema.Draft202012Validator({**schema, "components": spec["components"]}).validate(response.json())
 
 
 @pytest.mark.parametrize("path", SCORING_PATHS + RERANK_PATHS)

@@ -10,8 +10,7 @@ import pytest
 
 from genscore_core.server import RequestBatcher
 from genscore_core.server.pacing import DevicePace
-
-from .test_scheduler import SteppedAheadBackend, job, queue
+from tests.helpers.backends import SteppedAheadBackend, job, queue
 
 
 def test_no_history_means_take_now() -> None:

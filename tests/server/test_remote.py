@@ -25,8 +25,7 @@ from genscore_core.remote.client import REQUEST_TOKEN_BUDGET, request_spans
 from genscore_core.remote.generative import GenerativeScoringClient
 from genscore_core.remote.transport import IDLE_CONNECTION_EXPIRY_S, HttpTransport
 from genscore_core.server import ServerLimits, create_app
-
-from ._support import (
+from tests.helpers.server import (
     SEED_TEXT_REQUEST,
     SEED_TOKEN_REQUEST,
     TEST_LIMITS,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import httpx
 import pytest
@@ -16,46 +16,8 @@ from genscore_core.engine import ScoringJob
 from genscore_core.errors import ServerBusyError
 from genscore_core.forward import ProgressCallback
 from genscore_core.server import RequestBatcher, ServerLimits, create_app
-
-from ._support import LiveServer, serve_in_thread
-
-
-class SteppedBackend:
-    """Scores each prompt by its first token and runs one call per :meth:`step`, so a test decides
-    what is queued while each call runs."""
-
-    def __init__(self) -> None:
-        self.calls: list[list[int]] = []
-        self.tokens: list[int] = []
-        self.entered = threading.Semaphore(0)
-        self._go = threading.Semaphore(0)
-
-    def score_jobs(
-        self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None = None
-    ) -> list[list[float]]:
-        self.entered.release()
-        assert self._go.acquire(timeout=30), "the test never let this call run"
-        self.calls.append([job.prompts[0][0] for job in jobs])
-        self.tokens.append(sum(len(p) for job in jobs for p in job.prompts))
-        return [[float(prompt[0]) for prompt in job.prompts] for job in jobs]
-
-    async def running(self) -> None:
-        """Until the worker is inside a call."""
-        assert await asyncio.to_thread(self.entered.acquire, True, 30)
-
-    def step(self) -> None:
-        self._go.release()
-
-
-def job(tag: int, tokens: int = 4) -> ScoringJob:
-    return ScoringJob([[tag] * tokens], [1, 2])
-
-
-async def queue(batcher: RequestBatcher, jobs: Sequence[ScoringJob]) -> list[asyncio.Future[list[float]]]:
-    tasks = [asyncio.ensure_future(batcher.score(j)) for j in jobs]
-    await asyncio.sleep(0)  # one turn of the loop: each task has queued its job, in this order
-    assert batcher.queued >= len(jobs)
-    return tasks
+from tests.helpers.backends import SteppedAheadBackend, SteppedBackend, job, queue
+from tests.helpers.server import LiveServer, rerank_concurrently, serve_in_thread
 
 
 async def test_arrival_order_and_the_token_budget() -> None:
@@ -156,65 +118,6 @@ async def test_company_is_awaited_only_while_requests_are_being_tokenized() -> N
     finally:
         await batcher.stop()
     assert backend.calls == [[1, 2, 3, 4], [5]]
-
-
-class SteppedAheadBackend(SteppedBackend):
-    """:class:`SteppedBackend` that can lay calls out ahead and launch them before collecting (the
-    protocol of a local engine): a call launches at :meth:`launch` and its scores are collected at
-    :meth:`step`; calls laid out ahead are noted with the thread that laid them out, launches in
-    their order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.laid_out: list[tuple[list[int], str]] = []
-        self.launched: list[list[int]] = []
-        self._launch = threading.Semaphore(0)
-
-    def prepare_jobs(self, jobs: Sequence[ScoringJob], *, lay_out: bool = True) -> list[ScoringJob]:
-        if lay_out:
-            self.laid_out.append(([j.prompts[0][0] for j in jobs], threading.current_thread().name))
-        return list(jobs)
-
-    def launch_prepared(
-        self, prepared: list[ScoringJob], on_progress: ProgressCallback | None = None
-    ) -> list[ScoringJob]:
-        self.entered.release()
-        assert self._launch.acquire(timeout=30), "the test never let this call launch"
-        self.launched.append([job.prompts[0][0] for job in prepared])
-        return prepared
-
-    def collect_launched(
-        self, call: list[ScoringJob], on_progress: ProgressCallback | None = None
-    ) -> list[list[float]]:
-        assert self._go.acquire(timeout=30), "the test never let this call finish"
-        self.calls.append([job.prompts[0][0] for job in call])
-        self.tokens.append(sum(len(p) for job in call for p in job.prompts))
-        return [[float(prompt[0]) for prompt in job.prompts] for job in call]
-
-    def launch(self) -> None:
-        self._launch.release()
-
-    async def launch_next(self) -> None:
-        """Until the engine's thread is launching a call, then let that launch finish."""
-        await self.running()
-        self.launch()
-
-    async def launched_calls(self, count: int) -> None:
-        await _until(lambda: len(self.launched) >= count, f"{count} calls were never launched", self.launched)
-
-    async def laid_out_calls(self, count: int) -> None:
-        await _until(
-            lambda: len(self.laid_out) >= count, f"{count} calls were never laid out ahead", self.laid_out
-        )
-
-
-async def _until(condition: Callable[[], bool], failure: str, seen: object) -> None:
-    """Poll ``condition`` for up to 30 s; fail with ``failure`` and what was ``seen`` otherwise."""
-    for _ in range(3000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail(f"{failure}: {seen}")
 
 
 async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> None:
@@ -432,19 +335,7 @@ def test_concurrent_clients_wait_behind_at_most_two_calls(
         for _ in range(48)
     ]
 
-    async def run() -> list[dict[str, float]]:
-        async with httpx.AsyncClient(base_url=fair_server.url, timeout=120.0) as client:
-            limit = asyncio.Semaphore(16)
-
-            async def one(body: dict[str, object]) -> dict[str, float]:
-                async with limit:
-                    answer = await client.post("/v1/rerank", json=body)
-                answer.raise_for_status()
-                return {r["index"]: r["relevance_score"] for r in answer.json()["results"]}
-
-            return list(await asyncio.gather(*(one(b) for b in bodies)))
-
-    answers = asyncio.run(run())
+    answers = rerank_concurrently(fair_server.url, bodies, at_once=16)
     stats = httpx.get(f"{fair_server.url}/stats").json()
     waited = {int(k): n for k, n in stats["waited_batches"].items()}
     assert sum(waited.values()) == len(bodies)

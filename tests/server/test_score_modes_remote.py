@@ -26,9 +26,8 @@ from genscore_core import (
 )
 from genscore_core.server import create_app
 from genscore_core.templates import TEMPLATES
-from tests.test_score_modes import reference_yes_logits
-
-from ._support import TEST_LIMITS, LiveServer, serve_in_thread
+from tests.helpers.reference_recipe import reference_yes_logits
+from tests.helpers.server import TEST_LIMITS, LiveServer, serve_in_thread
 
 QUERY = "capital of France?"
 DOCUMENTS = [

@@ -17,8 +17,7 @@ import httpx
 import pytest
 
 from genscore_core import GenerativeScorer
-
-from ._support import (
+from tests.helpers.server import (
     SEED_EMPTY_ITEMS_ERROR,
     SEED_EMPTY_ITEMS_REQUEST,
     SEED_TEXT_REQUEST,

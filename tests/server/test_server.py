@@ -15,8 +15,7 @@ import torch
 
 from genscore_core import GenerativeScorer
 from genscore_core.server import create_app
-
-from ._support import (
+from tests.helpers.server import (
     SEED_EMPTY_ITEMS_ERROR,
     SEED_EMPTY_ITEMS_REQUEST,
     SEED_TEXT_REQUEST,
@@ -72,22 +71,25 @@ def _scores(body: dict[str, Any]) -> list[float]:
 
 @pytest.mark.parametrize("path", PATHS)
 def test_seed_text_example(client: httpx.Client, scorer: GenerativeScorer, path: str) -> None:
-    response = client.post(path, json=SEED_TEXT_REQUEST)
+    _seed_answer(client, scorer, path, SEED_TEXT_REQUEST, 5)
+
+
+def _seed_answer(
+    client: httpx.Client, scorer: GenerativeScorer, path: str, request: dict[str, Any], items: int
+) -> dict[str, Any]:
+    response = client.post(path, json=request)
     assert response.status_code == 200, response.text
-    body = response.json()
-    _assert_response_shape(body, 5, scorer.config.model)
+    body: dict[str, Any] = response.json()
+    _assert_response_shape(body, items, scorer.config.model)
     # Exactly what the library answers for the same request (a batch of one either way).
-    assert _scores(body) == [d.score for d in scorer.score(SEED_TEXT_REQUEST).data]
+    assert _scores(body) == [d.score for d in scorer.score(request).data]
+    return body
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_seed_pretokenized_example(client: httpx.Client, scorer: GenerativeScorer, path: str) -> None:
-    response = client.post(path, json=SEED_TOKEN_REQUEST)
-    assert response.status_code == 200, response.text
-    body = response.json()
-    _assert_response_shape(body, 2, scorer.config.model)
+    body = _seed_answer(client, scorer, path, SEED_TOKEN_REQUEST, 2)
     assert body["usage"]["prompt_tokens"] == 8  # as in the seed: 2 prompts of 2 + 2 tokens
-    assert _scores(body) == [d.score for d in scorer.score(SEED_TOKEN_REQUEST).data]
 
 
 def test_the_served_model_name_is_answered(client: httpx.Client, scorer: GenerativeScorer) -> None:

@@ -21,8 +21,7 @@ from pydantic import BaseModel
 
 from genscore_core import GenerativeScorer, InvalidRequestError, RemoteScoringError
 from genscore_core.engine import ScoringJob
-
-from ._support import SEED_TEXT_REQUEST, SEED_TOKEN_REQUEST, LiveServer, serve_in_thread
+from tests.helpers.server import SEED_TEXT_REQUEST, SEED_TOKEN_REQUEST, LiveServer, serve_in_thread
 
 QUERY = "What is the capital of France?"
 DOCUMENTS = [

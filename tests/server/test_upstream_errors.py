@@ -18,9 +18,7 @@ from transformers import AutoTokenizer
 
 from genscore_core import GenerativeScorer
 from genscore_core.server import create_app
-
-from ._support import TEST_LIMITS, serve_in_thread
-from .test_openapi import check_against_spec
+from tests.helpers.server import TEST_LIMITS, check_against_spec, serve_in_thread
 
 TEXT_REQUEST = {"query": "capital of France", "items": ["Paris", "Berlin"], "label_token_ids": [9693, 2152]}
 RERANK_REQUEST = {"query": "capital of France", "documents": ["Paris", "Berlin"]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import jsonschema
 import uvicorn
 
 from genscore_core.server import ServerLimits
@@ -119,3 +121,57 @@ def stop_server_process(process: subprocess.Popen[Any]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def check_against_spec(spec: dict[str, Any], method: str, path: str, response: httpx.Response) -> None:
+    """The status is listed for the endpoint, and the body validates against the schema listed for it."""
+    listed = spec["paths"][path][method]["responses"]
+    status = str(response.status_code)
+    assert status in listed, f"{method.upper()} {path} answered {status}; the document lists {sorted(listed)}"
+    schema = listed[status]["content"]["application/json"]["schema"]
+    # Refs point into the document's components: validate from a root that holds them.
+    jsonschema.Draft202012Validator({**schema, "components": spec["components"]}).validate(response.json())
+
+
+def read_http_message(connection: socket.socket) -> bytes:
+    """One HTTP/1.1 request or answer read off ``connection``: its head and the ``Content-Length``
+    bytes of body, or what came before the peer closed the connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = connection.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        chunk = connection.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def rerank_concurrently(
+    url: str, bodies: list[dict[str, object]], at_once: int = 0
+) -> list[dict[int, float]]:
+    """Each body POSTed to ``url``'s /v1/rerank concurrently (at most ``at_once`` in flight when it is
+    not 0), in one event loop; each answer as {index: relevance score}, in the order of ``bodies``."""
+
+    async def run() -> list[dict[int, float]]:
+        async with httpx.AsyncClient(base_url=url, timeout=120.0) as client:
+            limit = asyncio.Semaphore(at_once or len(bodies) or 1)
+
+            async def one(body: dict[str, object]) -> dict[int, float]:
+                async with limit:
+                    answer = await client.post("/v1/rerank", json=body)
+                answer.raise_for_status()
+                return {r["index"]: r["relevance_score"] for r in answer.json()["results"]}
+
+            return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+    return asyncio.run(run())

@@ -162,3 +162,19 @@ def last_logits_left_padded(model: Any, prompts: list[list[int]], pad_id: int) -
     with torch.no_grad():
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -1]
     return logits.double()
+
+
+def reference_yes_logits(model: object, tokenizer: object, query: str, documents: list[str]) -> list[float]:
+    """The "yes" logit of each document's prompt, built by the official recipe, from full logits."""
+    prefix = tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)  # type: ignore[attr-defined]
+    suffix = tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)  # type: ignore[attr-defined]
+    logits = []
+    for document in documents:
+        body = tokenizer.encode(  # type: ignore[attr-defined]
+            f"<Instruct>: {QWEN3_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}",
+            add_special_tokens=False,
+        )
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([prefix + body + suffix])).logits[0, -1].double()  # type: ignore[operator]
+        logits.append(float(out[YES_ID]))
+    return logits

@@ -1,7 +1,7 @@
 """What the adapters' rankings should be, taken from the official Qwen3-Reranker recipe.
 
 The adapter tests (LangChain, LlamaIndex) compare each returned score with the recipe in
-``tests/reference_recipe.py``, run on a copy of the tiny model loaded on its own with transformers, so
+``tests/helpers/reference_recipe.py``, run on a copy of the tiny model loaded on its own with transformers, so
 that no expectation comes from genscore's own output. The expected order is the recipe's scores sorted
 best first, ties in input order. Random weights put some scores close together, and genscore's packed
 forward differs from the recipe's by float noise, so the order is only asserted between scores that
@@ -19,7 +19,12 @@ from unittest import mock
 
 import pytest
 
-from tests.reference_recipe import QWEN3_INSTRUCTION, QWEN3_PREFIX, QWEN3_SUFFIX, official_qwen3_scores
+from tests.helpers.reference_recipe import (
+    QWEN3_INSTRUCTION,
+    QWEN3_PREFIX,
+    QWEN3_SUFFIX,
+    official_qwen3_scores,
+)
 
 SCORE_TOLERANCE = 1e-5
 """How far an adapter's score may be from the recipe's (fp32 against the recipe's float64 softmax)."""
@@ -29,6 +34,16 @@ NEAR_TIE = 1e-4
 
 SCORING_ENTRY_POINTS = ("rerank", "arerank", "score_pairs", "ascore_pairs", "score_documents", "encode")
 """The scorer methods through which anything is scored (for "nothing was scored" checks)."""
+
+RIVER_QUERY = "Which river flows through Paris?"
+RIVER_TEXTS = [
+    "The Seine flows through Paris before reaching the English Channel.",
+    "Berlin is the capital of Germany and lies on the Spree.",
+    "The Loire is the longest river in France.",
+    "Paris hosted the Summer Olympics in 1900, 1924 and 2024.",
+    "The Thames flows through London.",
+]
+"""A query and texts that the adapter tests rank: one answers it, the others share its words or topic."""
 
 
 @functools.lru_cache(maxsize=2)

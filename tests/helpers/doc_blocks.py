@@ -12,7 +12,7 @@ The only change made to a block before it runs: port 8000 of the loopback exampl
 port, so that pages can run while something else holds 8000.
 
 Run one page by hand (inside a folder holding ``demo-qwen3`` and the test's Hugging Face cache, see
-``tests/test_docs.py``): ``python -m tests.doc_blocks docs/quickstart.md``.
+``tests/test_docs.py``): ``python -m tests.helpers.doc_blocks docs/quickstart.md``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 
 RUNNABLE = {"python": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
@@ -93,7 +93,7 @@ def blocks(page: Path) -> list[Block]:
 
 def run_page(page: Path, port: int) -> None:
     """Run the page's runnable blocks in order, in the current folder; the first failure raises."""
-    from tests.server._support import wait_healthy
+    from tests.helpers.server import wait_healthy
 
     namespace: dict[str, object] = {"__name__": "__main__"}
     background: list[subprocess.Popen[bytes]] = []

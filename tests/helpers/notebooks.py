@@ -3,7 +3,7 @@
 The notebooks are committed with their outputs, so a reader sees the ranking without running anything.
 To refresh those outputs after changing a notebook::
 
-    PYTHONPATH=. python -m tests.integrations.notebooks
+    PYTHONPATH=. python -m tests.helpers.notebooks
 
 which executes each notebook in a scratch folder (the demo model is written there once, or linked from
 ``--demo-model DIR``) and writes it back with its outputs.
