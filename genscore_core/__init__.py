@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from genscore_core.backend import JobTexts, ScoringBackend, ScoringJob
-    from genscore_core.config import DEFAULT_MODEL, ScorerConfig, scorer_setting_names
+    from genscore_core.config import (
+        DEFAULT_MODEL,
+        LocalSettings,
+        PromptSettings,
+        ScorerConfig,
+        ServerSettings,
+        scorer_setting_names,
+    )
     from genscore_core.engine import ScoringEngine
     from genscore_core.errors import (
         ConfigurationError,
@@ -50,6 +57,9 @@ _EXPORTS = {
     "ScoringJob": "genscore_core.backend",
     "DEFAULT_MODEL": "genscore_core.config",
     "ScorerConfig": "genscore_core.config",
+    "PromptSettings": "genscore_core.config",
+    "LocalSettings": "genscore_core.config",
+    "ServerSettings": "genscore_core.config",
     "scorer_setting_names": "genscore_core.config",
     "ScoringEngine": "genscore_core.engine",
     "ConfigurationError": "genscore_core.errors",
@@ -93,8 +103,10 @@ __all__ = [
     "InvalidRequestError",
     "JobTexts",
     "KernelUnavailableError",
+    "LocalSettings",
     "ModelNotFoundError",
     "NotARerankerError",
+    "PromptSettings",
     "PromptTemplate",
     "PromptTooLongError",
     "RankedResult",
@@ -109,6 +121,7 @@ __all__ = [
     "ScoringFrontEnd",
     "ScoringJob",
     "ServerBusyError",
+    "ServerSettings",
     "UsageInfo",
     "check_rank_options",
     "scorer_setting_names",

@@ -15,6 +15,7 @@ PUBLIC = {
         "RemoteConfigurationError", "RemoteScoringError", "ScoreData", "ScoreRangeError", "ScorerConfig",
         "ScoringBackend", "ScoringEngine", "ScoringFrontEnd", "ScoringJob", "ServerBusyError", "UsageInfo",
         "check_rank_options", "scorer_setting_names",
+        "LocalSettings", "PromptSettings", "ServerSettings",
     ],
     "genscore_integrations": [],
     "genscore_integrations.langchain": [
