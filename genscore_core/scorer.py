@@ -81,11 +81,12 @@ class GenerativeScorer:
     Args:
         model: Hub id or local folder (a string or a ``pathlib.Path``) of a causal LM (default
             ``Qwen/Qwen3-Reranker-0.6B``).
-        config: A ready :class:`ScorerConfig`; or pass its fields as keyword arguments.
+        config: A ready :class:`ScorerConfig`; or pass its settings as keyword arguments.
         front_end, backend: Ready parts, instead of a model name and settings.
-        **settings: Fields of :class:`ScorerConfig` (``template``, ``instruction``, ``max_length``,
-            ``device``, ``dtype``, ``max_batch_tokens``, ``server_url``, ``server_kind``, ...). Unknown
-            names are rejected.
+        **settings: Settings of :class:`ScorerConfig` by their flat names (``template``,
+            ``instruction``, ``max_length``, ``device``, ``dtype``, ``max_batch_tokens``, ``server_url``,
+            ``server_kind``, ...), each routed into its part, or the typed parts ``prompt=`` and
+            ``run=``. Unknown names are rejected.
     """
 
     def __init__(
@@ -237,15 +238,14 @@ class GenerativeScorer:
         differing = []
         for name, value in settings.items():
             try:
-                if name in ("config", "prompt", "run"):
-                    same = (
-                        value if name == "config" else ScorerConfig(**{name: value}).model_dump()[name]
-                    ) == (config if name == "config" else config.model_dump()[name])
+                if name == "config":
+                    same = value == config
+                elif name in ("prompt", "run"):  # a typed part, or the dict of one
+                    same = getattr(ScorerConfig(**{name: value}), name) == getattr(config, name)
                 else:
-                    same = setting_value(name, value) == setting_value(
-                        name, mine.get(name, setting_default(name))
-                    )
-            except (ValidationError, ConfigurationError, KeyError):
+                    reference = mine.get(name, setting_default(name))
+                    same = setting_value(name, value) == setting_value(name, reference)
+            except (ValidationError, ConfigurationError, KeyError):  # a bad value or an unknown name
                 same = False
             if not same:
                 differing.append(name)
