@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from genscore_core.backend import JobTexts, ScoringBackend, ScoringJob
-    from genscore_core.config import DEFAULT_MODEL, ScorerConfig, scorer_setting_names
+    from genscore_core.config import (
+        DEFAULT_MODEL,
+        LocalSettings,
+        PromptSettings,
+        ScorerConfig,
+        ServerSettings,
+        scorer_setting_names,
+    )
     from genscore_core.engine import ScoringEngine
     from genscore_core.errors import (
         AttemptTooLongError,
@@ -62,6 +69,9 @@ _EXPORTS = {
     "ScoringJob": "genscore_core.backend",
     "DEFAULT_MODEL": "genscore_core.config",
     "ScorerConfig": "genscore_core.config",
+    "PromptSettings": "genscore_core.config",
+    "LocalSettings": "genscore_core.config",
+    "ServerSettings": "genscore_core.config",
     "scorer_setting_names": "genscore_core.config",
     "ScoringEngine": "genscore_core.engine",
     "AttemptTooLongError": "genscore_core.errors",
@@ -123,9 +133,11 @@ __all__ = [
     "JobStateError",
     "JobTexts",
     "KernelUnavailableError",
+    "LocalSettings",
     "ModelNotFoundError",
     "NotARerankerError",
     "NotStandardJSONError",
+    "PromptSettings",
     "PromptTemplate",
     "PromptTooLongError",
     "RankedResult",
@@ -143,6 +155,7 @@ __all__ = [
     "ScoringJob",
     "ServerBusyError",
     "ServerHTTPError",
+    "ServerSettings",
     "StrictJSONError",
     "UnknownModelError",
     "UsageInfo",

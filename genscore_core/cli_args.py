@@ -1,7 +1,8 @@
 """Argument types shared by the ``genscore`` subcommands, and the scorer flags generated from
-:class:`~genscore_core.ScorerConfig`.
+:class:`~genscore_core.ScorerConfig`'s settings.
 
-Every field of the config becomes a flag of ``genscore rerank`` and ``genscore serve``: its name
+Every setting of the config (:data:`~genscore_core.config.SETTING_FIELDS`: the model, the prompt
+settings, the local and the server settings, by their flat names) becomes a flag of ``genscore rerank`` and ``genscore serve``: its name
 (``max_batch_tokens`` -> ``--max-batch-tokens``), its help (the field's docstring), its type, its
 choices (a ``Literal``) and its default all come from the field, so a new setting reaches both
 command lines without anyone copying it, and the two cannot drift from the config or each other.
@@ -22,7 +23,7 @@ import annotated_types
 from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
-from genscore_core.config import ScorerConfig
+from genscore_core.config import SETTING_FIELDS
 
 T = TypeVar("T")
 
@@ -68,15 +69,15 @@ def add_config_arguments(
     required: Collection[str] = (),
     aliases: Mapping[str, Sequence[str]] | None = None,
 ) -> argparse._ArgumentGroup:
-    """Add one flag per :class:`ScorerConfig` field (all but ``exclude``) in a "scorer settings" group.
+    """Add one flag per :class:`ScorerConfig` setting (all but ``exclude``) in a "scorer settings" group.
 
     A flag left out is absent from the parsed namespace (not ``None``), so the config's own default
-    applies and the field stays out of ``model_fields_set``; :func:`config_settings` collects the
+    applies and the setting stays out of ``ScorerConfig.given_settings()``; :func:`config_settings` collects the
     flags that were given.
     """
     group = parser.add_argument_group("scorer settings (the fields of ScorerConfig)")
     aliases = aliases or {}
-    for name, field in ScorerConfig.model_fields.items():
+    for name, field in SETTING_FIELDS.items():
         if name in exclude:
             continue
         options: dict[str, Any] = {
@@ -110,10 +111,10 @@ wins over it). Not ``GENSCORE_API_KEY``: that is the key ``genscore serve`` itse
 
 
 def config_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The :class:`ScorerConfig` fields given on the command line, by field name, and the server key
+    """The :class:`ScorerConfig` settings given on the command line, by flat name, and the server key
     from :data:`SERVER_API_KEY_ENV` when a server is given without ``--server-api-key``."""
     given = vars(args)
-    settings = {name: given[name] for name in ScorerConfig.model_fields if name in given}
+    settings = {name: given[name] for name in SETTING_FIELDS if name in given}
     key = (os.environ if environ is None else environ).get(SERVER_API_KEY_ENV)
     if key and settings.get("server_url") and "server_api_key" not in settings:
         settings["server_api_key"] = key
@@ -152,7 +153,7 @@ def _help(field: FieldInfo, *, show_default: bool = True, note: str = "") -> str
     text = re.sub(r"``([^`]*)``", r"\1", text).replace(":class:", "")
     text = re.sub(r"`~?(?:[\w.]+\.)?(\w+)`", r"\1", text)
     text = " ".join((text + note).split()).replace("%", "%%")
-    default = field.get_default()
+    default = None if field.is_required() else field.get_default()  # server_url: no server unless given
     if show_default and default is not None and not isinstance(default, bool) and default != "":
         text += f" (default: {default})"
     return text

@@ -1,11 +1,38 @@
-"""Typed, validated settings of a scorer."""
+"""Typed, validated settings of a scorer: the model, its prompts, and where it runs.
+
+A :class:`ScorerConfig` is composed of three parts:
+
+* :class:`PromptSettings`: how prompts are built and shortened (template, score mode, lengths...);
+* exactly one of :class:`LocalSettings` (the model is loaded here: device, dtype, batches, forward)
+  or :class:`ServerSettings` (scored through a server: url, protocol, key, timeout, retries...), as
+  its ``run``. A setting of the one not in use cannot be given: a server has no ``device`` field.
+
+The flat keywords of before still work and land in their part (``ScorerConfig(device="cpu",
+max_length=512)``, ``GenerativeScorer(name, server_url=..., server_timeout=5)``); a server setting
+keeps its ``server_`` prefix there (``server_timeout`` is ``ServerSettings.timeout``). A flat setting
+given for the part not in use is refused when it asks for something, and dropped when it holds its
+default, so that a flat dump of every setting (an older adapter's, a manifest) still loads.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Literal
+from collections.abc import Collection, Mapping
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 
 from genscore_core.errors import ConfigurationError
 from genscore_core.templates import PromptTemplate, ScoreMode
@@ -19,15 +46,27 @@ ServerKind = Literal["genscore", "vllm", "sglang", "rerank"]
 """The protocols a scorer can score through (``server_kind``)."""
 SERVER_KINDS: tuple[ServerKind, ...] = ("genscore", "vllm", "sglang", "rerank")
 
+_NUMBER_TYPES = (int, float, int | None, float | None)
 
-class ScorerConfig(BaseModel):
-    """Everything that decides how a :class:`~genscore_core.GenerativeScorer` loads and scores."""
 
+class _Settings(BaseModel):
     # Attribute docstrings become field descriptions: the command lines take their help from them.
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    model: str = DEFAULT_MODEL
-    """Hugging Face hub id or local folder of a causal LM."""
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: object, info: ValidationInfo) -> object:
+        # pydantic reads True as 1 where a number is due: max_batch_tokens=True would run one token
+        # a batch, max_length=True refuse every prompt as too long.
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and field.annotation in _NUMBER_TYPES:
+            raise ValueError(f"must be a number, not the bool {value}")
+        return value
+
+
+class PromptSettings(_Settings):
+    """How (query, document) pairs become prompts, and how a score is read from the model's answer."""
+
     template: str | PromptTemplate = "auto"
     """Preset name (``"qwen3-reranker"``, ``"mxbai-rerank-v2"``, ``"bge-reranker-v2-gemma"``), a template, or
     ``"auto"``: the folder's sentence-transformers CrossEncoder configuration, else a preset the model's
@@ -54,6 +93,11 @@ class ScorerConfig(BaseModel):
     last window's."""
     query_share: float = Field(default=0.75, gt=0.0, lt=1.0)
     """Share of the body budget the query may keep when a prompt has to be shortened."""
+
+
+class LocalSettings(_Settings):
+    """Settings of a model loaded here (the engine reads ``forward`` and the batch sizes)."""
+
     device: str | None = None
     """``"cuda"``, ``"cuda:1"``, ``"cpu"``...; ``None`` picks CUDA when available."""
     dtype: str | None = None
@@ -68,49 +112,6 @@ class ScorerConfig(BaseModel):
     """``"packed"``: variable-length batches without padding, each query's shared prefix computed once
     (Qwen3, Qwen2 and Llama-style models); ``"padded"``: left-padded batches through the model's own
     forward (any causal LM); ``"auto"``: packed where the architecture supports it, else padded."""
-    trust_remote_code: bool = False
-    """Run the Python code a model folder or hub repository ships (only for sources you trust)."""
-    show_progress: bool = False
-    """Show a progress bar on stderr while scoring."""
-
-    # -- scoring through a server (docs/scaling.md) -------------------------------------------------
-    server_url: str | None = None
-    """Score through the server at this URL (``http://host:port``) instead of loading the model here.
-    ``model`` then names the tokenizer (hub id or folder) that prompts are built with; the weights
-    stay on the server, so the settings of a model loaded here (device, dtype, forward, max_batch_tokens,
-    max_batch_size) are refused with it, as the other server_* settings are without it."""
-    server_kind: ServerKind = "genscore"
-    """The server's protocol: ``"genscore"`` (``genscore serve``) or ``"vllm"``: generative scoring
-    (``/generative_scoring``); ``"sglang"``: SGLang's ``/v1/score``; ``"rerank"``: ``/v1/rerank``, which
-    carries text only, so the server applies its own template and raw ``score()`` requests are refused."""
-    server_model: str | None = None
-    """Model name sent to the server; ``None`` sends none and the server uses its default model."""
-    server_api_key: SecretStr | None = None
-    """Sent as ``Authorization: Bearer ...`` (the ``--api-key`` of vLLM and SGLang)."""
-    server_timeout: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
-    """Seconds allowed for one HTTP request, from connecting to the answer's last byte; a slower attempt
-    fails and is retried like a timeout. At most a day: a socket cannot wait without bound (a request
-    is at most ``server_batch_size`` items, far from a day's work)."""
-    server_max_retries: int = Field(default=3, ge=0)
-    """Retries after a connection error, a timeout or a 429/5xx answer, with exponential backoff."""
-    server_batch_size: int = Field(default=256, gt=0)
-    """Most items in one HTTP request; bigger jobs are split into requests sent in parallel."""
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _not_a_bool(cls, value: object, info: ValidationInfo) -> object:
-        # pydantic reads True as 1 where a number is due: max_batch_tokens=True would run one token
-        # a batch, max_length=True refuse every prompt as too long.
-        if isinstance(value, bool) and info.field_name in _NUMBER_FIELDS:
-            raise ValueError(f"must be a number, not the bool {value}")
-        return value
-
-    @field_validator("model", mode="before")
-    @classmethod
-    def _folder_name(cls, model: object) -> object:
-        # from_pretrained takes a Path as readily as a string (make_tiny_model returns one); the
-        # setting keeps the string, which responses and the command line print.
-        return os.fspath(model) if isinstance(model, os.PathLike) else model
 
     @field_validator("dtype", mode="before")
     @classmethod
@@ -124,72 +125,320 @@ class ScorerConfig(BaseModel):
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPE_NAMES)} or 'auto'")
         return dtype
 
-    @field_validator("server_url")
+
+class ServerSettings(_Settings):
+    """Settings of scoring through a server (docs/scaling.md); given as ``server_*`` flat keywords."""
+
+    url: str
+    """Score through the server at this URL (``http://host:port``) instead of loading the model here.
+    ``model`` then names the tokenizer (hub id or folder) that prompts are built with; the weights
+    stay on the server, so the settings of a model loaded here (device, dtype, forward, max_batch_tokens,
+    max_batch_size) are refused with it, as the other server_* settings are without it."""
+    kind: ServerKind = "genscore"
+    """The server's protocol: ``"genscore"`` (``genscore serve``) or ``"vllm"``: generative scoring
+    (``/generative_scoring``); ``"sglang"``: SGLang's ``/v1/score``; ``"rerank"``: ``/v1/rerank``, which
+    carries text only, so the server applies its own template and raw ``score()`` requests are refused."""
+    model: str | None = None
+    """Model name sent to the server; ``None`` sends none and the server uses its default model."""
+    api_key: SecretStr | None = None
+    """Sent as ``Authorization: Bearer ...`` (the ``--api-key`` of vLLM and SGLang)."""
+    timeout: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
+    """Seconds allowed for one HTTP request, from connecting to the answer's last byte; a slower attempt
+    fails and is retried like a timeout. At most a day: a socket cannot wait without bound (a request
+    is at most ``server_batch_size`` items, far from a day's work)."""
+    max_retries: int = Field(default=3, ge=0)
+    """Retries after a connection error, a timeout or a 429/5xx answer, with exponential backoff."""
+    batch_size: int = Field(default=256, gt=0)
+    """Most items in one HTTP request; bigger jobs are split into requests sent in parallel."""
+
+    @field_validator("url")
     @classmethod
-    def _http_url(cls, url: str | None) -> str | None:
-        if url is not None and not url.startswith(("http://", "https://")):
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
             raise ValueError(f"server_url must start with http:// or https://, got {url!r}")
-        return url.rstrip("/") if url is not None else None
-
-    @model_validator(mode="after")
-    def _every_setting_applies(self) -> ScorerConfig:
-        # A setting that the chosen backend never reads would pass in silence: --server-url with
-        # --device cuda scored as the server was started while scorer.config said "cuda". Only values
-        # given and unlike the default count, so that a dump of every field (an adapter's model_dump,
-        # a pickle) rebuilds the scorer it came from.
-        remote = self.server_url is not None
-        unused = [
-            name
-            for name in type(self).model_fields
-            if name in self.model_fields_set
-            and (name in LOCAL_MODEL_SETTINGS if remote else name in SERVER_SETTINGS)
-            and _asks_for_something(name, getattr(self, name))
-        ]
-        if not unused:
-            return self
-        given = ", ".join(
-            f"{name} is set" if name == "server_api_key" else f"{name}={getattr(self, name)!r}"
-            for name in unused
-        )
-        them = "it" if len(unused) == 1 else "them"
-        if remote:
-            why = (
-                f"{given} with server_url: the server runs the model as it was started, so a setting of the "
-                f"model loaded here would be ignored; leave {them} out, or leave server_url out to load the model here"
-            )
-        else:
-            why = (
-                f"{given} without server_url: the model is loaded here and no server is asked, so a setting of "
-                f"scoring through a server would be ignored; set server_url, or leave {them} out"
-            )
-        raise ConfigurationError(why, setting=unused[0])
+        return url.rstrip("/")
 
 
-_NUMBER_FIELDS = frozenset(
-    name
-    for name, field in ScorerConfig.model_fields.items()
-    if field.annotation in (int, float, int | None, float | None)
-)
-"""The settings that hold a number, which pydantic would otherwise take a bool for."""
+def _run_kind(value: Any) -> str:
+    """Which part ``run`` is: a server when it names a URL, else a model loaded here."""
+    if isinstance(value, ServerSettings) or (isinstance(value, Mapping) and "url" in value):
+        return "server"
+    return "local"
 
-LOCAL_MODEL_SETTINGS = frozenset({"device", "dtype", "forward", "max_batch_tokens", "max_batch_size"})
+
+RunSettings = Annotated[
+    Annotated[LocalSettings, Tag("local")] | Annotated[ServerSettings, Tag("server")],
+    Discriminator(_run_kind),
+]
+"""Where a scorer runs: exactly one of a model loaded here or a server."""
+
+
+class ScorerConfig(_Settings):
+    """Everything that decides how a :class:`~genscore_core.GenerativeScorer` loads and scores.
+
+    Example:
+        >>> ScorerConfig(model="m", prompt=PromptSettings(max_length=512), run=LocalSettings(device="cpu"))
+        ... # doctest: +SKIP
+        >>> ScorerConfig(model="m", max_length=512, device="cpu")  # the same, from flat keywords
+        ... # doctest: +SKIP
+    """
+
+    model: str = DEFAULT_MODEL
+    """Hugging Face hub id or local folder of a causal LM."""
+    prompt: PromptSettings = PromptSettings()
+    """How prompts are built and scores read (the same wherever the model runs)."""
+    run: RunSettings = Field(default_factory=LocalSettings)
+    """Where the model runs: :class:`LocalSettings` (loaded here) or :class:`ServerSettings`."""
+    trust_remote_code: bool = False
+    """Run the Python code a model folder or hub repository ships (only for sources you trust)."""
+    show_progress: bool = False
+    """Show a progress bar on stderr while scoring."""
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            # Routed here, not only in the validator, so that a bad value of a setting refused for its
+            # part is reported as bad (ValidationError), as it was before the refusal.
+            super().__init__(**route_settings(data))
+        except ValidationError as error:
+            # Errors name the flat setting (max_batch_tokens, not run.local.max_batch_tokens): the
+            # name a user typed, and the one the command line turns back into its flag.
+            raise _flat_error(error) from None
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _folder_name(cls, model: object) -> object:
+        # from_pretrained takes a Path as readily as a string (make_tiny_model returns one); the
+        # setting keeps the string, which responses and the command line print.
+        return os.fspath(model) if isinstance(model, os.PathLike) else model
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keywords(cls, data: Any) -> Any:
+        return route_settings(data) if isinstance(data, Mapping) else data
+
+    @property
+    def local(self) -> LocalSettings | None:
+        """The settings of the model loaded here; ``None`` when scoring through a server."""
+        return self.run if isinstance(self.run, LocalSettings) else None
+
+    @property
+    def server(self) -> ServerSettings | None:
+        """The settings of the server scored through; ``None`` when the model is loaded here."""
+        return self.run if isinstance(self.run, ServerSettings) else None
+
+    def to_settings(
+        self,
+        *,
+        mode: Literal["python", "json"] = "python",
+        exclude: Collection[str] = (),
+        every: bool = False,
+    ) -> dict[str, Any]:
+        """The flat keywords that rebuild this config (``ScorerConfig(**config.to_settings())``).
+
+        Those of the part in use only, unless ``every``: then the other part's too, at their defaults
+        (the flat form a scorer's settings had before they were typed). ``mode="json"`` gives
+        JSON-ready values (a template as a dict; a secret masked, so leave it out with ``exclude``).
+        """
+        parts = {
+            "": self.model_dump(mode=mode, exclude={"prompt", "run"}),
+            "prompt": self.prompt.model_dump(mode=mode),
+            type(self.run).__name__: self.run.model_dump(mode=mode),
+        }
+        settings = {}
+        for name, (part, field) in _FLAT.items():
+            if part in parts:
+                settings[name] = parts[part][field]
+            elif every:
+                settings[name] = setting_default(name)
+        return {name: value for name, value in settings.items() if name not in exclude}
+
+    def given_settings(self) -> set[str]:
+        """The flat names of the settings given rather than left to their defaults."""
+        given = {name for name in self.model_fields_set if name in _FLAT}
+        given |= set(_flat_names("prompt", self.prompt.model_fields_set))
+        given |= set(_flat_names(type(self.run).__name__, self.run.model_fields_set))
+        return given
+
+
+# -- the flat keywords ------------------------------------------------------------------------------
+
+_PARTS: dict[str, type[_Settings]] = {
+    "prompt": PromptSettings,
+    "LocalSettings": LocalSettings,
+    "ServerSettings": ServerSettings,
+}
+
+
+def _flat_name(part: str, field: str) -> str:
+    return f"server_{field}" if part == "ServerSettings" else field
+
+
+def _flat_names(part: str, fields: Collection[str]) -> list[str]:
+    return [_flat_name(part, field) for field in fields]
+
+
+# The flat keywords in the order the command lines list their flags (the order of the flat config).
+_FLAT: dict[str, tuple[str, str]] = {
+    "model": ("", "model"),
+    **{name: ("prompt", name) for name in PromptSettings.model_fields},
+    **{name: ("LocalSettings", name) for name in LocalSettings.model_fields},
+    "trust_remote_code": ("", "trust_remote_code"),
+    "show_progress": ("", "show_progress"),
+    **{_flat_name("ServerSettings", name): ("ServerSettings", name) for name in ServerSettings.model_fields},
+}
+
+SETTING_FIELDS: Mapping[str, FieldInfo] = {
+    name: (_PARTS[part] if part else ScorerConfig).model_fields[field]
+    for name, (part, field) in _FLAT.items()
+}
+"""Every flat setting (``model``, ``max_length``, ``device``, ``server_url``, ...) and its field, in the
+order of the command lines' flags: the command lines and the docs are generated from these."""
+
+LOCAL_MODEL_SETTINGS = frozenset(name for name, (part, _) in _FLAT.items() if part == "LocalSettings")
 """Settings of the model loaded here, which nothing reads when ``server_url`` is set (refused then)."""
 
 SERVER_SETTINGS = frozenset(
-    name for name in ScorerConfig.model_fields if name.startswith("server_") and name != "server_url"
+    name for name, (part, _) in _FLAT.items() if part == "ServerSettings" and name != "server_url"
 )
 """Settings of the server client, which nothing reads without ``server_url`` (refused then)."""
+
+
+def route_settings(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with its flat keywords moved into their part (``prompt``, ``run``).
+
+    A flat setting of the part not in use is refused if it asks for something (a ``device`` with a
+    server, a ``server_timeout`` without one) and dropped if it holds its default: a dump of every
+    setting rebuilds the scorer it came from.
+    """
+    routed: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {part: {} for part in _PARTS}
+    for name, value in data.items():
+        part, field = _FLAT.get(name, ("", name))
+        if part:
+            parts[part][field] = value
+        else:
+            routed[name] = value
+    if parts["ServerSettings"].get("url", "") is None:  # server_url=None: no server, as if left out
+        del parts["ServerSettings"]["url"]
+    for key, part in (("prompt", "prompt"), ("run", "LocalSettings"), ("run", "ServerSettings")):
+        if parts[part] and key in routed:
+            name = _flat_name(part, next(iter(parts[part])))
+            raise ConfigurationError(f"{name} given with {key}=: give the settings one way", setting=name)
+    if parts["prompt"]:
+        routed["prompt"] = parts["prompt"]
+    server, local = parts["ServerSettings"], parts["LocalSettings"]
+    if "url" in server:
+        _refuse_unused(local, "LocalSettings", remote=True)
+        routed["run"] = server
+    else:
+        _refuse_unused(server, "ServerSettings", remote=False)
+        if local:
+            routed["run"] = local
+    return routed
+
+
+def _refuse_unused(given: Mapping[str, Any], part: str, *, remote: bool) -> None:
+    # A setting that the chosen backend never reads would pass in silence: --server-url with
+    # --device cuda scored as the server was started while scorer.config said "cuda". Only values
+    # unlike the default count, so that a dump of every field (an older adapter's) loads.
+    _check_values(given, part)
+    unused = [
+        _flat_name(part, field)
+        for field in _PARTS[part].model_fields
+        if field in given and _asks_for_something(_flat_name(part, field), given[field])
+    ]
+    if not unused:
+        return
+    values = {name: given[_FLAT[name][1]] for name in unused}
+    said = ", ".join(
+        f"{name} is set" if name == "server_api_key" else f"{name}={values[name]!r}" for name in unused
+    )
+    them = "it" if len(unused) == 1 else "them"
+    if remote:
+        why = (
+            f"{said} with server_url: the server runs the model as it was started, so a setting of the "
+            f"model loaded here would be ignored; leave {them} out, or leave server_url out to load the model here"
+        )
+    else:
+        why = (
+            f"{said} without server_url: the model is loaded here and no server is asked, so a setting of "
+            f"scoring through a server would be ignored; set server_url, or leave {them} out"
+        )
+    raise ConfigurationError(why, setting=unused[0])
+
+
+def _check_values(given: Mapping[str, Any], part: str) -> None:
+    """Raise pydantic's ``ValidationError`` for the bad values in ``given``, named by flat setting."""
+    entries: list[Any] = []
+    for field, value in given.items():
+        name = _flat_name(part, field)
+        try:
+            setting_value(name, value)
+        except ValidationError as error:
+            entries += [{**entry, "loc": (name,)} for entry in _line_errors(error)]
+    if entries:
+        raise ValidationError.from_exception_data("ScorerConfig", entries)
 
 
 def _asks_for_something(name: str, value: object) -> bool:
     """Whether ``value`` of setting ``name`` differs from leaving it out (``"auto"`` asks for nothing)."""
     if name in ("device", "dtype") and value == "auto":
         return False
-    return bool(value != ScorerConfig.model_fields[name].get_default())
+    return bool(value != SETTING_FIELDS[name].get_default())
+
+
+def setting_name(location: tuple[int | str, ...]) -> str | None:
+    """The flat setting a validation error's ``loc`` points at (``("run", "server", "timeout")`` ->
+    ``server_timeout``), or None when it points at no one setting."""
+    path = [str(step) for step in location]
+    if path[:1] == ["prompt"] and len(path) > 1:
+        return path[1]
+    if path[:2] == ["run", "local"] and len(path) > 2:
+        return path[2]
+    if path[:2] == ["run", "server"] and len(path) > 2:
+        return _flat_name("ServerSettings", path[2]) if path[2] in ServerSettings.model_fields else path[2]
+    return path[0] if path and path[0] in _FLAT else None
+
+
+def _flat_error(error: ValidationError) -> ValidationError:
+    """``error`` with each location a flat setting's name where it points at one."""
+    entries: list[Any] = []
+    for entry in _line_errors(error):
+        name = setting_name(entry["loc"])
+        entries.append({**entry, "loc": (name,)} if name else entry)
+    return ValidationError.from_exception_data(error.title, entries)
+
+
+def _line_errors(error: ValidationError) -> list[Any]:
+    """``error``'s entries in the form ``ValidationError.from_exception_data`` takes."""
+    return [
+        {"type": e["type"], "loc": e["loc"], "input": e["input"], **({"ctx": e["ctx"]} if "ctx" in e else {})}
+        for e in error.errors()
+    ]
+
+
+def setting_default(name: str) -> Any:
+    """The default of the flat setting ``name`` (None for ``server_url``: no server)."""
+    field = SETTING_FIELDS[name]
+    return None if field.is_required() else field.get_default(call_default_factory=True)
+
+
+def setting_value(name: str, value: Any) -> Any:
+    """``value`` of the flat setting ``name`` as the config holds it (``dtype=torch.float16`` ->
+    ``"float16"``, a template's dict -> the template). Raises ``ValidationError`` for a bad value."""
+    part, field = _FLAT[name]
+    if not part:
+        return getattr(ScorerConfig.model_validate({field: value}), field)
+    if part == "ServerSettings" and field == "url" and value is None:
+        return None
+    data = {field: value}
+    if part == "ServerSettings" and field != "url":
+        data["url"] = "http://localhost"  # the one required field, so that the others validate alone
+    return getattr(_PARTS[part].model_validate(data), field)
 
 
 def scorer_setting_names() -> frozenset[str]:
     """Keyword names that configure a new :class:`~genscore_core.GenerativeScorer`: ``model``,
-    ``config`` and the fields of :class:`ScorerConfig`. Adapters use it to tell scorer settings from
-    their own options."""
-    return frozenset({"model", "config", *ScorerConfig.model_fields})
+    ``config``, the flat settings (:data:`SETTING_FIELDS`) and the typed parts ``prompt`` and ``run``.
+    Adapters use it to tell scorer settings from their own options."""
+    return frozenset({"model", "config", "prompt", "run", *SETTING_FIELDS})

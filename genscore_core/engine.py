@@ -19,7 +19,7 @@ import torch
 
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.batching import is_out_of_memory
-from genscore_core.config import ScorerConfig
+from genscore_core.config import LocalSettings
 from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup
 from genscore_core.scoring import LabelHead, check_scores
 from genscore_core.streaming import (
@@ -86,7 +86,7 @@ def group_prompts(prompts: Sequence[list[int]]) -> PrefixGroup:
     return PrefixGroup(list(prompts[0][:shared]) if prompts else [], [p[shared:] for p in prompts])
 
 
-def select_forward(model: Any, config: ScorerConfig, pad_token_id: int) -> ForwardStrategy:
+def select_forward(model: Any, config: LocalSettings, pad_token_id: int) -> ForwardStrategy:
     """Pick the forward that runs prompts through the model (the one place that decides it).
 
     ``"auto"`` and ``"packed"`` use the packed forward where the architecture supports it (on the
@@ -529,7 +529,7 @@ class ScoringEngine(ScoringBackend):
         return self.collect_launched(LaunchedCall.queue(launched), on_progress)
 
     @classmethod
-    def for_model(cls, model: Any, config: ScorerConfig, *, pad_token_id: int) -> ScoringEngine:
+    def for_model(cls, model: Any, config: LocalSettings, *, pad_token_id: int) -> ScoringEngine:
         """The engine of a loaded causal LM, with the forward ``config`` selects."""
         return cls(model, select_forward(model, config, pad_token_id), LabelHead(model))
 

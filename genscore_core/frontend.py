@@ -54,7 +54,7 @@ class ScoringFrontEnd:
     Args:
         tokenizer: A fast (Rust) Hugging Face tokenizer.
         config: The scorer's settings (``template``, ``instruction``, ``query_share``, ``model``...).
-        max_length: Longest prompt in tokens (``config.max_length`` or what the model supports).
+        max_length: Longest prompt in tokens (``config.prompt.max_length`` or what the model supports).
         vocab_size: Token ids the model reads and scores (its embedding and LM head rows), or a
             function giving them at each call (a local model may be resized after the build): no
             prompt or label may hold an id beyond them.
@@ -66,7 +66,7 @@ class ScoringFrontEnd:
         self.config = config
         self.tokenizer = tokenizer
         self._vocab_size: Callable[[], int] = vocab_size if callable(vocab_size) else lambda: vocab_size
-        self.recipe: Recipe = resolve_recipe(config.template, config.model, tokenizer)
+        self.recipe: Recipe = resolve_recipe(config.prompt.template, config.model, tokenizer)
         """The template in use and why it was picked (``recipe.source``, also logged)."""
         self.template = self.recipe.template
         self.label_token_ids = resolve_label_ids(tokenizer, self.template)
@@ -78,9 +78,9 @@ class ScoringFrontEnd:
             by_id=bool(self.template.label_token_ids),
         )
         self.score_mode: ScoreMode = resolve_score_mode(
-            config.score_mode, self.template.score_mode, len(self.label_token_ids)
+            config.prompt.score_mode, self.template.score_mode, len(self.label_token_ids)
         )
-        if config.max_length is None and self.recipe.max_length is not None:
+        if config.prompt.max_length is None and self.recipe.max_length is not None:
             max_length = min(max_length, self.recipe.max_length)
         self.max_length = max_length
         # Rust tokenizers are not safe to call from several threads at once.
@@ -90,8 +90,8 @@ class ScoringFrontEnd:
             tokenizer,
             self.template,
             max_length=max_length,
-            instruction=config.instruction,
-            query_share=config.query_share,
+            instruction=config.prompt.instruction,
+            query_share=config.prompt.query_share,
             tokenizer_lock=self._tokenizer_lock,
             vocab_size=self._vocab_size,
         )
@@ -129,7 +129,9 @@ class ScoringFrontEnd:
         vocab_size, max_length = model_limits(
             config.model, tokenizer, trust_remote_code=config.trust_remote_code
         )
-        return cls(tokenizer, config, max_length=config.max_length or max_length, vocab_size=vocab_size)
+        return cls(
+            tokenizer, config, max_length=config.prompt.max_length or max_length, vocab_size=vocab_size
+        )
 
     # -- protocol requests ---------------------------------------------------------------------------
 
@@ -184,7 +186,7 @@ class ScoringFrontEnd:
         check_pairs(pairs)
         check_token_count(max_tokens_per_doc, "max_tokens_per_doc")
         check_token_count(max_prompt_tokens, "max_prompt_tokens")
-        if max_tokens_per_doc is None and self.config.long_documents == "truncate":
+        if max_tokens_per_doc is None and self.config.prompt.long_documents == "truncate":
             return self._prepare_whole(pairs)
         documents = [document for _, document in pairs]
         capped = [False] * len(pairs)
@@ -196,14 +198,14 @@ class ScoringFrontEnd:
             capped = [len(o) > max_tokens_per_doc for o in offsets]
             documents = [cap_to_tokens(d, o, max_tokens_per_doc) for d, o in zip(documents, offsets)]
             offsets = [o[:max_tokens_per_doc] for o in offsets]
-        if self.config.long_documents == "truncate":
+        if self.config.prompt.long_documents == "truncate":
             windowed: list[tuple[str, str]] = [(q, d) for (q, _), d in zip(pairs, documents)]
             return WindowedPairs(
                 **vars(self._prepare_whole(windowed)),
                 owners=list(range(len(pairs))),
                 spans=[None] * len(pairs),
                 pair_count=len(pairs),
-                aggregation=self.config.chunk_aggregation,
+                aggregation=self.config.prompt.chunk_aggregation,
                 capped=capped,
             )
         return self._prepare_chunked(pairs, documents, offsets, capped, max_prompt_tokens)
@@ -285,7 +287,7 @@ class ScoringFrontEnd:
             owners=owners,
             spans=spans_of_windows,
             pair_count=len(pairs),
-            aggregation=self.config.chunk_aggregation,
+            aggregation=self.config.prompt.chunk_aggregation,
             capped=capped,
         )
 
@@ -306,7 +308,7 @@ class ScoringFrontEnd:
         size, shrink = room, 1
         overhead = self.max_length - room - 1  # the empty prompt's space token can merge away
         while True:
-            spans = window_spans(document, offsets, size, self.config.chunk_overlap)
+            spans = window_spans(document, offsets, size, self.config.prompt.chunk_overlap)
             if budget is not None and spent + len(offsets) + len(spans) * overhead > budget:
                 raise PromptTooLongError(
                     f"documents[{index}] makes {len(spans)} windows of at least {len(offsets)} tokens in "

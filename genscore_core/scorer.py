@@ -7,13 +7,21 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import ValidationError
 from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn on import
 
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob, in_worker_thread
-from genscore_core.config import DEFAULT_MODEL, ScorerConfig
+from genscore_core.config import (
+    DEFAULT_MODEL,
+    LocalSettings,
+    ScorerConfig,
+    ServerSettings,
+    setting_default,
+    setting_value,
+)
 from genscore_core.engine import ScoringEngine
 from genscore_core.errors import ConfigurationError, InvalidRequestError, ScoreRangeError
 from genscore_core.frontend import (
@@ -73,11 +81,12 @@ class GenerativeScorer:
     Args:
         model: Hub id or local folder (a string or a ``pathlib.Path``) of a causal LM (default
             ``Qwen/Qwen3-Reranker-0.6B``).
-        config: A ready :class:`ScorerConfig`; or pass its fields as keyword arguments.
+        config: A ready :class:`ScorerConfig`; or pass its settings as keyword arguments.
         front_end, backend: Ready parts, instead of a model name and settings.
-        **settings: Fields of :class:`ScorerConfig` (``template``, ``instruction``, ``max_length``,
-            ``device``, ``dtype``, ``max_batch_tokens``, ``server_url``, ``server_kind``, ...). Unknown
-            names are rejected.
+        **settings: Settings of :class:`ScorerConfig` by their flat names (``template``,
+            ``instruction``, ``max_length``, ``device``, ``dtype``, ``max_batch_tokens``, ``server_url``,
+            ``server_kind``, ...), each routed into its part, or the typed parts ``prompt=`` and
+            ``run=``. Unknown names are rejected.
     """
 
     def __init__(
@@ -99,7 +108,9 @@ class GenerativeScorer:
         self.backend: ScoringBackend = backend
 
     @classmethod
-    def from_model(cls, causal_lm: Any, tokenizer: Any, **settings: Any) -> GenerativeScorer:
+    def from_model(
+        cls, causal_lm: Any, tokenizer: Any, *, config: ScorerConfig | None = None, **settings: Any
+    ) -> GenerativeScorer:
         """Wrap a causal LM and tokenizer that are already loaded (no copy is made).
 
         The packed forward moves each layer's q/k/v weights and its gate/up weights into one tensor
@@ -109,17 +120,20 @@ class GenerativeScorer:
         (``model.to("cuda")``, ``.half()``, ``load_state_dict(..., assign=True)``), the next call
         builds the forward and head again (:meth:`ScoringEngine.follow_model`; docs/concepts.md).
 
-        ``settings`` are :class:`ScorerConfig` fields; ``model`` only names the model in responses
-        (default: the model's ``name_or_path``). ``device`` and ``dtype`` are those of ``causal_lm``:
+        ``settings`` are :class:`ScorerConfig` settings, or ``config`` a whole one; ``model`` only names
+        the model in responses (default: the model's ``name_or_path``). ``device`` and ``dtype`` are those of ``causal_lm``:
         given, they must say the same (``ConfigurationError`` otherwise; move or cast the model first),
         and ``server_url`` is refused (:meth:`from_server` scores through a server).
         """
-        name = settings.pop("model", None) or getattr(causal_lm, "name_or_path", None) or DEFAULT_MODEL
-        check_causal_lm_config(causal_lm.config, name)
-        check_loaded_causal_lm(causal_lm, None, name)
-        config = ScorerConfig(model=name, **settings)
-        _check_model_placement(causal_lm, config)
-        front_end, engine = _local_parts(causal_lm.eval(), tokenizer, config)
+        if config is None:
+            name = settings.pop("model", None) or getattr(causal_lm, "name_or_path", None) or DEFAULT_MODEL
+            config = ScorerConfig(model=name, **settings)
+        elif settings:
+            raise TypeError("pass either config= or model settings, not both")
+        check_causal_lm_config(causal_lm.config, config.model)
+        check_loaded_causal_lm(causal_lm, None, config.model)
+        local = _check_model_placement(causal_lm, config)
+        front_end, engine = _local_parts(causal_lm.eval(), tokenizer, config, local)
         return cls(front_end=front_end, backend=engine)
 
     @classmethod
@@ -132,8 +146,7 @@ class GenerativeScorer:
         ``server_kind`` picks the protocol and the other ``server_*`` settings the client's behaviour.
         """
         config = ScorerConfig(model=os.fspath(model), server_url=server_url, **settings)
-        front_end, backend = _server_parts(config)
-        return cls(front_end=front_end, backend=backend)
+        return cls(config=config)
 
     # -- what the parts know -------------------------------------------------------------------------
 
@@ -189,6 +202,65 @@ class GenerativeScorer:
                 "so it has no .model; use scorer.config.model for the model's name"
             )
         return self.backend.model
+
+    # -- its settings: saved, compared, pickled ------------------------------------------------------
+
+    def settings(self, *, mode: Literal["python", "json"] = "json", secrets: bool = False) -> dict[str, Any]:
+        """Every setting a new scorer needs to score as this one does, by flat name:
+        ``GenerativeScorer(**scorer.settings())`` loads one (the model is loaded again).
+
+        ``dtype`` is the one the weights really have when the scorer left it to the device, so that a
+        scorer built from a bfloat16 model reloads in bfloat16. The secret (``server_api_key``) is
+        left out of what is saved (an adapter's dump); ``secrets=True`` adds it as a ``SecretStr``,
+        which keeps its value in a pickle and shows it in no repr or log.
+        """
+        config = self.config
+        data = config.to_settings(mode=mode, exclude={"server_api_key"})
+        local = config.local
+        if local is not None and local.dtype is None:
+            try:
+                weights = self.model
+            except AttributeError:  # a backend with no weights here: their dtype is not ours to record
+                weights = None
+            if weights is not None:
+                data["dtype"] = str(weights.dtype).removeprefix("torch.")
+        server = config.server
+        if secrets and server is not None and server.api_key is not None:
+            data["server_api_key"] = server.api_key
+        return data
+
+    def differing_settings(self, settings: Mapping[str, Any]) -> list[str]:
+        """The names in ``settings`` (scorer settings: ``model``, ``config``, ``prompt``, ``run`` or a
+        flat setting) whose value is not this scorer's, sorted. A value is compared as the setting
+        holds it (``dtype=torch.float32`` is ``"float32"``); one that is not valid differs."""
+        config = self.config
+        mine = self.settings(mode="python", secrets=True)
+        differing = []
+        for name, value in settings.items():
+            try:
+                if name == "config":
+                    same = value == config
+                elif name in ("prompt", "run"):  # a typed part, or the dict of one
+                    same = getattr(ScorerConfig(**{name: value}), name) == getattr(config, name)
+                else:
+                    reference = mine.get(name, setting_default(name))
+                    same = setting_value(name, value) == setting_value(name, reference)
+            except (ValidationError, ConfigurationError, KeyError):  # a bad value or an unknown name
+                same = False
+            if not same:
+                differing.append(name)
+        return sorted(differing)
+
+    def __reduce__(self) -> tuple[Callable[[dict[str, Any]], GenerativeScorer], tuple[dict[str, Any]]]:
+        """A pickle holds the scorer's settings, taken when pickled (the model may have been cast since),
+        the API key included: unpickling loads the model again. Pickle writes a scorer once however many
+        objects hold it, so a pickle of several adapters on one scorer loads the model once."""
+        return _scorer_from_settings, (self.settings(mode="python", secrets=True),)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GenerativeScorer:
+        """The scorer itself: a copy of what holds a scorer shares it (one scorer serves any number of
+        callers at once, and its loaded model and locks are not to be copied)."""
+        return self
 
     # -- the protocol -------------------------------------------------------------------------------
 
@@ -340,7 +412,7 @@ class GenerativeScorer:
             isinstance(backend, ScoringEngine)
             and backend.streams
             and max_tokens_per_doc is None
-            and self.config.long_documents == "truncate"
+            and self.config.prompt.long_documents == "truncate"
         )
 
     def _score_texts(
@@ -572,38 +644,46 @@ def _pairs_named(prepared: PreparedPairs, param: str) -> ItemName:
     return name
 
 
-def _check_model_placement(causal_lm: Any, config: ScorerConfig) -> None:
+def _check_model_placement(causal_lm: Any, config: ScorerConfig) -> LocalSettings:
     """Refuse settings of :meth:`GenerativeScorer.from_model` that the model given contradicts: the
     scorer scores where the model is, so ``device="cuda"`` for a model on the CPU would have run on
-    the CPU while ``scorer.config.device`` said "cuda"."""
-    if config.server_url is not None:
+    the CPU while ``scorer.config.local.device`` said "cuda". Returns the local settings."""
+    local = config.local
+    if local is None:
         raise ConfigurationError(
             "from_model scores with the model given here; to score through a server use "
             "GenerativeScorer.from_server(server_url, model=...)",
             setting="server_url",
         )
     have_device = torch.device(getattr(causal_lm, "device", "cpu"))
-    if config.device not in (None, "auto"):
+    if local.device not in (None, "auto"):
         try:
-            wanted = torch.device(config.device)
+            wanted = torch.device(local.device)
         except RuntimeError as error:
-            raise ConfigurationError(f"unknown device {config.device!r}: {error}", setting="device") from None
+            raise ConfigurationError(f"unknown device {local.device!r}: {error}", setting="device") from None
         if wanted.type != have_device.type or wanted.index not in (None, have_device.index):
             raise ConfigurationError(
-                f"device={config.device!r}, but the model is on {have_device}: from_model scores where the "
-                f"model is; move it first (model.to({config.device!r})) or leave device out",
+                f"device={local.device!r}, but the model is on {have_device}: from_model scores where the "
+                f"model is; move it first (model.to({local.device!r})) or leave device out",
                 setting="device",
             )
     have_dtype = getattr(causal_lm, "dtype", None)
-    if config.dtype not in (None, "auto") and isinstance(have_dtype, torch.dtype):
-        wanted_dtype = resolve_dtype(config.dtype, have_device)
+    if local.dtype not in (None, "auto") and isinstance(have_dtype, torch.dtype):
+        wanted_dtype = resolve_dtype(local.dtype, have_device)
         if wanted_dtype != have_dtype:
             raise ConfigurationError(
-                f"dtype={config.dtype!r}, but the model's weights are {str(have_dtype).removeprefix('torch.')}: "
+                f"dtype={local.dtype!r}, but the model's weights are {str(have_dtype).removeprefix('torch.')}: "
                 f"from_model scores with the weights as they are; cast the model first "
                 f"(model.to({wanted_dtype})) or leave dtype out",
                 setting="dtype",
             )
+    return local
+
+
+def _scorer_from_settings(settings: dict[str, Any]) -> GenerativeScorer:
+    """The scorer a pickle holds (:meth:`GenerativeScorer.__reduce__`)."""
+    settings = dict(settings)
+    return GenerativeScorer(settings.pop("model", None), **settings)
 
 
 def _make_config(
@@ -617,34 +697,36 @@ def _make_config(
 
 
 def _load(config: ScorerConfig) -> tuple[ScoringFrontEnd, ScoringBackend]:
-    """The parts ``config`` asks for: a server client when ``server_url`` is set, else the model here."""
-    if config.server_url is not None:
-        return _server_parts(config)
-    device = resolve_device(config.device)
+    """The parts ``config`` asks for: a server client when it runs on a server, else the model here."""
+    local = config.run
+    if isinstance(local, ServerSettings):
+        return _server_parts(config, local)
+    device = resolve_device(local.device)
     tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
     causal_lm = load_causal_lm(
         config.model,
         device=device,
-        dtype=resolve_dtype(config.dtype, device),
+        dtype=resolve_dtype(local.dtype, device),
         trust_remote_code=config.trust_remote_code,
         show_progress=config.show_progress,
     )
-    return _local_parts(causal_lm, tokenizer, config)
+    return _local_parts(causal_lm, tokenizer, config, local)
 
 
 def _local_parts(
-    causal_lm: Any, tokenizer: Any, config: ScorerConfig
+    causal_lm: Any, tokenizer: Any, config: ScorerConfig, local: LocalSettings
 ) -> tuple[ScoringFrontEnd, ScoringEngine]:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    engine = ScoringEngine.for_model(causal_lm, config, pad_token_id=pad_id or 0)
-    if config.max_length is not None:
-        check_max_length(causal_lm, config.max_length)
-    max_length = config.max_length or model_max_length(causal_lm, tokenizer)
+    engine = ScoringEngine.for_model(causal_lm, local, pad_token_id=pad_id or 0)
+    wanted = config.prompt.max_length
+    if wanted is not None:
+        check_max_length(causal_lm, wanted)
+    max_length = wanted or model_max_length(causal_lm, tokenizer)
     front_end = ScoringFrontEnd(tokenizer, config, max_length=max_length, vocab_size=engine.vocab_rows)
     return front_end, engine
 
 
-def _server_parts(config: ScorerConfig) -> tuple[ScoringFrontEnd, ScoringBackend]:
+def _server_parts(config: ScorerConfig, server: ServerSettings) -> tuple[ScoringFrontEnd, ScoringBackend]:
     from genscore_core.remote import make_backend
 
-    return ScoringFrontEnd.for_server(config), make_backend(config)
+    return ScoringFrontEnd.for_server(config), make_backend(server)

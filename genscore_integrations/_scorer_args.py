@@ -1,7 +1,9 @@
 """What both adapters do with their constructor arguments, so that they agree on them.
 
-An adapter takes a ready scorer or the settings of a new one (``model``, ``config`` and the fields of
-:class:`~genscore_core.ScorerConfig`). The same bad input raises the same error in both: ``TypeError``
+An adapter takes a ready scorer or the settings of a new one (``model``, ``config`` and the settings of
+:class:`~genscore_core.ScorerConfig`, flat or as its ``prompt`` and ``run`` parts). Saving, comparing
+and pickling a scorer's settings are the scorer's own (:meth:`~genscore_core.GenerativeScorer.settings`,
+``differing_settings``, its pickle); what is left here is the adapters' wording of the same checks. The same bad input raises the same error in both: ``TypeError``
 for an unknown name, a scorer that is not one, or a scorer with settings that contradict it. Settings
 that agree with the given scorer are accepted: that is how a saved adapter is reloaded onto a shared
 scorer (``from_dict(data, scorer=scorer)``).
@@ -9,22 +11,15 @@ scorer (``from_dict(data, scorer=scorer)``).
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
 from genscore_core import GenerativeScorer, ScorerConfig, check_rank_options, scorer_setting_names
+from genscore_core.config import PromptSettings
 from genscore_core.templates import SCORE_MODES, TEMPLATES, PromptTemplate, ScoreMode
 
 SCORER_SETTINGS = scorer_setting_names()
-"""``model``, ``config`` and the ScorerConfig fields."""
-
-# A secret is not written into a saved adapter (to_dict, model_dump): pass it again when reloading.
-# A pickle keeps it (see pickled_settings).
-_NOT_SAVED = frozenset({"server_api_key"})
+"""``model``, ``config``, ``prompt``, ``run`` and the flat ScorerConfig settings."""
 
 
 def check_names(owner: str, given: Iterable[str], own: Iterable[str]) -> None:
@@ -77,11 +72,12 @@ def threshold_mode(scorer: object, settings: Mapping[str, Any]) -> ScoreMode | L
         mode = getattr(scorer, "score_mode", None)
         return _known(mode)
     config = settings.get("config")
-    config = config if isinstance(config, ScorerConfig) else None
-    mode = settings.get("score_mode", config.score_mode if config is not None else "auto")
+    prompt = settings.get("prompt", config.prompt if isinstance(config, ScorerConfig) else None)
+    prompt = prompt if isinstance(prompt, PromptSettings) else PromptSettings()
+    mode = settings.get("score_mode", prompt.score_mode)
     if mode != "auto":
         return _known(mode)  # None for a bad mode: ScorerConfig names it
-    template = settings.get("template", config.template if config is not None else "auto")
+    template = settings.get("template", prompt.template)
     if isinstance(template, PromptTemplate):
         return template.score_mode
     if isinstance(template, str) and template in TEMPLATES:
@@ -110,13 +106,16 @@ def scorer_for(
 ) -> Any:
     """``scorer`` checked against ``settings``, or a new scorer built from ``settings`` by ``build``.
 
-    ``settings`` holds scorer settings only (``model``, ``config``, ScorerConfig fields).
+    ``settings`` holds scorer settings only (``model``, ``config``, ScorerConfig settings); settings
+    that agree with ``scorer``'s are accepted (a saved adapter reloaded onto a shared scorer).
     """
     if scorer is None:
         settings = dict(settings)
         return build(settings.pop("model", None), **settings)
     check_scorer(scorer)
-    differing = _differing(scorer, settings)
+    compare = getattr(scorer, "differing_settings", None)
+    # A stand-in with no settings to compare: any setting would be a second source of truth.
+    differing = compare(settings) if callable(compare) else sorted(settings)
     if differing:
         raise TypeError(
             f"{owner} takes either a ready scorer= or the settings of a new scorer, not both; "
@@ -124,112 +123,3 @@ def scorer_for(
             "or leave them out)"
         )
     return scorer
-
-
-def saved_settings(scorer: Any) -> dict[str, Any]:
-    """Every setting a new scorer needs to score as ``scorer`` does, as JSON-ready values.
-
-    ``dtype`` is the one the weights really have when the scorer left it to the device (so that a
-    scorer built from a bfloat16 model reloads in bfloat16). A secret (``server_api_key``) is left out.
-    """
-    config: ScorerConfig = scorer.config
-    data = config.model_dump(mode="json", exclude=set(_NOT_SAVED))
-    if config.dtype is None:
-        try:
-            weights = scorer.engine.model
-        except AttributeError:  # scored through a server: the server's dtype is not ours to record
-            weights = None
-        if weights is not None:
-            data["dtype"] = str(weights.dtype).removeprefix("torch.")
-    return data
-
-
-def pickled_settings(scorer: Any) -> dict[str, Any]:
-    """:func:`saved_settings` with the secrets (:func:`secret_settings`): what a pickle carries."""
-    return {**saved_settings(scorer), **secret_settings(scorer)}
-
-
-class PickledScorer:
-    """What a pickle holds in place of a scorer: its :func:`pickled_settings`, taken when pickled.
-
-    Adapters that share a scorer share one ``PickledScorer`` (:func:`pickled_scorer`), which pickle
-    writes once and reads back as one object; its first :meth:`load` loads the scorer and the others
-    get that same scorer. So a pickle of several adapters on one model (a retriever and a query engine,
-    a compressor pipeline) loads the model once, as the originals held it once.
-    """
-
-    def __init__(self, scorer: Any) -> None:
-        self._source: weakref.ref[Any] | None = weakref.ref(scorer)  # no stand-in keeps a scorer alive
-        self._settings: dict[str, Any] | None = None
-        self._loaded: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        scorer = self._source() if self._source is not None else None
-        # Taken now, not when the stand-in was made: the model may have been cast since.
-        settings = pickled_settings(scorer) if scorer is not None else self._settings
-        return {"settings": settings}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._source = None
-        self._settings = state["settings"]
-        self._loaded = None
-
-    def load(self, owner: str, build: Callable[..., Any]) -> Any:
-        """The scorer the settings describe, loaded on the first call (by ``build``)."""
-        if self._loaded is None:
-            self._loaded = scorer_for(owner, None, self._settings or {}, build=build)
-        return self._loaded
-
-
-_stand_ins: weakref.WeakKeyDictionary[Any, PickledScorer] = weakref.WeakKeyDictionary()
-_stand_ins_lock = threading.Lock()
-
-
-def pickled_scorer(scorer: Any) -> PickledScorer:
-    """The one :class:`PickledScorer` of ``scorer``, for every adapter that uses it."""
-    with _stand_ins_lock:
-        stand_in = _stand_ins.get(scorer)
-        if stand_in is None:
-            stand_in = _stand_ins[scorer] = PickledScorer(scorer)
-        return stand_in
-
-
-def secret_settings(scorer: Any) -> dict[str, Any]:
-    """The secrets ``scorer`` was given (``server_api_key``), as ``SecretStr``: for a pickle only.
-
-    A pickle moves an adapter to another process (Ray, multiprocessing), which must reach the same
-    server with the same key: without it the copy gets HTTP 401. LangChain draws the same line: a
-    pickled model keeps its ``SecretStr`` key, ``dumpd`` leaves it out. The secret stays a
-    ``SecretStr`` (pickled with its value), so that it shows in no repr or log on the way.
-    """
-    config = getattr(scorer, "config", None)
-    if not isinstance(config, ScorerConfig):
-        return {}
-    return {name: getattr(config, name) for name in sorted(_NOT_SAVED) if getattr(config, name) is not None}
-
-
-def _differing(scorer: Any, settings: Mapping[str, Any]) -> list[str]:
-    if not settings:
-        return []
-    config = getattr(scorer, "config", None)
-    if not isinstance(config, ScorerConfig):
-        return sorted(settings)  # nothing to compare with: any setting is a second source of truth
-    effective = saved_settings(scorer)
-    differing = []
-    for name, value in settings.items():
-        if name == "config":
-            if value != config:
-                differing.append(name)
-            continue
-        reference = effective.get(name, getattr(config, name, None))
-        try:
-            same = _normalised(name, value) == _normalised(name, reference)
-        except ValidationError:
-            same = False
-        if not same:
-            differing.append(name)
-    return sorted(differing)
-
-
-def _normalised(name: str, value: Any) -> Any:
-    return getattr(ScorerConfig.model_validate({name: value}), name)

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -41,12 +41,9 @@ from genscore_core import (
 )
 from genscore_integrations._scorer_args import (
     SCORER_SETTINGS,
-    PickledScorer,
     check_model,
     check_names,
-    pickled_scorer,
     plain_rank_options,
-    saved_settings,
     scorer_for,
     threshold_mode,
 )
@@ -104,42 +101,7 @@ def _saved(
     adapter: GenerativeReranker | GenerativeCrossEncoder, handler: SerializerFunctionWrapHandler
 ) -> dict[str, Any]:
     """The adapter's options and every setting of its scorer: the arguments that rebuild it."""
-    return {**saved_settings(adapter.scorer), **handler(adapter)}
-
-
-_Adapter = TypeVar("_Adapter", bound="GenerativeReranker | GenerativeCrossEncoder")
-
-# The key under which a pickle holds the scorer's settings (a PickledScorer) in place of the scorer.
-_SCORER_SETTINGS_STATE = "genscore_scorer_settings"
-
-
-def _pickled(adapter: GenerativeReranker | GenerativeCrossEncoder) -> dict[str, Any]:
-    """The pickle state of an adapter: pydantic's, with the scorer's settings in place of the scorer
-    (a loaded model with its locks and threads does not pickle), as ``GenerativeRerank`` does."""
-    state: dict[str, Any] = BaseModel.__getstate__(adapter)
-    state["__dict__"] = {key: value for key, value in state["__dict__"].items() if key != "scorer"}
-    # The API key too (see pickled_settings); one stand-in per scorer, so adapters sharing a scorer
-    # share one again after unpickling.
-    state[_SCORER_SETTINGS_STATE] = pickled_scorer(adapter.scorer)
-    return state
-
-
-def _unpickled(adapter: GenerativeReranker | GenerativeCrossEncoder, state: dict[str, Any]) -> None:
-    """Restore a pickle state, loading a scorer with the saved settings (the model is loaded again,
-    once for all the adapters of the pickle that shared a scorer)."""
-    state = dict(state)
-    stand_in: PickledScorer = state.pop(_SCORER_SETTINGS_STATE)
-    scorer = stand_in.load(type(adapter).__name__, build=GenerativeScorer)
-    state["__dict__"] = {**state["__dict__"], "scorer": scorer}
-    BaseModel.__setstate__(adapter, state)
-
-
-def _deep_copied(adapter: _Adapter, memo: dict[int, Any] | None = None) -> _Adapter:
-    """A deep copy of an adapter that shares its scorer: the options are copied, the loaded model is
-    not (a scorer serves any number of adapters at once, and its locks cannot be copied)."""
-    memo = {} if memo is None else memo
-    memo[id(adapter.scorer)] = adapter.scorer
-    return BaseModel.__deepcopy__(adapter, memo)
+    return {**adapter.scorer.settings(), **handler(adapter)}
 
 
 class GenerativeReranker(BaseDocumentCompressor):
@@ -156,7 +118,8 @@ class GenerativeReranker(BaseDocumentCompressor):
     ``model_dump()`` records the options and every setting of the scorer (not the weights), so
     ``GenerativeReranker(**reranker.model_dump())`` scores as ``reranker`` does;
     ``GenerativeReranker(**data, scorer=scorer)`` reuses a loaded scorer whose settings agree. A
-    pickle holds the same (unpickling loads the model again); ``copy.deepcopy`` shares the scorer.
+    pickle holds the same (the scorer pickles as its settings: unpickling loads the model again, once
+    for all the adapters of the pickle that share it); ``copy.deepcopy`` shares the scorer.
 
     The returned documents are copies, best first (ties keep input order). Each keeps its ``id``
     and gets a new metadata dict holding the input's entries (their values are the input's own
@@ -222,12 +185,6 @@ class GenerativeReranker(BaseDocumentCompressor):
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _saved(self, handler)
-
-    # A pickle holds the options and the scorer's settings (unpickling loads the model again); a deep
-    # copy shares the scorer.
-    __getstate__ = _pickled
-    __setstate__ = _unpickled
-    __deepcopy__ = _deep_copied
 
     def compress_documents(
         self,
@@ -362,12 +319,6 @@ class GenerativeCrossEncoder(BaseCrossEncoder, BaseModel):
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _saved(self, handler)
-
-    # A pickle holds the options and the scorer's settings (unpickling loads the model again); a deep
-    # copy shares the scorer.
-    __getstate__ = _pickled
-    __setstate__ = _unpickled
-    __deepcopy__ = _deep_copied
 
     def score(self, text_pairs: list[tuple[str, str]]) -> list[float]:
         """Each (query, document) pair's relevance, in input order: a probability in [0, 1], or the

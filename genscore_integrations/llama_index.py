@@ -40,9 +40,7 @@ from genscore_core import (
 from genscore_integrations._scorer_args import (
     check_model,
     check_names,
-    pickled_scorer,
     plain_rank_options,
-    saved_settings,
     scorer_for,
     threshold_mode,
 )
@@ -57,9 +55,6 @@ the scorer chunks long documents (``long_documents="chunk"``; hidden from embedd
 
 dispatcher = get_dispatcher(__name__)
 logger = logging.getLogger(__name__)
-
-# The key under which a pickle holds the scorer's settings (a PickledScorer) in place of the scorer.
-_SCORER_STATE = "genscore_scorer_settings"
 
 # The constructor's own parameters; every other keyword must be a scorer setting.
 _OWN_PARAMETERS = (
@@ -196,22 +191,15 @@ class GenerativeRerank(BaseNodePostprocessor):
         A ``server_api_key`` is not written; pass it to ``from_dict`` again.
         """
         data = super().to_dict(**kwargs)
-        settings = (
-            saved_settings(self._scorer)
-            if isinstance(getattr(self._scorer, "config", None), ScorerConfig)
-            else {}
-        )
+        settings = self._scorer.settings() if callable(getattr(self._scorer, "settings", None)) else {}
         settings.pop("model", None)  # the field already holds the scorer's model name
         return {**settings, **data}
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle the options and the scorer's settings, not the scorer: unpickling then loads a scorer that
-        scores the same (once for all the adapters of the pickle that shared one, see ``PickledScorer``)."""
+        """Pickle the options and the scorer, which pickles as its settings (the API key too): unpickling
+        loads a scorer that scores the same, once for all the adapters of the pickle that shared one."""
         # pydantic's state, not LlamaIndex's: that one test-pickles every attribute, the model included.
         state: dict[str, Any] = BaseModel.__getstate__(self)
-        state["__pydantic_private__"] = {
-            key: value for key, value in (state.get("__pydantic_private__") or {}).items() if key != "_scorer"
-        }
         fields = dict(state["__dict__"])
         # As LlamaIndex's own components do: a field that does not pickle (a callback manager whose
         # handler holds a lock or a client; query engines set theirs on every postprocessor) is left
@@ -221,22 +209,14 @@ class GenerativeRerank(BaseNodePostprocessor):
                 logger.warning("GenerativeRerank pickled without its %s, which does not pickle", key)
                 del fields[key]
         state["__dict__"] = fields
-        state[_SCORER_STATE] = pickled_scorer(self._scorer)  # the API key too: see pickled_settings
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """Rebuild from the pickled options and settings, loading the scorer; an error doing so (the model
-        folder missing on this machine, say) reaches the caller. LlamaIndex's ``__setstate__`` would catch
-        it and fall back to pydantic's, leaving a postprocessor with no scorer."""
-        scorer = state[_SCORER_STATE].load("GenerativeRerank", build=GenerativeScorer)
+        """Rebuild from the pickled options and the scorer pickle has loaded (an error loading it, the
+        model folder missing on this machine, say, reached the caller then). LlamaIndex's
+        ``__setstate__`` would fall back to pydantic's and keep a callback manager left out."""
+        scorer = (state.get("__pydantic_private__") or {})["_scorer"]
         GenerativeRerank.__init__(self, scorer=scorer, **state["__dict__"])
-
-    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> GenerativeRerank:
-        """A copy with copied options that shares the scorer: a scorer serves any number of adapters at
-        once, and its loaded model and locks are not to be copied (pickling reloads it instead)."""
-        memo = {} if memo is None else memo
-        memo[id(self._scorer)] = self._scorer
-        return BaseModel.__deepcopy__(self, memo)
 
     @classmethod
     def class_name(cls) -> str:

@@ -57,7 +57,7 @@ except ImportError as exc:
     ) from exc
 
 from genscore_core.backend import ScoringJob
-from genscore_core.config import DEFAULT_MODEL, ScorerConfig
+from genscore_core.config import DEFAULT_MODEL, LocalSettings, ScorerConfig
 from genscore_core.engine import ScoringEngine, StreamedJob
 from genscore_core.errors import ConfigurationError, InvalidRequestError, ScoreRangeError
 from genscore_core.jobs.files import (
@@ -171,10 +171,10 @@ class ScoreBatches:
         self.score_column = score_column
         self.id_column = id_column
         config = ScorerConfig(model=model or DEFAULT_MODEL, **settings)
-        local = config.server_url is None
+        local = config.local
         if warm_up is None:
-            warm_up = local and resolve_device(config.device).type == "cuda"
-        elif warm_up and not local:
+            warm_up = local is not None and resolve_device(local.device).type == "cuda"
+        elif warm_up and local is None:
             raise InvalidRequestError(
                 "warm_up=True needs the model in this actor, not a server_url", param="warm_up"
             )
@@ -313,7 +313,9 @@ def _load_warmed(config: ScorerConfig, timings: dict[str, float]) -> GenerativeS
         max_chars_per_token(tokenizer)
         return timed("tokenizer", started, tokenizer)
 
-    device = resolve_device(config.device)
+    local = config.local
+    assert local is not None, "only a model loaded here is warmed up"
+    device = resolve_device(local.device)
     started = time.perf_counter()
     with ThreadPoolExecutor(1, thread_name_prefix="genscore-startup") as pool:
         # A preloaded worker has done this already (then it returns at once).
@@ -321,7 +323,7 @@ def _load_warmed(config: ScorerConfig, timings: dict[str, float]) -> GenerativeS
         causal_lm = load_causal_lm(
             config.model,
             device=device,
-            dtype=resolve_dtype(config.dtype, device),
+            dtype=resolve_dtype(local.dtype, device),
             trust_remote_code=config.trust_remote_code,
             show_progress=config.show_progress,
         )
@@ -332,7 +334,7 @@ def _load_warmed(config: ScorerConfig, timings: dict[str, float]) -> GenerativeS
         if triton is not None:
             triton.result()
         loaded_tokenizer = tokenizer.result()
-    return GenerativeScorer.from_model(causal_lm, loaded_tokenizer, **config.model_dump(exclude_unset=True))
+    return GenerativeScorer.from_model(causal_lm, loaded_tokenizer, config=config)
 
 
 WARM_UP_PROMPT_TOKENS = 320
@@ -350,9 +352,9 @@ def warm_up_model(causal_lm: Any, config: ScorerConfig) -> None:
     each later one twice as large), so each batch size a real call runs is run once. No tokenizer
     is needed, so this can run while it loads.
     """
-    engine = ScoringEngine.for_model(causal_lm, config, pad_token_id=0)
+    engine = ScoringEngine.for_model(causal_lm, config.local or LocalSettings(), pad_token_id=0)
     positions = getattr(causal_lm.config, "max_position_embeddings", None) or WARM_UP_PROMPT_TOKENS
-    length = max(2, min(WARM_UP_PROMPT_TOKENS, config.max_length or positions, positions))
+    length = max(2, min(WARM_UP_PROMPT_TOKENS, config.prompt.max_length or positions, positions))
     budget = engine.forward.max_batch_tokens
     target, total = min(FIRST_BATCH_TOKENS, budget), 0
     while target < budget:

@@ -15,6 +15,7 @@ import pytest
 from genscore_core import ConfigurationError, GenerativeScorer, ScorerConfig
 from genscore_core.cli import build_parser
 from genscore_core.cli_args import config_settings, flag_of
+from genscore_core.config import SETTING_FIELDS
 from tests.helpers.recipe_ranking import RecipeReference, assert_ranked_like_recipe
 from tests.helpers.server import free_port
 
@@ -138,7 +139,7 @@ def test_every_config_field_is_a_flag_with_the_fields_help_and_choices(command: 
     parser = _subcommand(command)
     flags = {option: action for action in parser._actions for option in action.option_strings}
     # show_progress is the one field left out: rerank decides it from --no-progress, a server has no bar.
-    fields = {name: field for name, field in ScorerConfig.model_fields.items() if name != "show_progress"}
+    fields = {name: field for name, field in SETTING_FIELDS.items() if name != "show_progress"}
     assert "--show-progress" not in flags
     for name, field in fields.items():
         action = flags[flag_of(name)]
@@ -178,7 +179,7 @@ def test_given_flags_become_config_fields_and_absent_ones_keep_the_config_defaul
         ScorerConfig(**settings)
     del settings["server_max_retries"]
     config = ScorerConfig(**settings)
-    assert config.model_fields_set == set(settings) and config.max_length is None
+    assert config.given_settings() == set(settings) and config.prompt.max_length is None
 
 
 def test_a_bad_setting_is_one_line_naming_the_flag(tiny_model_dir: Path) -> None:

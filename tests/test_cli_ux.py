@@ -269,7 +269,7 @@ def test_the_bar_counts_documents_and_shows_the_time_left(
     documents = [{"text": f"Passage {i} about rivers and the towns along them."} for i in range(40)]
     records = [QueryRecord("Which river?", documents[:25]), QueryRecord("Which town?", documents[25:])]
     # All 40 prompts fit one batch of the engine: a bar moved by batches would jump from 0 to 40.
-    assert scorer.config.max_batch_tokens > 40 * 64
+    assert scorer.config.run.max_batch_tokens > 40 * 64
     rankings = rank_queries(scorer, records, top_n=None, progress=True)
     states = [(int(n), rest) for n, rest in re.findall(r"(\d+)/40 (\[[^\]]*\])", capsys.readouterr().err)]
     counts = [n for n, _ in states]

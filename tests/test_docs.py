@@ -166,10 +166,10 @@ def test_every_flag_named_in_the_docs_exists() -> None:
 def test_every_flag_of_every_command_is_documented() -> None:
     # The scorer flags are ScorerConfig's fields (each command's --help lists them with their docs);
     # every other flag is the command's own and must be explained somewhere.
-    from genscore_core.config import ScorerConfig
+    from genscore_core.config import SETTING_FIELDS
 
     scorer_flags = {"--batch-tokens"} | {
-        f"--{prefix}{name.replace('_', '-')}" for name in ScorerConfig.model_fields for prefix in ("", "no-")
+        f"--{prefix}{name.replace('_', '-')}" for name in SETTING_FIELDS for prefix in ("", "no-")
     }
     text = "\n".join(page.read_text() for page in CLAIM_PAGES)
     missing = [
@@ -200,26 +200,68 @@ def test_serve_flag_table_gives_the_parser_defaults() -> None:
 
 
 def test_setting_tables_give_every_setting_its_config_default() -> None:
-    from genscore_core.config import ScorerConfig
+    from genscore_core.config import (
+        SETTING_FIELDS,
+        LocalSettings,
+        PromptSettings,
+        ServerSettings,
+        setting_default,
+    )
 
-    fields = ScorerConfig.model_fields
+    def part_of(name: str) -> str:
+        """The typed part a flat setting belongs to."""
+        for part in (PromptSettings, LocalSettings):
+            if name in part.model_fields:
+                return part.__name__
+        return ServerSettings.__name__ if name.startswith("server_") else "ScorerConfig"
+
     checked = 0
     tabled = set()
     for page in CLAIM_PAGES:
-        for row in _table_rows(page):
-            name = row[0].strip("`")
-            if name in fields and len(row) >= 3:
-                tabled.add(name)
-            if name in fields and name != "max_length" and len(row) >= 3:
-                default = fields[name].default
-                shown = row[1].strip("`").strip('"')
-                assert shown in {str(default), repr(default).strip("'")} or float(shown) == default, (
-                    f"{page.name}: {name} default {row[1]}, ScorerConfig {default!r}"
-                )
-                checked += 1
+        for intro, rows in _tables_with_intro(page.read_text()):
+            for row in rows:
+                name = row[0].strip("`")
+                if name not in SETTING_FIELDS or len(row) < 3:
+                    continue
+                if f"`{part_of(name)}`" in intro:  # in the table of its part (PromptSettings, ...)
+                    tabled.add(name)
+                if name != "max_length":
+                    default = setting_default(name)
+                    shown = row[1].strip("`").strip('"')
+                    assert shown in {str(default), repr(default).strip("'")} or float(shown) == default, (
+                        f"{page.name}: {name} default {row[1]}, ScorerConfig {default!r}"
+                    )
+                    checked += 1
     assert checked >= 5
-    # A new setting gets a row with its default (docs/python.md; the server_* ones in docs/scaling.md).
-    assert set(fields) <= tabled, f"settings in no table: {sorted(set(fields) - tabled)}"
+    # A new setting gets a row with its default in the table of its part (docs/python.md; the
+    # ServerSettings in docs/scaling.md), whose introduction names the part.
+    assert set(SETTING_FIELDS) <= tabled, (
+        f"settings in no table of their part: {sorted(set(SETTING_FIELDS) - tabled)}"
+    )
+
+
+def _tables_with_intro(text: str) -> list[tuple[str, list[list[str]]]]:
+    """Each table of ``text`` whose first cell is code, with the paragraph just above it."""
+    tables: list[tuple[str, list[list[str]]]] = []
+    paragraph: list[str] = []
+    ended = False  # a blank line ended the paragraph: the next prose line starts another
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            tables.append((" ".join(paragraph), _table_rows_of("\n".join(_table_lines(lines, i)))))
+        if not line.strip():
+            ended = True
+        elif not line.startswith("|"):
+            paragraph = [line] if ended else [*paragraph, line]
+            ended = False
+    return [(intro, [row for row in rows if row[0].startswith("`")]) for intro, rows in tables]
+
+
+def _table_lines(lines: list[str], start: int) -> list[str]:
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return lines[start:end]
 
 
 def test_adapter_docs_list_every_scorer_setting() -> None:
@@ -427,7 +469,7 @@ def test_blocks_not_run_call_genscore_as_it_is_defined(block: Block) -> None:
     import ast
     import inspect
 
-    from genscore_core.config import ScorerConfig
+    from genscore_core.config import scorer_setting_names
 
     tree = ast.parse(block.code)
     names: dict[str, object] = {}
@@ -448,7 +490,7 @@ def test_blocks_not_run_call_genscore_as_it_is_defined(block: Block) -> None:
         bound = signature.bind(*[None] * len(call.args), **keywords)
         for name, parameter in signature.parameters.items():
             if parameter.kind is inspect.Parameter.VAR_KEYWORD and name in bound.arguments:
-                unknown = set(bound.arguments[name]) - set(ScorerConfig.model_fields)
+                unknown = set(bound.arguments[name]) - scorer_setting_names()
                 assert not unknown, f"{block.where}: {call.func.id}(...) gets settings {unknown}"
 
 
@@ -482,9 +524,9 @@ def test_tables_of_choices_list_every_choice(page: str, header: str, choices: Ca
 
 
 def _field(name: str) -> object:
-    from genscore_core.config import ScorerConfig
+    from genscore_core.config import SETTING_FIELDS
 
-    return ScorerConfig.model_fields[name].annotation
+    return SETTING_FIELDS[name].annotation
 
 
 def _templates() -> list[str]:

@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from genscore_core import ConfigurationError, GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_core.batching import left_pad, length_sorted_batches
+from genscore_core.config import SETTING_FIELDS
 from genscore_core.engine import distinct_prompts
 from genscore_core.loading import resolve_device, resolve_dtype
 from tests.helpers.model_gate import ModelGate
@@ -223,8 +224,8 @@ def test_an_unknown_dtype_is_refused_with_the_settings_before_any_loading() -> N
         GenerativeScorer(
             "/nonexistent/model/folder", dtype="float64"
         )  # refused before the folder is looked at
-    assert ScorerConfig(dtype=torch.bfloat16).dtype == "bfloat16"
-    assert ScorerConfig(dtype="BF16").dtype == "BF16" and ScorerConfig(dtype="auto").dtype == "auto"
+    assert ScorerConfig(dtype=torch.bfloat16).run.dtype == "bfloat16"
+    assert ScorerConfig(dtype="BF16").run.dtype == "BF16" and ScorerConfig(dtype="auto").run.dtype == "auto"
     assert set(DTYPE_NAMES) == set(_DTYPES)
 
 
@@ -234,7 +235,7 @@ def test_a_server_timeout_beyond_a_day_is_refused_with_the_settings(seconds: flo
     # traceback at the first request, naming no setting.
     with pytest.raises(ValidationError, match="server_timeout"):
         ScorerConfig(server_timeout=seconds)
-    assert ScorerConfig(server_url=URL, server_timeout=86_400).server_timeout == 86_400
+    assert ScorerConfig(server_url=URL, server_timeout=86_400).run.timeout == 86_400
 
 
 URL = "http://127.0.0.1:9"
@@ -271,12 +272,12 @@ def test_a_server_setting_is_refused_without_a_server_url(name: str, value: Any)
     assert caught.value.setting == name
     assert name in caught.value.message and "server_url" in caught.value.message
     assert "key" not in caught.value.message.replace("server_api_key", "")  # a secret is not shown
-    assert getattr(ScorerConfig(server_url=URL, **{name: value}), name) is not None
+    assert ScorerConfig(server_url=URL, **{name: value}).to_settings()[name] is not None
 
 
 def test_every_setting_that_names_the_server_is_a_server_setting() -> None:
     # A server_* field added later is covered: the check reads the names, not a list kept here.
-    servers = {name for name in ScorerConfig.model_fields if name.startswith("server_")} - {"server_url"}
+    servers = {name for name in SETTING_FIELDS if name.startswith("server_")} - {"server_url"}
     assert servers == set(SERVER_ONLY)
 
 
@@ -286,12 +287,16 @@ def test_settings_at_their_defaults_pass_either_way() -> None:
     remote = ScorerConfig(server_url=URL, server_kind="sglang", server_timeout=5.0)
     assert ScorerConfig(**remote.model_dump()) == remote
     assert ScorerConfig(**remote.model_dump(mode="json")) == remote
+    assert ScorerConfig(**remote.to_settings(every=True)) == remote  # every setting, flat
     local = ScorerConfig(device="cpu", forward="padded")
     assert ScorerConfig(**local.model_dump()) == local
-    assert ScorerConfig(server_url=URL, device="auto", dtype="auto").server_url == URL
+    assert ScorerConfig(**local.to_settings(every=True)) == local
+    assert ScorerConfig(server_url=URL, device="auto", dtype="auto").run.url == URL
     # Settings of the prompts, the progress bar and the tokenizer apply to both.
     both = {"max_length": 64, "trust_remote_code": True, "show_progress": True, "long_documents": "chunk"}
-    assert ScorerConfig(server_url=URL, **both).max_length == ScorerConfig(**both).max_length == 64
+    assert (
+        ScorerConfig(server_url=URL, **both).prompt.max_length == ScorerConfig(**both).prompt.max_length == 64
+    )
     with pytest.raises(ConfigurationError, match=r"device='cpu', dtype='float16'") as caught:
         ScorerConfig(server_url=URL, device="cpu", dtype="float16")
     assert caught.value.setting == "device"
@@ -318,7 +323,7 @@ async def test_arerank_does_not_block_the_event_loop(scorer: GenerativeScorer) -
 
 
 def test_auto_forward_picks_packed_for_qwen3(scorer: GenerativeScorer) -> None:
-    assert scorer.config.forward == "auto"
+    assert scorer.config.run.forward == "auto"
     assert type(scorer.engine.forward).__name__ == "PackedForward"
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from genscore_core.config import ScorerConfig
+from genscore_core.config import LocalSettings
 from genscore_core.engine import select_forward
 from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup
 from genscore_core.packed import PackedForward
@@ -33,7 +33,7 @@ def qwen3(tiny_model_dir: Path) -> Any:
 
 
 def _forward(model: Any, kind: str, budget: int) -> ForwardStrategy[Any, Any]:
-    forward = select_forward(model, ScorerConfig(forward=kind, max_batch_tokens=budget), pad_token_id=0)
+    forward = select_forward(model, LocalSettings(forward=kind, max_batch_tokens=budget), pad_token_id=0)
     assert type(forward) is {"padded": PaddedForward, "packed": PackedForward}[kind]
     return forward
 
@@ -192,7 +192,7 @@ def test_a_decoder_without_a_final_norm_module_is_cast() -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2))
     model = model.to(torch.bfloat16).eval()
-    forward = select_forward(model, ScorerConfig(forward="auto"), pad_token_id=0)
+    forward = select_forward(model, LocalSettings(forward="auto"), pad_token_id=0)
     assert isinstance(forward, PaddedForward) and forward.final_norm is None
     groups = [PrefixGroup([1, 2, 3], [[4, 5], [6]])]
     got = forward.last_hidden_states(groups)

@@ -21,7 +21,7 @@ _MEASURE = """
 import json, resource, sys
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
-from genscore_core.config import ScorerConfig
+from genscore_core.config import LocalSettings
 from genscore_core.engine import ScoringEngine, ScoringJob
 
 def resident(key):
@@ -38,7 +38,7 @@ config = Qwen3Config(
     num_key_value_heads=8, head_dim=16, max_position_embeddings=length + 1,
 )
 model = Qwen3ForCausalLM(config).eval()
-engine = ScoringEngine.for_model(model, ScorerConfig(forward=kind), pad_token_id=0)
+engine = ScoringEngine.for_model(model, LocalSettings(forward=kind), pad_token_id=0)
 forward = engine.forward
 job = ScoringJob([torch.randint(0, 1000, (length,)).tolist()], [5, 6])
 try:

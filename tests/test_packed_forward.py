@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 import genscore_core.packed.forward as packed_forward_module
 from genscore_core import GenerativeScorer
-from genscore_core.config import ScorerConfig
+from genscore_core.config import LocalSettings
 from genscore_core.engine import select_forward
 from genscore_core.forward import PaddedForward, PrefixGroup
 from genscore_core.kernels.attention import DEFAULT_TILING
@@ -219,17 +219,17 @@ def test_unsupported_architecture_falls_back() -> None:
     assert not supports(model) and "gpt2" in (unsupported_reason(model) or "")
     with pytest.raises(ValueError):
         PackedForward(model)
-    forward = select_forward(model, ScorerConfig(forward="packed"), pad_token_id=0)
+    forward = select_forward(model, LocalSettings(forward="packed"), pad_token_id=0)
     assert isinstance(forward, PaddedForward)
 
 
 def test_selection(qwen3: Any) -> None:
-    packed = select_forward(qwen3, ScorerConfig(forward="packed"), 0)
+    packed = select_forward(qwen3, LocalSettings(forward="packed"), 0)
     assert isinstance(packed, PackedForward) and packed.max_batch_tokens == DEFAULT_MAX_BATCH_TOKENS
-    chosen = select_forward(qwen3, ScorerConfig(forward="packed", max_batch_tokens=1000), 0)
+    chosen = select_forward(qwen3, LocalSettings(forward="packed", max_batch_tokens=1000), 0)
     assert isinstance(chosen, PackedForward) and chosen.max_batch_tokens == 1000
-    assert isinstance(select_forward(qwen3, ScorerConfig(), 0), PackedForward)  # "auto", on the CPU too
-    assert isinstance(select_forward(qwen3, ScorerConfig(forward="padded"), 0), PaddedForward)
+    assert isinstance(select_forward(qwen3, LocalSettings(), 0), PackedForward)  # "auto", on the CPU too
+    assert isinstance(select_forward(qwen3, LocalSettings(forward="padded"), 0), PaddedForward)
 
 
 # -- options (passed in, never patched onto the class) ----------------------------------------------

@@ -242,7 +242,8 @@ def _manifest(options: ScoreFileOptions, fmt: FileFormat, config: ScorerConfig) 
         "format": fmt,
         "columns": [options.query_column, options.document_column, options.score_column],
         "chunk_size": options.chunk_size,
-        "scorer": config.model_dump(mode="json", exclude={"show_progress", "server_api_key"}),
+        # Every setting by its flat name, as before the settings were typed: a run started then resumes.
+        "scorer": config.to_settings(mode="json", exclude={"show_progress", "server_api_key"}, every=True),
     }
 
 

@@ -21,7 +21,7 @@ from genscore_core.config import SERVER_KINDS, ServerKind
 from genscore_core.errors import RemoteConfigurationError, RemoteScoringError
 
 if TYPE_CHECKING:
-    from genscore_core.config import ScorerConfig
+    from genscore_core.config import ServerSettings
 
 __all__ = [
     "SERVER_KINDS",
@@ -33,30 +33,28 @@ __all__ = [
 ]
 
 
-def make_backend(config: ScorerConfig, **transport_options: Any) -> ScoringBackend:
-    """The client of ``config.server_url`` for ``config.server_kind``.
+def make_backend(server: ServerSettings, **transport_options: Any) -> ScoringBackend:
+    """The client of ``server.url`` for ``server.kind``.
 
     ``transport_options`` go to :class:`~genscore_core.remote.transport.HttpTransport` (``backoff``,
     ``max_backoff``, test transports).
     """
-    if config.server_url is None:
-        raise ValueError("config.server_url is not set")
     from genscore_core.remote.transport import HttpTransport
 
-    api_key = config.server_api_key.get_secret_value() if config.server_api_key is not None else None
+    api_key = server.api_key.get_secret_value() if server.api_key is not None else None
     http = HttpTransport(
-        config.server_url,
-        timeout=config.server_timeout,
-        max_retries=config.server_max_retries,
+        server.url,
+        timeout=server.timeout,
+        max_retries=server.max_retries,
         api_key=api_key,
         **transport_options,
     )
-    options: dict[str, Any] = {"model": config.server_model, "batch_size": config.server_batch_size}
-    if config.server_kind in ("genscore", "vllm"):
+    options: dict[str, Any] = {"model": server.model, "batch_size": server.batch_size}
+    if server.kind in ("genscore", "vllm"):
         from genscore_core.remote.generative import GenerativeScoringClient
 
-        return GenerativeScoringClient(http, kind=config.server_kind, **options)
-    if config.server_kind == "sglang":
+        return GenerativeScoringClient(http, kind=server.kind, **options)
+    if server.kind == "sglang":
         from genscore_core.remote.sglang import SGLangScoreClient
 
         return SGLangScoreClient(http, **options)

@@ -379,7 +379,7 @@ def create_app(
     errors = {
         **SCORING_ERRORS,
         **auth_errors,
-        **(GATEWAY_ERRORS if scorer.config.server_url is not None else {}),
+        **(GATEWAY_ERRORS if scorer.config.server is not None else {}),
     }
     scoring: dict[str, Any] = {"response_model": GenerativeScoringResponse, "responses": errors}
 

@@ -33,7 +33,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from pydantic import PrivateAttr
 
 import genscore_integrations.langchain as lc
-from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig
+from genscore_core import GenerativeScorer, InvalidRequestError, ScorerConfig, scorer_setting_names
 from genscore_integrations.langchain import GenerativeCrossEncoder, GenerativeReranker
 from tests.helpers.model_gate import ModelGate
 from tests.helpers.recipe_ranking import (
@@ -147,14 +147,20 @@ def test_built_from_model_settings(
         top_n=2,
     )
     config = reranker.scorer.config
-    assert (config.model, config.template, config.max_length, config.device, config.dtype) == (
+    assert (
+        config.model,
+        config.prompt.template,
+        config.prompt.max_length,
+        config.run.device,
+        config.run.dtype,
+    ) == (
         str(tiny_model_dir),
         "qwen3-reranker",
         512,
         "cpu",
         "float32",
     )
-    assert config.instruction == instruction
+    assert config.prompt.instruction == instruction
     out = reranker.compress_documents(docs, QUERY)
     # The instruction reached the prompt: the recipe scores with it (and not with the card's default).
     scores = recipe_scores(recipe, docs, instruction=instruction)
@@ -171,7 +177,13 @@ def test_settings_are_forwarded_to_the_scorer(cls: Any, tiny_model_dir: Path) ->
     )
     assert isinstance(adapter.scorer, GenerativeScorer)
     config = adapter.scorer.config
-    assert (config.model, config.instruction, config.device, config.dtype, config.max_length) == (
+    assert (
+        config.model,
+        config.prompt.instruction,
+        config.run.device,
+        config.run.dtype,
+        config.prompt.max_length,
+    ) == (
         str(tiny_model_dir),
         "Judge it",
         "cpu",
@@ -187,11 +199,16 @@ def test_settings_are_forwarded_to_the_scorer(cls: Any, tiny_model_dir: Path) ->
 def test_every_scorer_setting_is_accepted(cls: Any, tiny_model_dir: Path) -> None:
     """Settings come from ScorerConfig, so new ones (e.g. the server settings) need no adapter change."""
     settings = {"server_url": "http://127.0.0.1:8000", "server_kind": "vllm", "query_share": 0.5}
-    assert set(settings) <= set(ScorerConfig.model_fields)
+    assert set(settings) <= set(scorer_setting_names())
     # A scorer with server_url loads only the tokenizer and reaches the server when it scores, so
     # building one needs no server.
     adapter = cls(model=str(tiny_model_dir), **settings)
-    assert {name: getattr(adapter.scorer.config, name) for name in settings} == settings
+    assert {name: adapter.scorer.config.to_settings()[name] for name in settings} == settings
+    # Each landed in its typed part.
+    assert (adapter.scorer.config.server.url, adapter.scorer.config.prompt.query_share) == (
+        settings["server_url"],
+        0.5,
+    )
     assert adapter.scorer.config.model == str(tiny_model_dir)
 
 

@@ -183,7 +183,10 @@ def test_built_from_model_settings(
 def test_settings_and_config_are_forwarded(tiny_model_dir: Path, recipe: RecipeReference) -> None:
     from_settings = GenerativeRerank(str(tiny_model_dir), device="cpu", max_batch_size=4, top_n=None)
     assert from_settings.model == from_settings.scorer.config.model == str(tiny_model_dir)
-    assert (from_settings.scorer.config.device, from_settings.scorer.config.max_batch_size) == ("cpu", 4)
+    assert (from_settings.scorer.config.run.device, from_settings.scorer.config.run.max_batch_size) == (
+        "cpu",
+        4,
+    )
     config = ScorerConfig(model=str(tiny_model_dir), device="cpu", dtype="float32", max_length=512)
     from_config = GenerativeRerank(config=config, top_n=None)
     assert from_config.scorer.config == config

@@ -27,6 +27,7 @@ from genscore_core import (
     ScoringJob,
 )
 from genscore_core.backend import ProgressCallback
+from genscore_core.config import SETTING_FIELDS
 from tests.helpers.reference_recipe import official_qwen3_scores
 
 QUERY = "capital of france"
@@ -270,14 +271,14 @@ def test_a_bool_is_not_a_number_setting(name: str) -> None:
             ScorerConfig(**{name: flag}, **server)
         assert [error["loc"] for error in caught.value.errors()] == [(name,)]
     usable = {"query_share": 0.5, "server_timeout": 2.5}.get(name, 3)
-    assert getattr(ScorerConfig(**{name: usable}, **server), name) == usable
+    assert ScorerConfig(**{name: usable}, **server).to_settings()[name] == usable
 
 
 def test_every_number_setting_is_guarded_against_bools() -> None:
     # A numeric setting added later is covered too: the guard reads the fields' types.
     numeric = {
         name
-        for name, field in ScorerConfig.model_fields.items()
+        for name, field in SETTING_FIELDS.items()
         if (isinstance(field.default, (int, float)) and not isinstance(field.default, bool))
         or name == "max_length"
     }

@@ -56,7 +56,7 @@ def test_rotary_models_may_run_past_max_position_embeddings(tiny_model_dir: Path
 def test_a_torch_dtype_is_a_dtype_setting(tiny_model_dir: Path) -> None:
     # Before: pydantic refused torch.bfloat16 ("Input should be a valid string") although the loader
     # takes a torch dtype, as transformers' from_pretrained does.
-    assert ScorerConfig(dtype=torch.bfloat16).dtype == "bfloat16"
+    assert ScorerConfig(dtype=torch.bfloat16).run.dtype == "bfloat16"
     scorer = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype=torch.float32, max_length=512)
     assert scorer.model.dtype == torch.float32
     pairs = [("what do cats eat?", "Cats eat fish."), ("what do cats eat?", "The sky is blue.")]

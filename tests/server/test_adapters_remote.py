@@ -48,7 +48,7 @@ async def test_langchain_reranker_scores_through_the_server(
     remote = GenerativeReranker(
         model=str(tiny_model_dir), server_url=live_server.url, max_length=512, top_n=2
     )
-    assert remote.scorer.config.server_url == live_server.url
+    assert remote.scorer.config.run.url == live_server.url
     assert not hasattr(remote.scorer, "model")
     local = GenerativeReranker(scorer=scorer, top_n=2)
     want = [(d.id, d.metadata) for d in local.compress_documents(_documents(), QUERY)]
@@ -62,7 +62,7 @@ async def test_llama_index_rerank_scores_through_the_server(
     remote = GenerativeRerank(
         model=str(tiny_model_dir), server_url=live_server.url, server_kind="vllm", max_length=512, top_n=2
     )
-    assert remote.scorer.config.server_kind == "vllm"
+    assert remote.scorer.config.run.kind == "vllm"
     local = GenerativeRerank(scorer=scorer, top_n=2)
     want = [(n.node.node_id, n.score) for n in local.postprocess_nodes(_nodes(), query_str=QUERY)]
     assert [(n.node.node_id, n.score) for n in remote.postprocess_nodes(_nodes(), query_str=QUERY)] == want
