@@ -14,14 +14,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from genscore_core import GenerativeScorer, PromptTooLongError, ScoreRangeError
-from genscore_core.backend import ScoringJob
-from genscore_core.engine import StreamedJob
-from genscore_core.engine import shared_prefix_length as list_prefix_length
+from genscore_core.backend import JobPart, ScoringJob, StreamedJob
 from genscore_core.forward import PrefixGroup
 from genscore_core.packed.plan import GroupSlice, build_batch
+from genscore_core.prefixes import shared_prefix_length as list_prefix_length
 from genscore_core.streaming import (
     BatchPlanner,
-    JobPart,
     Prefetcher,
     RowKey,
     StreamBatch,

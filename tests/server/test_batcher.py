@@ -9,12 +9,12 @@ from collections.abc import Sequence
 import pytest
 
 from genscore_core import GenerativeScorer
-from genscore_core.engine import ScoringJob
+from genscore_core.backend import ScoringBackend, ScoringJob
 from genscore_core.forward import ProgressCallback
 from genscore_core.server import RequestBatcher, ServerBusyError
 
 
-class RecordingBackend:
+class RecordingBackend(ScoringBackend):
     """Scores each prompt by its first token; records the jobs of every call."""
 
     def __init__(self, fail_on: int | None = None, delay: float = 0.0) -> None:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from genscore_core import GenerativeScorer
-from genscore_core.engine import ScoringJob
+from genscore_core.backend import ScoringBackend, ScoringJob
 from genscore_core.errors import ServerBusyError
 from genscore_core.forward import ProgressCallback
 from genscore_core.server import RequestBatcher, ServerLimits, create_app
@@ -20,7 +20,7 @@ from genscore_core.server import RequestBatcher, ServerLimits, create_app
 from ._support import LiveServer, serve_in_thread
 
 
-class SteppedBackend:
+class SteppedBackend(ScoringBackend):
     """Scores each prompt by its first token and runs one call per :meth:`step`, so a test decides
     what is queued while each call runs."""
 
