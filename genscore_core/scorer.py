@@ -269,6 +269,7 @@ class GenerativeScorer:
         top_n: int | None = None,
         score_threshold: float | None = None,
         max_tokens_per_doc: int | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> RankedResults:
         """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``.
 
@@ -277,6 +278,8 @@ class GenerativeScorer:
 
         ``max_tokens_per_doc`` cuts each document after that many of its own tokens first (Cohere's and
         vLLM's rerank option); ``long_documents="chunk"`` then splits what still does not fit.
+        ``max_prompt_tokens`` bounds the prompt tokens of the call's chunked documents, refusing a
+        document that takes it past before the rest is tokenized (:meth:`ScoringFrontEnd.prepare_pairs`).
 
         Raises:
             InvalidRequestError: A bad option (``param`` names it) or document (``index`` says which).
@@ -284,9 +287,11 @@ class GenerativeScorer:
                 range (``param`` and ``index`` name the document).
         """
         check_rank_options(top_n, score_threshold, score_mode=self.score_mode)
+        check_token_count(max_prompt_tokens, "max_prompt_tokens")  # truncation never reads it: check it here
         check_text(query, "query")
         documents = _documents(documents)
-        scored = self._score_texts([(query, document) for document in documents], max_tokens_per_doc)
+        pairs = [(query, document) for document in documents]
+        scored = self._score_texts(pairs, max_tokens_per_doc, max_prompt_tokens=max_prompt_tokens)
         return rank_results(
             query, documents, scored, top_n=top_n, score_threshold=score_threshold, score_mode=self.score_mode
         )
@@ -351,11 +356,13 @@ class GenerativeScorer:
         pairs: Sequence[tuple[str, str]],
         max_tokens_per_doc: int | None = None,
         *,
+        max_prompt_tokens: int | None = None,
         also: ProgressCallback | None = None,
         param: str = "documents",
     ) -> Sequence[tuple[float, PromptInfo]]:
         """(score, prompt) of each pair in input order; ``also`` is called with the progress too.
-        ``param`` names the pairs in errors about their scores.
+        ``param`` names the pairs in errors about their scores; ``max_prompt_tokens`` bounds chunked
+        documents (:meth:`ScoringFrontEnd.prepare_pairs`), which never stream.
 
         The one route of texts: the front end builds the call in the shape the backend takes, the
         backend scores it, the scores go back to their pairs. To a backend that streams, a large
@@ -364,7 +371,9 @@ class GenerativeScorer:
         """
         stream, layout = self._stream_of(pairs, max_tokens_per_doc)
         if stream is None:
-            prepared = self.front_end.prepare_pairs(pairs, max_tokens_per_doc=max_tokens_per_doc)
+            prepared = self.front_end.prepare_pairs(
+                pairs, max_tokens_per_doc=max_tokens_per_doc, max_prompt_tokens=max_prompt_tokens
+            )
             return prepared.assemble(self._run(prepared.jobs, also, name=_pairs_named(prepared, param)))
         # A call scored part by part is scored as calls of their own, whose errors know a prompt only
         # by its place in its part: left unnamed, not named after another pair.
