@@ -94,7 +94,8 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
     :meth:`ascore_jobs` on a worker thread), :meth:`score_stream` (streamed where the forward
     streams: :attr:`streams`), :attr:`local_model`, and the :class:`~genscore_core.backend.LaunchAhead`
     capability (:meth:`prepare_jobs`, :meth:`launch_prepared`, :meth:`collect_launched`). Besides
-    them: :meth:`warm_up`, and :meth:`follow_model` / :meth:`vocab_rows`, which the scorer's build reads.
+    them: :meth:`warm_up`; :meth:`follow_model` (which every call runs first) and :meth:`vocab_rows`
+    (the front end's bound on token ids).
     """
 
     def __init__(
@@ -250,7 +251,7 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
             planner = BatchPlanner(forward.max_batch_tokens, layout.batch_tokens, 1.0)
         first_batch_early = layout.batch_tokens is None
         state = StreamState()
-        reported = ReportedProgress(on_progress) if on_progress is not None else None
+        reported = _ReportedProgress(on_progress) if on_progress is not None else None
         with self._lock:
             self._follow_model()  # before the producer lays batches out for the forward's device
             try:
@@ -340,7 +341,7 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
         state: StreamState,
         sizes: Sequence[int],
         items: Iterable[JobPart],
-        reported: ReportedProgress | None,
+        reported: _ReportedProgress | None,
     ) -> tuple[torch.Tensor, list[list[int]]]:
         """After an out-of-memory error mid-stream: every distinct prompt through the forward's own
         policy (it splits batches and lowers the budget). The producer has stopped; the parts it
@@ -568,7 +569,7 @@ class LaunchedCall:
         return cls(launched.jobs, rows, host, event)
 
 
-class ReportedProgress:
+class _ReportedProgress:
     """A streamed call's progress callback that counts the prompts it passed on: after an
     out-of-memory error the call's prompts are scored again (:meth:`again`), and those already
     reported are not reported twice."""

@@ -123,19 +123,6 @@ class ProbedEngine(ScoringBackend):
         self.note(jobs, prepare_start=started, prepare_end=time.perf_counter(), laid_out=lay_out)
         return prepared
 
-    def score_prepared(
-        self,
-        prepared: Any,
-        on_progress: ProgressCallback | None = None,
-        *,
-        on_launched: Callable[[], None] | None = None,
-    ) -> list[list[float]]:
-        return self._timed(
-            prepared.jobs,
-            lambda: self.engine.score_prepared(prepared, on_progress, on_launched=on_launched),
-            ahead=prepared.batches is not None,
-        )
-
     # ... and launches each on the engine's thread, collecting it on another: a call is recorded
     # from its launch to its scores (calls overlap); the profiler starts at a call's collect.
     def launch_prepared(self, prepared: Any, on_progress: ProgressCallback | None = None) -> Any:
@@ -331,7 +318,7 @@ def main(argv: Sequence[str]) -> int:
     scorer = GenerativeScorer(**config_settings(args))
     app = create_app(scorer, limits, served_model_name=args.served_model_name)
     batcher = app.state.batcher
-    assert isinstance(batcher.backend, ScoringEngine), "the probe wraps a local engine"
+    assert batcher.backend.local_model is not None, "the probe wraps a local engine"
     probed = ProbedEngine(batcher.backend, folder)
     batcher.backend = probed
     watch_batcher(batcher, probed)
