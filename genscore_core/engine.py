@@ -10,31 +10,39 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
+from genscore_core.backend import (
+    JobPart,
+    LaunchAhead,
+    ProgressCallback,
+    ScoringBackend,
+    ScoringJob,
+    StreamedJob,
+    StreamLayout,
+    check_all_taken,
+    check_part,
+    gathered,
+    streamed,
+)
 from genscore_core.batching import is_out_of_memory
 from genscore_core.config import LocalSettings
-from genscore_core.forward import ForwardStrategy, PaddedForward, PrefixGroup
+from genscore_core.forward import ForwardStrategy, PaddedForward, StreamingForward
+from genscore_core.prefixes import PrefixGroup, distinct_prompts, group_prompts
 from genscore_core.scoring import LabelHead, check_scores
 from genscore_core.streaming import (
-    BATCH_GROWTH,
     FIRST_BATCH_TOKENS,
     BatchPlanner,
-    JobPart,
     Prefetcher,
     RowKey,
     RowReduction,
-    StreamingForward,
     StreamState,
     TakenParts,
-    check_all_taken,
-    check_part,
     plan_stream,
 )
 from genscore_core.templates import ScoreMode
@@ -42,48 +50,12 @@ from genscore_core.weights_seen import WeightsSeen
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "LaunchedCall",
-    "PreparedJobs",
-    "ScoringEngine",
-    "ScoringJob",
-    "StreamedJob",
-    "group_prompts",
-    "select_forward",
-    "shared_prefix_length",
-]
-
-
-@dataclass(frozen=True)
-class StreamedJob:
-    """A job whose ``size`` prompts arrive later, in parts (:meth:`ScoringEngine.score_stream`)."""
-
-    size: int
-    label_ids: list[int]
-    mode: ScoreMode = "label-softmax"
+__all__ = ["LaunchedCall", "PreparedJobs", "ScoringEngine", "select_forward"]
 
 
 OVERLAP_SHARE = 0.0
 """The default :attr:`ScoringEngine.overlap_share` where the forward runs ahead of the device: off
 until a split call is measured faster on the GPU (docs/benchmarks.md, "Overlap")."""
-
-
-def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
-    """Length of the longest common prefix, leaving at least one token of every prompt unshared."""
-    if not prompts:
-        return 0
-    first = list(prompts[0])
-    length = max(min(len(p) for p in prompts) - 1, 0)
-    for prompt in prompts:
-        # Slices compare in C; only a mismatch is searched token by token, up to the shorter length.
-        if list(prompt[:length]) != first[:length]:
-            length = next(i for i in range(length) if prompt[i] != first[i])
-    return length
-
-
-def group_prompts(prompts: Sequence[list[int]]) -> PrefixGroup:
-    shared = shared_prefix_length(prompts)
-    return PrefixGroup(list(prompts[0][:shared]) if prompts else [], [p[shared:] for p in prompts])
 
 
 def select_forward(model: Any, config: LocalSettings, pad_token_id: int) -> ForwardStrategy:
@@ -93,8 +65,8 @@ def select_forward(model: Any, config: LocalSettings, pad_token_id: int) -> Forw
     CPU too: 2.2x the padded forward there, docs/benchmarks.md, "Packed forward"); ``"padded"``, or an
     unsupported model, gets the padded forward of the model's own code. Packed batches hold no
     padding, so unless ``max_batch_tokens`` was set they take the packed forward's own, larger default
-    (measured on W1, docs/benchmarks.md, "Packed forward"). The budget means the same in both: token
-    positions one batch runs through the model (:class:`~genscore_core.forward.ForwardStrategy`).
+    (measured on W1, docs/benchmarks.md, "Packed forward"). The budget means the same in both: token positions one batch
+    runs through the model (:class:`~genscore_core.forward.ForwardStrategy`).
     """
     if config.forward != "padded":
         from genscore_core.packed import DEFAULT_MAX_BATCH_TOKENS, PackedForward, unsupported_reason
@@ -115,11 +87,15 @@ def select_forward(model: Any, config: LocalSettings, pad_token_id: int) -> Forw
     )
 
 
-class ScoringEngine(ScoringBackend):
+class ScoringEngine(ScoringBackend, LaunchAhead):
     """Scores token-id prompts with one loaded model; safe to call from several threads.
 
-    The local implementation of the backend contract: :meth:`ascore_jobs` runs :meth:`score_jobs`
-    on a worker thread.
+    The local implementation of the backend contract, every door of it: :meth:`score_jobs` (and
+    :meth:`ascore_jobs` on a worker thread), :meth:`score_stream` (streamed where the forward
+    streams: :attr:`streams`), :attr:`local_model`, and the :class:`~genscore_core.backend.LaunchAhead`
+    capability (:meth:`prepare_jobs`, :meth:`launch_prepared`, :meth:`collect_launched`). Besides
+    them: :meth:`warm_up`; :meth:`follow_model` (which every call runs first) and :meth:`vocab_rows`
+    (the front end's bound on token ids).
     """
 
     def __init__(
@@ -176,9 +152,15 @@ class ScoringEngine(ScoringBackend):
         return True
 
     @property
+    def local_model(self) -> Any:
+        """:attr:`model`: the engine runs it in this process."""
+        return self.model
+
+    @property
     def overlap_share(self) -> float:
         """Share of a small single-query text call's document characters built and queued on the
-        device first; the rest is tokenized while the device runs that part (:meth:`score_in_parts`).
+        device first; the rest is tokenized while the device runs that part
+        (:attr:`~genscore_core.backend.StreamLayout.by_part`).
         0 scores the call whole. Unless set, :data:`OVERLAP_SHARE` where the forward runs ahead of the
         device (:attr:`~genscore_core.forward.ForwardStrategy.runs_ahead`), else 0: on the CPU the
         forward is the host's own work, so there is nothing to overlap."""
@@ -199,41 +181,32 @@ class ScoringEngine(ScoringBackend):
         A prompt repeated within a job (the same chunk found by two retrievers) is computed once, so
         duplicates get the very same score and stay tied whatever batch layout the forward picks.
         Token ids need only their batch layout, which the forward does between batches: streaming
-        them (:meth:`score_stream`) measured 4% slower on W1, so they are not (docs/benchmarks.md,
-        "Streaming text calls").
+        them (:meth:`score_stream`) measured 4% slower on W1, so they are not (docs/benchmarks.md, "Streaming text calls").
         """
         return self._score_whole(jobs, on_progress)
 
-    def score_jobs_in_batches(
-        self,
-        jobs: Sequence[ScoringJob],
-        batch_tokens: int,
-        on_progress: ProgressCallback | None = None,
-    ) -> list[list[float]]:
-        """:meth:`score_jobs` with the call's batches filled to ``batch_tokens`` each (the last holds
-        the rest) rather than balanced, so that batch shapes repeat from call to call.
+    def warm_up(self, prompt_tokens: int) -> None:
+        """Score made-up prompts of ``prompt_tokens`` tokens the way a large text call scores real
+        ones, and drop the scores: each batch size such a call runs is run once.
 
-        Meant for a server's calls, which mix whatever requests came: the balanced batches of
-        :meth:`score_jobs` differ in size every call, so they run eagerly; batches of one fixed size
-        replay the CUDA graphs of the streamed path (:meth:`score_stream`, which lays out batch k+1
-        on a producer thread while the device runs batch k). Scores equal :meth:`score_jobs`. A
-        forward that does not stream scores the jobs with :meth:`score_jobs`. Not faster so far:
-        docs/benchmarks.md, "Server batching".
+        The prompts share a prefix, as a query's documents do, and are as many as a streamed call of
+        the forward's budget lays out in batches (the first small, each later one twice as large).
+        What this warms is the process's (compiled kernels found and loaded, cuBLAS set up, the
+        allocator's first blocks), so a throwaway engine warms any engine built afterwards.
         """
-        if batch_tokens <= 0:
-            raise ValueError(f"batch_tokens must be positive, got {batch_tokens}")
-        if not self.streams:
-            return self._score_whole(jobs, on_progress)
-        streamed = [StreamedJob(len(job.prompts), job.label_ids, job.mode) for job in jobs]
-        parts = [JobPart(index, job.prompts) for index, job in enumerate(jobs) if job.prompts]
-        return self.score_stream(
-            streamed,
-            parts,
-            on_progress,
-            first_batch_tokens=batch_tokens,
-            batch_growth=1.0,
-            first_batch_early=False,
-        )
+        length = max(2, prompt_tokens)
+        budget = self.forward.max_batch_tokens
+        target, total = min(FIRST_BATCH_TOKENS, budget), 0
+        while target < budget:
+            total += target
+            target *= 2
+        total += budget
+        count = max(2, total // length)
+        generator = np.random.default_rng(0)
+        vocab = self.vocab_rows()
+        shared = generator.integers(0, vocab, length // 4).tolist()
+        prompts = [shared + generator.integers(0, vocab, length - len(shared)).tolist() for _ in range(count)]
+        self.score_stream(*streamed([ScoringJob(prompts, [0, 1])]))
 
     def score_stream(
         self,
@@ -241,34 +214,47 @@ class ScoringEngine(ScoringBackend):
         parts: Iterable[JobPart],
         on_progress: ProgressCallback | None = None,
         *,
-        first_batch_tokens: int = FIRST_BATCH_TOKENS,
-        batch_growth: float = BATCH_GROWTH,
-        first_batch_early: bool = True,
+        layout: StreamLayout | None = None,
     ) -> list[list[float]]:
         """:meth:`score_jobs` with the prompts handed over in parts as they are made (tokenized).
 
-        ``parts`` is consumed on a producer thread that lays out batch k+1 while the GPU runs batch
-        k; the parts of each job come in prompt order and hold its ``size`` prompts, no more, no fewer
-        (else ``ValueError`` naming the job). An exception raised by ``parts`` reaches the caller,
-        after the batches before it ran, even one that reads like running out of memory: only the
-        forward's out-of-memory error scores the call again in smaller batches. Scores equal
-        :meth:`score_jobs` on the whole jobs.
-        The first batch holds up to ``first_batch_tokens`` tokens, each later one ``batch_growth``
-        times its predecessor's target, within the forward's budget. With ``first_batch_early``, the
-        first batch leaves at the end of the first part even short of its target (the GPU starts
-        while later parts are tokenized); parts that all exist from the start gain nothing by it.
+        Where the forward streams, ``parts`` is consumed on a producer thread that lays out batch
+        k+1 while the GPU runs batch k; the parts of each job come in prompt order and hold its
+        ``size`` prompts, no more, no fewer (else ``ValueError`` naming the job). An exception raised
+        by ``parts`` reaches the caller, after the batches before it ran, even one that reads like
+        running out of memory: only the forward's out-of-memory error scores the call again in
+        smaller batches. Scores equal :meth:`score_jobs` on the whole jobs.
+
+        By default the first batch holds up to :data:`~genscore_core.streaming.FIRST_BATCH_TOKENS`
+        tokens and leaves at the end of the first part even short of them (the GPU starts while
+        later parts are tokenized), each later one twice its predecessor's target, within the
+        forward's budget. ``layout.batch_tokens`` fills every batch to that many tokens instead, so
+        that their shapes repeat from call to call and replay CUDA graphs (not faster so far:
+        docs/benchmarks.md, "Server batching"). ``layout.by_part`` scores each part
+        as a call of its own, taking the next part only once the current one's work is queued on
+        the device: building part k+1 overlaps the device's work on part k (:attr:`overlap_share`).
+        A forward that does not stream gathers the parts and scores the whole jobs.
         """
+        layout = layout or StreamLayout()
+        if layout.batch_tokens is not None and layout.batch_tokens <= 0:
+            raise ValueError(f"batch_tokens must be positive, got {layout.batch_tokens}")
+        if layout.by_part:
+            return self._score_by_part(jobs, parts, on_progress)
         items = TakenParts(parts)
         sizes = [job.size for job in jobs]
         forward = self.forward
         if not isinstance(forward, StreamingForward):
-            return self._score_whole(self._whole_jobs(jobs, items), on_progress)
+            return self._score_whole(gathered(jobs, items), on_progress)
+        if layout.batch_tokens is None:
+            planner = BatchPlanner(forward.max_batch_tokens)
+        else:
+            planner = BatchPlanner(forward.max_batch_tokens, layout.batch_tokens, 1.0)
+        first_batch_early = layout.batch_tokens is None
         state = StreamState()
-        reported = ReportedProgress(on_progress) if on_progress is not None else None
+        reported = _ReportedProgress(on_progress) if on_progress is not None else None
         with self._lock:
             self._follow_model()  # before the producer lays batches out for the forward's device
             try:
-                planner = BatchPlanner(forward.max_batch_tokens, first_batch_tokens, batch_growth)
                 planned = plan_stream(sizes, items, planner, state, first_batch_early=first_batch_early)
                 with Prefetcher(planned, forward.prepare_stream_batch) as batches:
                     row_scores, keys = forward.run_stream(batches, reported, self._batch_scorer(jobs))
@@ -350,25 +336,12 @@ class ScoringEngine(ScoringBackend):
             scores[j] = job_scores.double().tolist()
         return scores
 
-    @staticmethod
-    def _whole_jobs(jobs: Sequence[StreamedJob], items: Iterable[JobPart]) -> list[ScoringJob]:
-        """The streamed jobs with all their parts, for a forward that does not stream."""
-        sizes = [job.size for job in jobs]
-        taken = [0] * len(jobs)
-        prompts: list[list[list[int]]] = [[] for _ in jobs]
-        for part in items:
-            check_part(sizes, taken, part)
-            taken[part.job] += len(part.prompts)
-            prompts[part.job].extend(list(p) for p in part.prompts)
-        check_all_taken(sizes, taken)
-        return [ScoringJob(p, job.label_ids, score_mode=job.mode) for p, job in zip(prompts, jobs)]
-
     def _score_again(
         self,
         state: StreamState,
         sizes: Sequence[int],
         items: Iterable[JobPart],
-        reported: ReportedProgress | None,
+        reported: _ReportedProgress | None,
     ) -> tuple[torch.Tensor, list[list[int]]]:
         """After an out-of-memory error mid-stream: every distinct prompt through the forward's own
         policy (it splits batches and lowers the budget). The producer has stopped; the parts it
@@ -400,7 +373,7 @@ class ScoringEngine(ScoringBackend):
             return self._collect(self._launch(jobs, on_progress), on_progress)
 
     def prepare_jobs(self, jobs: Sequence[ScoringJob], *, lay_out: bool = True) -> PreparedJobs:
-        """The host work of scoring ``jobs`` (:meth:`score_prepared`), done now: distinct prompts,
+        """The host work of scoring ``jobs`` (:class:`~genscore_core.backend.LaunchAhead`), done now: distinct prompts,
         prefix groups and, with ``lay_out``, the forward's batches planned and laid out
         (:meth:`~genscore_core.forward.ForwardStrategy.prepare`). Without it the forward lays each
         batch out when it runs, while the device runs the batch before (the way :meth:`score_jobs` goes).
@@ -413,27 +386,10 @@ class ScoringEngine(ScoringBackend):
             prepared.batches = self.forward.prepare(prepared.groups)
         return prepared
 
-    def score_prepared(
-        self,
-        prepared: PreparedJobs,
-        on_progress: ProgressCallback | None = None,
-        *,
-        on_launched: Callable[[], None] | None = None,
-    ) -> list[list[float]]:
-        """:meth:`score_jobs` of the jobs :meth:`prepare_jobs` laid out; equal scores.
-
-        ``on_launched`` is called once every kernel of the call is queued, before the host waits
-        for the device: from then on the host is free until the scores are back.
-        """
-        launched = self.launch_prepared(prepared, on_progress)
-        if on_launched is not None:
-            on_launched()
-        return self.collect_launched(launched, on_progress)
-
     def launch_prepared(
         self, prepared: PreparedJobs, on_progress: ProgressCallback | None = None
     ) -> LaunchedCall:
-        """The first half of :meth:`score_prepared`: queue the call's work on the device and return.
+        """Queue the work of a call :meth:`prepare_jobs` laid out on the device, and return.
 
         Under the engine's lock: every kernel of the forward and the head, then one device-to-host
         copy of all the call's scores into page-locked memory (``non_blocking``) and a CUDA event
@@ -455,8 +411,8 @@ class ScoringEngine(ScoringBackend):
     def collect_launched(
         self, call: LaunchedCall, on_progress: ProgressCallback | None = None
     ) -> list[list[float]]:
-        """The second half of :meth:`score_prepared`: wait for the call's scores, check them on the
-        host and map them to the jobs (duplicates included). Takes no lock: it touches only the
+        """The scores of a call :meth:`launch_prepared` queued: wait for them, check them on the
+        host and map them to the jobs (duplicates included); equal to :meth:`score_jobs`'s. Takes no lock: it touches only the
         call's page-locked copy, so it may run on another thread while the next call launches.
         Raises :class:`~genscore_core.errors.ScoreRangeError` for a bad score, as scoring does."""
         if call.event is not None:
@@ -477,20 +433,33 @@ class ScoringEngine(ScoringBackend):
                 on_progress(len(job.prompts) - distinct)
         return [scores.get(id(job), []) for job in call.jobs]
 
-    def score_in_parts(
-        self, parts: Iterable[Sequence[ScoringJob]], on_progress: ProgressCallback | None = None
-    ) -> list[list[list[float]]]:
-        """:meth:`score_jobs` of each item of ``parts``, taking the next item only once the current
-        one's work is queued on the device.
+    def _score_by_part(
+        self, jobs: Sequence[StreamedJob], parts: Iterable[JobPart], on_progress: ProgressCallback | None
+    ) -> list[list[float]]:
+        """Each part scored as a call of its own (:attr:`StreamLayout.by_part`), the next part taken
+        only once the current one's work is queued on the device.
 
         Nothing between the two waits for the device, so when ``parts`` is a generator that builds
-        (tokenizes) its items, building part k+1 overlaps the device's work on part k: the point of
-        splitting a small text call (:attr:`overlap_share`). Scores equal :meth:`score_jobs` on each
-        part. An exception raised by ``parts`` reaches the caller; the work already queued is dropped.
+        (tokenizes) its parts, building part k+1 overlaps the device's work on part k. An exception
+        raised by ``parts`` reaches the caller; the work already queued is dropped.
         """
+        sizes = [job.size for job in jobs]
+        taken = [0] * len(jobs)
         with self._lock:
-            launched = [self._launch(jobs, on_progress) for jobs in parts]
-            return [self._collect(part, on_progress) for part in launched]
+            launched: list[tuple[int, _Launched]] = []
+            for part in parts:
+                check_part(sizes, taken, part)
+                taken[part.job] += len(part.prompts)
+                job = jobs[part.job]
+                prompts = [list(p) for p in part.prompts]
+                scoring = ScoringJob(prompts, job.label_ids, job.mode != "vocab-softmax", score_mode=job.mode)
+                launched.append((part.job, self._launch([scoring], on_progress)))
+            check_all_taken(sizes, taken)
+            scores: list[list[float]] = [[] for _ in jobs]
+            for number, call in launched:
+                [part_scores] = self._collect(call, on_progress)
+                scores[number].extend(part_scores)
+        return scores
 
     def _launch(self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None) -> _Launched:
         """Queue the forward and head of ``jobs`` on the device (caller holds the lock); nothing here
@@ -542,7 +511,7 @@ class ScoringEngine(ScoringBackend):
 
 @dataclass
 class PreparedJobs:
-    """Jobs with their host work done (:meth:`ScoringEngine.prepare_jobs`), ready to score."""
+    """Jobs with their host work done (:meth:`ScoringEngine.prepare_jobs`), ready to launch."""
 
     jobs: Sequence[ScoringJob]
     active: list[ScoringJob]
@@ -600,7 +569,7 @@ class LaunchedCall:
         return cls(launched.jobs, rows, host, event)
 
 
-class ReportedProgress:
+class _ReportedProgress:
     """A streamed call's progress callback that counts the prompts it passed on: after an
     out-of-memory error the call's prompts are scored again (:meth:`again`), and those already
     reported are not reported twice."""
@@ -625,31 +594,3 @@ class ReportedProgress:
             self._on_progress(fresh)
 
         return progress
-
-
-def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], list[int]]:
-    """The distinct prompts in first-seen order, and for each input prompt the index of its copy."""
-    distinct: list[list[int]] = []
-    where: list[int] = []
-    # A cheap key (length and three sampled tokens) tells most prompts apart; a whole prompt is
-    # hashed only when its cheap key was seen before (a 256-document request is then ~10x faster).
-    by_sample: dict[tuple[int, ...], int | None] = {}
-    by_tokens: dict[tuple[int, ...], int] = {}
-    for prompt in prompts:
-        n = len(prompt)
-        sample = (n, prompt[n // 3], prompt[n // 2], prompt[2 * n // 3]) if n else (0,)
-        if sample not in by_sample:
-            by_sample[sample] = len(distinct)
-            where.append(len(distinct))
-            distinct.append(prompt)
-            continue
-        earlier = by_sample[sample]
-        if earlier is not None:  # the first collision on this sample: index the earlier prompt fully
-            by_tokens[tuple(distinct[earlier])] = earlier
-            by_sample[sample] = None
-        key = tuple(prompt)
-        if key not in by_tokens:
-            by_tokens[key] = len(distinct)
-            distinct.append(prompt)
-        where.append(by_tokens[key])
-    return distinct, where

@@ -11,13 +11,26 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
 from genscore_core.batching import is_out_of_memory, left_pad, length_sorted_batches
+from genscore_core.prefixes import PrefixGroup
+
+if TYPE_CHECKING:
+    from genscore_core.streaming import RowReduction, StreamBatch
+
+__all__ = [
+    "ForwardStrategy",
+    "PaddedForward",
+    "PrefixGroup",
+    "ProgressCallback",
+    "StreamingForward",
+    "decoder_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -25,18 +38,6 @@ ProgressCallback = Callable[[int], None]
 
 BatchT = TypeVar("BatchT")
 CallT = TypeVar("CallT")
-
-
-@dataclass(frozen=True)
-class PrefixGroup:
-    """Prompts that start with the same tokens: the shared prefix, then each prompt's own rest."""
-
-    prefix_ids: list[int]
-    suffix_ids: list[list[int]]
-    """One entry per prompt; each non-empty."""
-
-    def prompts(self) -> list[list[int]]:
-        return [self.prefix_ids + suffix for suffix in self.suffix_ids]
 
 
 class ForwardStrategy(ABC, Generic[CallT, BatchT]):
@@ -168,6 +169,27 @@ class ForwardStrategy(ABC, Generic[CallT, BatchT]):
     @abstractmethod
     def _finish(self, call: CallT) -> torch.Tensor:
         """The outputs of every prompt in order, float32."""
+
+
+@runtime_checkable
+class StreamingForward(Protocol):
+    """An optional capability of a forward: it runs batches as a producer thread lays them out
+    (:class:`~genscore_core.packed.PackedForward`), so the engine streams text calls
+    (:meth:`~genscore_core.engine.ScoringEngine.score_stream`, :mod:`genscore_core.streaming`)."""
+
+    max_batch_tokens: int
+
+    def prepare_stream_batch(self, batch: StreamBatch) -> Any:
+        """Lay out ``batch`` and start its copy to the device (called on the producer thread)."""
+
+    def run_stream(
+        self,
+        batches: Iterable[Any],
+        on_progress: ProgressCallback | None = None,
+        reduce: RowReduction | None = None,
+    ) -> Any:
+        """Run prepared batches in order; (float32 hidden states [rows, H], the row keys in order), or
+        with ``reduce``, its results of each batch's hidden states concatenated in their place."""
 
 
 def decoder_of(model: Any) -> Any:

@@ -12,9 +12,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
-from genscore_core.backend import JobTexts, ScoringJob
+from genscore_core.backend import JobPart, JobTexts, ScoringJob, StreamedJob
 from genscore_core.config import ScorerConfig
-from genscore_core.engine import StreamedJob
 from genscore_core.errors import InvalidRequestError, PromptTooLongError
 from genscore_core.loading import check_label_ids, check_template_ids, load_tokenizer
 from genscore_core.long_documents import (
@@ -35,7 +34,6 @@ from genscore_core.prompts import (
 from genscore_core.protocol import GenerativeScoringRequest, check_request, check_text
 from genscore_core.recipes import Recipe, resolve_recipe
 from genscore_core.request_life import TokenizerLock
-from genscore_core.streaming import JobPart
 from genscore_core.templates import ScoreMode, Span, resolve_label_ids
 
 FIRST_PART_CHARS = 24_000
@@ -485,7 +483,7 @@ class PairStream:
 
 def overlap_first_chars(pairs: Sequence[tuple[str, str]], share: float) -> int | None:
     """Characters of documents in the first of two parts of a small call whose second part is
-    tokenized while the device runs the first (``ScoringEngine.score_in_parts``); None when the call
+    tokenized while the device runs the first (``StreamLayout.by_part``); None when the call
     goes whole: ``share`` 0, more than one query (each would need parts of its own), fewer than
     three documents (the first part holds at least two), or a document given twice (one call scores
     a repeated prompt once, so repeats stay tied; in two parts they could differ in the last bits)."""

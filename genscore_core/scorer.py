@@ -6,14 +6,13 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any, Literal
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-import torch
 from pydantic import ValidationError
 from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn on import
 
-from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob, in_worker_thread
+from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob, StreamLayout, in_worker_thread
 from genscore_core.config import (
     DEFAULT_MODEL,
     LocalSettings,
@@ -22,7 +21,6 @@ from genscore_core.config import (
     setting_default,
     setting_value,
 )
-from genscore_core.engine import ScoringEngine
 from genscore_core.errors import ConfigurationError, InvalidRequestError, ScoreRangeError
 from genscore_core.frontend import (
     PairStream,
@@ -50,6 +48,9 @@ from genscore_core.recipes import Recipe
 from genscore_core.results import RankedResults, check_rank_options, rank_results
 from genscore_core.scoring import first_bad_score, score_range_words
 from genscore_core.templates import PromptTemplate, ScoreMode
+
+if TYPE_CHECKING:
+    from genscore_core.engine import ScoringEngine
 
 RANKED_ON_THE_LOOP = 64
 """:meth:`GenerativeScorer.arerank` ranks calls of up to this many documents on the event loop and
@@ -186,22 +187,27 @@ class GenerativeScorer:
 
     @property
     def engine(self) -> ScoringEngine:
-        """The local engine; a scorer whose backend is a server has none (see :attr:`backend`)."""
-        if not isinstance(self.backend, ScoringEngine):
+        """The local engine: the backend, where it runs the model in this process (the contract's
+        :attr:`~genscore_core.backend.ScoringBackend.local_model`, which only the local
+        :class:`~genscore_core.engine.ScoringEngine` sets). A scorer whose backend is a server, or
+        a queue in front of one, has none (see :attr:`backend`)."""
+        if self.backend.local_model is None:
             raise AttributeError(
                 f"this scorer scores through {self.backend!r}, not a local engine; use scorer.backend"
             )
-        return self.backend
+        return cast("ScoringEngine", self.backend)
 
     @property
     def model(self) -> Any:
-        """The loaded causal LM; a scorer whose backend is a server has no weights here."""
-        if not isinstance(self.backend, ScoringEngine):
+        """The loaded causal LM (:attr:`~genscore_core.backend.ScoringBackend.local_model`); a scorer
+        whose backend is a server has no weights here."""
+        model = self.backend.local_model
+        if model is None:
             raise AttributeError(
                 f"this scorer scores through {self.backend!r}: the model's weights stay on the server, "
                 "so it has no .model; use scorer.config.model for the model's name"
             )
-        return self.backend.model
+        return model
 
     # -- its settings: saved, compared, pickled ------------------------------------------------------
 
@@ -335,6 +341,7 @@ class GenerativeScorer:
         top_n: int | None = None,
         score_threshold: float | None = None,
         max_tokens_per_doc: int | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> RankedResults:
         """Documents best first (ties in input order), at most ``top_n``, none below ``score_threshold``.
 
@@ -343,6 +350,8 @@ class GenerativeScorer:
 
         ``max_tokens_per_doc`` cuts each document after that many of its own tokens first (Cohere's and
         vLLM's rerank option); ``long_documents="chunk"`` then splits what still does not fit.
+        ``max_prompt_tokens`` bounds the prompt tokens of the call's chunked documents, refusing a
+        document that takes it past before the rest is tokenized (:meth:`ScoringFrontEnd.prepare_pairs`).
 
         Raises:
             InvalidRequestError: A bad option (``param`` names it) or document (``index`` says which).
@@ -350,9 +359,11 @@ class GenerativeScorer:
                 range (``param`` and ``index`` name the document).
         """
         check_rank_options(top_n, score_threshold, score_mode=self.score_mode)
+        check_token_count(max_prompt_tokens, "max_prompt_tokens")  # truncation never reads it: check it here
         check_text(query, "query")
         documents = _documents(documents)
-        scored = self._score_texts([(query, document) for document in documents], max_tokens_per_doc)
+        pairs = [(query, document) for document in documents]
+        scored = self._score_texts(pairs, max_tokens_per_doc, max_prompt_tokens=max_prompt_tokens)
         return rank_results(
             query, documents, scored, top_n=top_n, score_threshold=score_threshold, score_mode=self.score_mode
         )
@@ -406,11 +417,10 @@ class GenerativeScorer:
     # -- internals ----------------------------------------------------------------------------------
 
     def _streams(self, max_tokens_per_doc: int | None) -> bool:
-        """Whether texts go the streamed way: a local engine that streams, whole documents."""
-        backend = self.backend
+        """Whether texts may go to the backend in parts: it streams (``backend.streams``), and the
+        documents are scored whole (no cut per document, no windows)."""
         return (
-            isinstance(backend, ScoringEngine)
-            and backend.streams
+            self.backend.streams
             and max_tokens_per_doc is None
             and self.config.prompt.long_documents == "truncate"
         )
@@ -420,52 +430,52 @@ class GenerativeScorer:
         pairs: Sequence[tuple[str, str]],
         max_tokens_per_doc: int | None = None,
         *,
+        max_prompt_tokens: int | None = None,
         also: ProgressCallback | None = None,
         param: str = "documents",
     ) -> Sequence[tuple[float, PromptInfo]]:
         """(score, prompt) of each pair in input order; ``also`` is called with the progress too.
-        ``param`` names the pairs in errors about their scores.
+        ``param`` names the pairs in errors about their scores; ``max_prompt_tokens`` bounds chunked
+        documents (:meth:`ScoringFrontEnd.prepare_pairs`), which never stream.
 
-        With a local engine that streams, the documents are tokenized part by part on the engine's
-        producer thread while the GPU runs the batches already laid out (:mod:`genscore_core.streaming`);
-        otherwise every prompt is built first, then scored.
+        The one route of texts: the front end builds the call in the shape the backend takes, the
+        backend scores it, the scores go back to their pairs. To a backend that streams, a large
+        call goes in parts, tokenized on its producer thread while the GPU runs the batches already
+        laid out (:mod:`genscore_core.streaming`); every other call is built whole, then scored.
         """
-        if not self._streams(max_tokens_per_doc):
-            prepared = self.front_end.prepare_pairs(pairs, max_tokens_per_doc=max_tokens_per_doc)
+        stream, layout = self._stream_of(pairs, max_tokens_per_doc)
+        if stream is None:
+            prepared = self.front_end.prepare_pairs(
+                pairs, max_tokens_per_doc=max_tokens_per_doc, max_prompt_tokens=max_prompt_tokens
+            )
             return prepared.assemble(self._run(prepared.jobs, also, name=_pairs_named(prepared, param)))
-        engine = self.backend
-        assert isinstance(engine, ScoringEngine)
-        stream = self.front_end.stream_pairs(pairs)
-        if not stream.streams:
-            first_chars = overlap_first_chars(pairs, engine.overlap_share)
-            if first_chars is not None:
-                return self._score_overlapped(engine, pairs, first_chars, also)
-            prepared = self.front_end.prepare_pairs(pairs)
-            return prepared.assemble(self._run(prepared.jobs, also, name=_pairs_named(prepared, param)))
-        with self._progress(len(pairs), also) as progress, _engine_errors_named(_stream_named(stream, param)):
-            scores = engine.score_stream(stream.jobs, stream.parts(), on_progress=progress)
+        # A call scored part by part is scored as calls of their own, whose errors know a prompt only
+        # by its place in its part: left unnamed, not named after another pair.
+        named: AbstractContextManager[None] = (
+            nullcontext() if layout.by_part else _engine_errors_named(_stream_named(stream, param))
+        )
+        with self._progress(len(pairs), also) as progress, named:
+            scores = self.backend.score_stream(stream.jobs, stream.parts(), progress, layout=layout)
         return stream.assemble(scores)
 
-    def _score_overlapped(
-        self,
-        engine: ScoringEngine,
-        pairs: Sequence[tuple[str, str]],
-        first_chars: int,
-        also: ProgressCallback | None = None,
-    ) -> Sequence[tuple[float, PromptInfo]]:
-        """A small single-query call in two parts: the second is tokenized while the device runs
-        the first (docs/benchmarks.md, "Overlap")."""
+    def _stream_of(
+        self, pairs: Sequence[tuple[str, str]], max_tokens_per_doc: int | None
+    ) -> tuple[PairStream | None, StreamLayout]:
+        """The pairs as a stream of parts and how the backend lays it out, or (None, ...): built
+        whole. Streamed: a large call, or a small single-query call split in two parts where the
+        backend asks for it (``backend.overlap_share``; docs/benchmarks.md, "Overlap")."""
+        whole = None, StreamLayout()
+        if not self._streams(max_tokens_per_doc):
+            return whole
+        stream = self.front_end.stream_pairs(pairs)
+        if stream.streams:
+            return stream, StreamLayout()
+        first_chars = overlap_first_chars(pairs, self.backend.overlap_share)
+        if first_chars is None:
+            return whole
         rest = sum(len(document) for _, document in pairs)
-        stream = self.front_end.stream_pairs(pairs, first_part_chars=first_chars, part_chars=rest)
-        [job] = stream.jobs
-        parts = (
-            [ScoringJob([list(p) for p in part.prompts], job.label_ids, job.mode != "vocab-softmax",
-                        score_mode=job.mode)]
-            for part in stream.parts()
-        )  # fmt: skip
-        with self._progress(len(pairs), also) as progress:
-            scores = engine.score_in_parts(parts, on_progress=progress)
-        return stream.assemble([[score for [part] in scores for score in part]])
+        split = self.front_end.stream_pairs(pairs, first_part_chars=first_chars, part_chars=rest)
+        return split, StreamLayout(by_part=True)
 
     @contextmanager
     def _progress(self, total: int, also: ProgressCallback | None = None) -> Iterator[ProgressCallback]:
@@ -655,6 +665,8 @@ def _check_model_placement(causal_lm: Any, config: ScorerConfig) -> LocalSetting
             "GenerativeScorer.from_server(server_url, model=...)",
             setting="server_url",
         )
+    import torch  # here, not at the top: a scorer of a server loads no torch
+
     have_device = torch.device(getattr(causal_lm, "device", "cpu"))
     if local.device not in (None, "auto"):
         try:
@@ -716,6 +728,8 @@ def _load(config: ScorerConfig) -> tuple[ScoringFrontEnd, ScoringBackend]:
 def _local_parts(
     causal_lm: Any, tokenizer: Any, config: ScorerConfig, local: LocalSettings
 ) -> tuple[ScoringFrontEnd, ScoringEngine]:
+    from genscore_core.engine import ScoringEngine  # torch: only a scorer with a model here loads it
+
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = ScoringEngine.for_model(causal_lm, local, pad_token_id=pad_id or 0)
     wanted = config.prompt.max_length

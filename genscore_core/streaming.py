@@ -23,14 +23,15 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, runtime_checkable
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 import numpy as np
 
 if TYPE_CHECKING:
     import torch
 
-from genscore_core.forward import PrefixGroup, ProgressCallback
+from genscore_core.backend import JobPart, check_all_taken, check_part
+from genscore_core.prefixes import PrefixGroup
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -85,14 +86,6 @@ class TokenRows:
 
 
 @dataclass(frozen=True)
-class JobPart:
-    """Some of the prompts (token ids) of job ``job``, in the job's prompt order."""
-
-    job: int
-    prompts: Sequence[Sequence[int]]
-
-
-@dataclass(frozen=True)
 class RowKey:
     """An output row: distinct prompt ``prompt`` of job ``job``."""
 
@@ -131,7 +124,7 @@ class StreamBatch:
 
 class JobPrompts:
     """The distinct prompts of one job as its parts arrive (first-seen order), and which distinct
-    prompt each input prompt is: :func:`genscore_core.engine.distinct_prompts`, incrementally."""
+    prompt each input prompt is: :func:`genscore_core.prefixes.distinct_prompts`, incrementally."""
 
     def __init__(self) -> None:
         self.distinct: list[np.ndarray] = []
@@ -276,31 +269,6 @@ class StreamState:
     jobs: list[JobPrompts] = field(default_factory=list)
 
 
-def check_part(sizes: Sequence[int], taken: Sequence[int], part: JobPart) -> None:
-    """``part`` is of one of the call's jobs and does not take it past its declared size, ``taken[j]``
-    prompts of job ``j`` having come before it. Checked before the part is planned: a job's group
-    is closed (its kept prefix released) once its size is reached, so a prompt past it would reach a
-    batch that reads a prefix no longer kept."""
-    job = part.job
-    if not 0 <= job < len(sizes):
-        raise ValueError(
-            f"a part is of job {job}, but the call has {len(sizes)} jobs (0 to {len(sizes) - 1})"
-        )
-    if taken[job] + len(part.prompts) > sizes[job]:
-        raise ValueError(
-            f"job {job} was declared with {sizes[job]} prompts, but its parts hold more "
-            f"({taken[job] + len(part.prompts)} by this part)"
-        )
-
-
-def check_all_taken(sizes: Sequence[int], taken: Sequence[int]) -> None:
-    """Every job's parts held the prompts it was declared with: a short job would otherwise get
-    fewer scores than prompts, silently."""
-    for job, (size, count) in enumerate(zip(sizes, taken)):
-        if count != size:
-            raise ValueError(f"job {job} was declared with {size} prompts, but its parts held {count}")
-
-
 class TakenParts(Iterator[JobPart]):
     """The parts of a call as they are taken, with the error their iterator raised, if any.
 
@@ -392,7 +360,7 @@ def plan_stream(
 
 
 def shared_prefix_length(prompts: Sequence[np.ndarray]) -> int:
-    """:func:`genscore_core.engine.shared_prefix_length` of ``int32`` arrays (vectorised)."""
+    """:func:`genscore_core.prefixes.shared_prefix_length` of ``int32`` arrays (vectorised)."""
     if not prompts:
         return 0
     first = prompts[0]
@@ -404,25 +372,6 @@ def shared_prefix_length(prompts: Sequence[np.ndarray]) -> int:
         if len(differ):
             length = int(differ[0])
     return length
-
-
-@runtime_checkable
-class StreamingForward(Protocol):
-    """A forward that runs batches as a producer lays them out (:class:`~genscore_core.packed.PackedForward`)."""
-
-    max_batch_tokens: int
-
-    def prepare_stream_batch(self, batch: StreamBatch) -> Any:
-        """Lay out ``batch`` and start its copy to the device (called on the producer thread)."""
-
-    def run_stream(
-        self,
-        batches: Iterable[Any],
-        on_progress: ProgressCallback | None = None,
-        reduce: RowReduction | None = None,
-    ) -> Any:
-        """Run prepared batches in order; (float32 hidden states [rows, H], the row keys in order), or
-        with ``reduce``, its results of each batch's hidden states concatenated in their place."""
 
 
 PRODUCER_STOP_POLL_S = 0.05

@@ -56,9 +56,8 @@ except ImportError as exc:
         'genscore_integrations.ray needs Ray; install it with: pip install "genscore[ray]"'
     ) from exc
 
-from genscore_core.backend import ScoringJob
 from genscore_core.config import DEFAULT_MODEL, LocalSettings, ScorerConfig
-from genscore_core.engine import ScoringEngine, StreamedJob
+from genscore_core.engine import ScoringEngine
 from genscore_core.errors import ConfigurationError, InvalidRequestError, ScoreRangeError
 from genscore_core.jobs.files import (
     FORMATS,
@@ -84,7 +83,6 @@ from genscore_core.loading import (
 from genscore_core.protocol import check_text
 from genscore_core.scorer import GenerativeScorer
 from genscore_core.server.limits import ServerLimits
-from genscore_core.streaming import FIRST_BATCH_TOKENS, JobPart
 from genscore_core.truncation import max_chars_per_token
 
 if TYPE_CHECKING:
@@ -342,35 +340,17 @@ WARM_UP_PROMPT_TOKENS = 320
 
 
 def warm_up_model(causal_lm: Any, config: ScorerConfig) -> None:
-    """Score made-up token ids with ``causal_lm`` the way a large call scores real ones, and drop them.
+    """Score made-up token ids with ``causal_lm`` the way a large call scores real ones, and drop them
+    (:meth:`ScoringEngine.warm_up`).
 
     The first batch a fresh process runs on a GPU costs about a second more than later ones
     (docs/scaling.md, section 8): Triton finds and loads its compiled kernels, cuBLAS sets up, the
     allocator takes its first blocks. That is per process, not per engine, so a throwaway engine
-    warms the scorer built afterwards. The prompts share a prefix, as a query's documents do, and
-    are as many as a streamed call of the forward's budget lays out in batches (the first small,
-    each later one twice as large), so each batch size a real call runs is run once. No tokenizer
-    is needed, so this can run while it loads.
+    warms the scorer built afterwards. No tokenizer is needed, so this can run while it loads.
     """
     engine = ScoringEngine.for_model(causal_lm, config.local or LocalSettings(), pad_token_id=0)
     positions = getattr(causal_lm.config, "max_position_embeddings", None) or WARM_UP_PROMPT_TOKENS
-    length = max(2, min(WARM_UP_PROMPT_TOKENS, config.prompt.max_length or positions, positions))
-    budget = engine.forward.max_batch_tokens
-    target, total = min(FIRST_BATCH_TOKENS, budget), 0
-    while target < budget:
-        total += target
-        target *= 2
-    total += budget
-    count = max(2, total // length)
-    generator = np.random.default_rng(0)
-    vocab = engine.vocab_rows()
-    shared = generator.integers(0, vocab, length // 4).tolist()
-    prompts = [shared + generator.integers(0, vocab, length - len(shared)).tolist() for _ in range(count)]
-    labels = [0, 1]
-    if engine.streams:
-        engine.score_stream([StreamedJob(count, labels)], [JobPart(0, prompts)])
-    else:
-        engine.score_jobs([ScoringJob(prompts, labels)])
+    engine.warm_up(min(WARM_UP_PROMPT_TOKENS, config.prompt.max_length or positions, positions))
 
 
 def score_dataset(

@@ -16,8 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from genscore_core import ConfigurationError, GenerativeScorer, InvalidRequestError, ScorerConfig
 from genscore_core.batching import left_pad, length_sorted_batches
 from genscore_core.config import SETTING_FIELDS
-from genscore_core.engine import distinct_prompts
 from genscore_core.loading import resolve_device, resolve_dtype
+from genscore_core.prefixes import distinct_prompts
 from tests.helpers.model_gate import ModelGate
 
 DOCS = [
@@ -354,7 +354,8 @@ def test_duplicate_documents_are_scored_once_and_tie(scorer: GenerativeScorer) -
 def test_every_job_is_checked_after_the_one_copy_of_all_scores(scorer: GenerativeScorer) -> None:
     """The scores of a call come back in one copy; each job's rows are still checked as its own
     (the bad row is named by its index within its job)."""
-    from genscore_core.engine import ScoringEngine, ScoringJob
+    from genscore_core.backend import ScoringJob
+    from genscore_core.engine import ScoringEngine
     from genscore_core.scoring import ScoreRangeError
 
     class PlantedHead:
@@ -380,14 +381,15 @@ def test_every_job_is_checked_after_the_one_copy_of_all_scores(scorer: Generativ
 
 
 def test_a_call_laid_out_ahead_scores_as_score_jobs(tiny_model_dir: Path, scorer: GenerativeScorer) -> None:
-    """prepare_jobs on another thread, then score_prepared: the scores of score_jobs, duplicates and
-    empty jobs included; on_launched comes once, before the scores."""
-    from genscore_core.engine import ScoringJob
+    """prepare_jobs on another thread, then launch_prepared and collect_launched (the LaunchAhead
+    capability): the scores of score_jobs, duplicates and empty jobs included."""
+    from genscore_core.backend import LaunchAhead, ScoringJob
 
     # A small budget: several batches, with a query's prefix carried from one batch to the next.
     engine = GenerativeScorer.from_model(
         scorer.model, scorer.tokenizer, model=str(tiny_model_dir), max_length=512, max_batch_tokens=200
     ).backend
+    assert isinstance(engine, LaunchAhead)
     prepared_jobs = [
         scorer.prepare_pairs([(q, d) for d in DOCS + DOCS[:2]]).jobs[0] for q in ("capital", "food")
     ]
@@ -398,11 +400,9 @@ def test_a_call_laid_out_ahead_scores_as_score_jobs(tiny_model_dir: Path, scorer
     thread.start()
     thread.join()
     assert prepared["call"].batches is not None
-    events: list[str] = []
-    got = engine.score_prepared(prepared["call"], on_launched=lambda: events.append("launched"))
+    got = engine.collect_launched(engine.launch_prepared(prepared["call"]))
     assert got == expected and got[1] == []
-    assert events == ["launched"]
-    inline = engine.score_prepared(engine.prepare_jobs(jobs, lay_out=False))
+    inline = engine.collect_launched(engine.launch_prepared(engine.prepare_jobs(jobs, lay_out=False)))
     assert inline == expected
 
 
@@ -411,7 +411,8 @@ def test_calls_launched_back_to_back_collect_the_scores_of_score_jobs(
 ) -> None:
     """launch_prepared twice before any collect_launched (the server's pipeline): each call gets
     the scores score_jobs gives it; a call whose collect fails (a bad score) does not touch the next."""
-    from genscore_core.engine import ScoringEngine, ScoringJob
+    from genscore_core.backend import ScoringJob
+    from genscore_core.engine import ScoringEngine
     from genscore_core.scoring import ScoreRangeError
 
     engine = GenerativeScorer.from_model(

@@ -98,3 +98,36 @@ def test_moved_exception_classes_are_still_importable_where_they_were(module: st
     from genscore_core import errors
 
     assert getattr(importlib.import_module(module), name) is getattr(errors, name)
+
+
+TORCH_FREE = """
+import sys
+from genscore_core.backend import LaunchAhead, ScoringBackend, StreamedJob, StreamLayout
+from genscore_core.config import ScorerConfig
+from genscore_core.remote import make_backend
+from genscore_core.remote.client import TokenScoringClient
+from genscore_core.streaming import BatchPlanner, plan_stream
+
+for kind in ("genscore", "vllm", "sglang", "rerank"):
+    config = ScorerConfig(model="m", server_url="http://127.0.0.1:9", server_kind=kind)
+    backend = make_backend(config.server)
+    assert backend.local_model is None and not backend.streams, kind
+    backend.close()
+heavy = sorted(name for name in ("torch", "genscore_core.engine", "genscore_core.forward") if name in sys.modules)
+print(",".join(heavy))
+"""
+
+
+def test_the_contract_and_the_http_clients_load_no_torch() -> None:
+    """A client of a scoring server builds no model: the backend contract, the streamed-call
+    types, the prefix grouping the clients send by, and every HTTP client load neither torch nor
+    the engine (a fresh interpreter, so that nothing this test process imported counts)."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", TORCH_FREE], capture_output=True, text=True, env=os.environ, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"loaded: {done.stdout.strip()}"

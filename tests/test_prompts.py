@@ -17,7 +17,7 @@ from genscore_core import (
     PromptTemplate,
     PromptTooLongError,
 )
-from genscore_core.engine import shared_prefix_length
+from genscore_core.prefixes import shared_prefix_length
 from genscore_core.prompts import TemplatePromptBuilder, build_raw_prompts
 from genscore_core.protocol import GenerativeScoringRequest
 from genscore_core.templates import get_template, resolve_label_ids

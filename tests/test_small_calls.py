@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from genscore_core import GenerativeScorer, InvalidRequestError
-from genscore_core.backend import ScoringJob
+from genscore_core.backend import JobPart, StreamedJob, StreamLayout
 from genscore_core.engine import ScoringEngine
 from genscore_core.forward import PrefixGroup, ProgressCallback
 from genscore_core.frontend import ScoringFrontEnd, overlap_first_chars
@@ -133,30 +133,32 @@ def test_calls_that_are_not_split_go_whole(scorer: GenerativeScorer) -> None:
     assert events == ["tokenize 2", "tokenize 1", "forward 3", "tokenize 3", "forward 2"]
 
 
-def test_score_in_parts_takes_the_next_part_after_launching_and_reports_an_error_of_a_later_part(
+def test_a_stream_scored_by_part_takes_the_next_part_after_launching_and_reports_an_error_of_a_later_part(
     scorer: GenerativeScorer,
 ) -> None:
     events: list[str] = []
     engine = ScoringEngine(scorer.model, RecordingForward(scorer.model, events), LabelHead(scorer.model))
     jobs = [scorer.prepare_pairs([("q", f"document {i} {w}") for i, w in enumerate(WORDS)]).jobs]
     label_ids = jobs[0][0].label_ids
+    streamed = [StreamedJob(len(WORDS), label_ids)]
+    by_part = StreamLayout(by_part=True)
 
-    def parts(fail: bool) -> Iterator[list[ScoringJob]]:
+    def parts(fail: bool) -> Iterator[JobPart]:
         for number, prompts in enumerate((jobs[0][0].prompts[:4], jobs[0][0].prompts[4:])):
             events.append(f"part {number}")
             if fail and number == 1:
                 raise InvalidRequestError("part 1 cannot be built", param="documents", index=4)
-            yield [ScoringJob(prompts, label_ids)]
+            yield JobPart(0, prompts)
 
     progress: list[int] = []
-    split = engine.score_in_parts(parts(fail=False), on_progress=progress.append)
+    [split] = engine.score_stream(streamed, parts(fail=False), on_progress=progress.append, layout=by_part)
     assert events == ["part 0", "forward 4", "part 1", f"forward {len(WORDS) - 4}"]
     assert sum(progress) == len(WORDS)
     [[whole]] = [engine.score_jobs(jobs[0])]
-    assert [s for [part] in split for s in part] == pytest.approx(whole, abs=1e-6)
+    assert split == pytest.approx(whole, abs=1e-6)
     events.clear()
     with pytest.raises(InvalidRequestError, match="part 1") as raised:
-        engine.score_in_parts(parts(fail=True))
+        engine.score_stream(streamed, parts(fail=True), layout=by_part)
     assert raised.value.index == 4
     assert events == ["part 0", "forward 4", "part 1"]
     assert len(engine.score_jobs(jobs[0])[0]) == len(WORDS), "the engine is free again"

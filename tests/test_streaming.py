@@ -14,14 +14,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from genscore_core import GenerativeScorer, PromptTooLongError, ScoreRangeError
-from genscore_core.backend import ScoringJob
-from genscore_core.engine import StreamedJob
-from genscore_core.engine import shared_prefix_length as list_prefix_length
+from genscore_core.backend import JobPart, ScoringJob, StreamedJob
 from genscore_core.forward import PrefixGroup
 from genscore_core.packed.plan import GroupSlice, build_batch
+from genscore_core.prefixes import shared_prefix_length as list_prefix_length
 from genscore_core.streaming import (
     BatchPlanner,
-    JobPart,
     Prefetcher,
     RowKey,
     StreamBatch,
@@ -740,3 +738,32 @@ def test_the_forward_out_of_memory_mid_stream_scores_every_prompt_again_and_coun
     model, tokenizer = reference_model
     expected = official_qwen3_scores(model, tokenizer, pairs, max_length=scorer.max_length)
     assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) <= 1e-5
+
+
+def test_warm_up_streams_one_call_that_fills_each_batch_size_once(scorer: GenerativeScorer) -> None:
+    """``ScoringEngine.warm_up`` goes through the contract's ``score_stream``: one job of made-up
+    prompts sharing a prefix, as many as the batches of a streamed call fill (4,096 tokens first,
+    twice as many each later batch, up to the forward's budget)."""
+    engine = GenerativeScorer.from_model(
+        scorer.model, scorer.tokenizer, max_length=512, forward="packed", max_batch_tokens=20_000
+    ).engine
+    calls: list[tuple[list[StreamedJob], list[JobPart]]] = []
+    original = engine.score_stream
+
+    def recording(jobs: Any, parts: Any, on_progress: Any = None, *, layout: Any = None) -> Any:
+        listed = list(parts)
+        calls.append((list(jobs), listed))
+        return original(jobs, listed, on_progress, layout=layout)
+
+    engine.score_stream = recording  # type: ignore[method-assign]
+    try:
+        engine.warm_up(320)
+    finally:
+        del engine.score_stream
+    [(jobs, parts)] = calls
+    # The batches' targets: 4,096, 8,192, 16,384, then the budget.
+    expected = (4096 + 8192 + 16_384 + 20_000) // 320
+    assert [job.size for job in jobs] == [expected]
+    prompts = [list(prompt) for part in parts for prompt in part.prompts]
+    assert len(prompts) == expected and {len(prompt) for prompt in prompts} == {320}
+    assert list_prefix_length(prompts) >= 80, "the prompts share a quarter of their tokens"

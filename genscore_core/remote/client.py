@@ -14,8 +14,8 @@ from typing import Any
 
 from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.config import ServerKind
-from genscore_core.engine import group_prompts
 from genscore_core.errors import InvalidRequestError, RemoteScoringError
+from genscore_core.prefixes import group_prompts
 from genscore_core.remote.transport import HttpTransport
 
 

@@ -19,7 +19,8 @@ tokenized) it waits only while that says so, and a lone request starts at once. 
 passes the hook unless ``--batch-wait always`` asks for calls that wait up to ``--batch-max-wait-ms``
 whatever comes (deployments that want full calls).
 
-Laid out ahead: with a local engine (a backend that can :class:`PrepareAhead`), once the running call
+Laid out ahead: with a backend that can :class:`~genscore_core.backend.LaunchAhead` (the local
+engine), once the running call
 has queued all its GPU work, the worker takes the next call from the queue (same order, budget and
 bound) and has it laid out on a second thread (distinct prompts, prefix groups, every forward
 batch's host buffer) while the GPU finishes; it queues that call on the engine's thread right behind
@@ -27,9 +28,9 @@ the running one, so the GPU waits neither for the layout nor for a round trip th
 between calls (docs/benchmarks.md, "Server batching").
 
 Pipelined: the engine's thread only *launches* a call (its kernels, the copy of its scores to the
-host, an event behind them: :meth:`~genscore_core.engine.ScoringEngine.launch_prepared`); a third
+host, an event behind them: :meth:`~genscore_core.backend.LaunchAhead.launch_prepared`); a third
 thread waits for the scores, checks them and hands them to the event loop
-(:meth:`~genscore_core.engine.ScoringEngine.collect_launched`). So the call laid out ahead is
+(:meth:`~genscore_core.backend.LaunchAhead.collect_launched`). So the call laid out ahead is
 launched behind the running one on the device's stream while that one still runs, and the device
 goes from one call to the next without waiting for the host. Calls are collected one at a time in
 the order they were launched, and answered in that order. At most one call is queued behind the
@@ -58,10 +59,16 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
-from genscore_core.engine import LaunchedCall, ScoringEngine
+from genscore_core.backend import (
+    LaunchAhead,
+    ProgressCallback,
+    ScoringBackend,
+    ScoringJob,
+    StreamLayout,
+    streamed,
+)
 from genscore_core.errors import InvalidRequestError, ScoreRangeError, ServerBusyError
 from genscore_core.server.pacing import DevicePace
 from genscore_core.waiting import within
@@ -80,19 +87,6 @@ class _Entry:
     """Taken from the queue by the worker (into a call, or dropped as cancelled)."""
     dropped: bool = False
     """Cancelled while queued, and already left out of the queue's counts."""
-
-
-@runtime_checkable
-class PrepareAhead(Protocol):
-    """A backend that can do a call's host work ahead (:class:`~genscore_core.engine.ScoringEngine`)."""
-
-    def prepare_jobs(self, jobs: Sequence[ScoringJob], *, lay_out: bool = True) -> Any: ...
-
-    def launch_prepared(self, prepared: Any, on_progress: ProgressCallback | None = None) -> Any: ...
-
-    def collect_launched(
-        self, call: Any, on_progress: ProgressCallback | None = None
-    ) -> list[list[float]]: ...
 
 
 @dataclass
@@ -147,11 +141,11 @@ class RequestBatcher(ScoringBackend):
             whatever ``max_batch_tokens`` says.
         preparing: Whether requests are being prepared (tokenized) now; when given, the worker waits
             for company only while it says so. None: a short queue always waits ``max_wait_ms``.
-        batch_tokens: When the backend is a local :class:`~genscore_core.engine.ScoringEngine`, run
-            each call of several jobs as forward batches filled to this many tokens (the last holds
-            the rest), so that their shapes repeat and replay CUDA graphs
-            (:meth:`~genscore_core.engine.ScoringEngine.score_jobs_in_batches`); 0: the engine's own
-            balanced batches. A lone job always takes the engine's own way.
+        batch_tokens: When the backend streams (:attr:`~genscore_core.backend.ScoringBackend.streams`:
+            a local engine whose forward streams), run each call of several jobs as forward batches
+            filled to this many tokens (the last holds the rest), so that their shapes repeat and
+            replay CUDA graphs (:attr:`~genscore_core.backend.StreamLayout.batch_tokens`); 0: the
+            engine's own balanced batches. A lone job always takes the engine's own way.
         max_queued: Jobs allowed to wait; :meth:`score` raises :class:`ServerBusyError` beyond it.
         max_request_tokens: Prompt tokens one :meth:`ascore_jobs` call (one request) may hold; more
             is an :class:`~genscore_core.InvalidRequestError`. ``None``: no limit.
@@ -199,11 +193,11 @@ class RequestBatcher(ScoringBackend):
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
-    def _ahead(self) -> PrepareAhead | None:
+    def _ahead(self) -> LaunchAhead | None:
         """The backend, where calls can be laid out ahead (not through the fixed-size batches of
         ``batch_tokens``)."""
         backend = self.backend
-        return backend if isinstance(backend, PrepareAhead) and not self.batch_tokens else None
+        return backend if isinstance(backend, LaunchAhead) and not self.batch_tokens else None
 
     @property
     def running(self) -> bool:
@@ -433,7 +427,7 @@ class RequestBatcher(ScoringBackend):
         )
         return call
 
-    def _lay_out(self, backend: PrepareAhead, jobs: list[ScoringJob]) -> Any:
+    def _lay_out(self, backend: LaunchAhead, jobs: list[ScoringJob]) -> Any:
         """On the preparing thread: the call laid out, its time noted (the pace's lead)."""
         started = time.perf_counter()
         prepared = backend.prepare_jobs(jobs)
@@ -451,7 +445,7 @@ class RequestBatcher(ScoringBackend):
         the collecting thread, so this thread is free to launch the next call at once. A launch
         that fails is answered there too, one job at a time, in its turn."""
         started = time.perf_counter()
-        call: LaunchedCall | Exception
+        call: Any  # the backend's launched call, or the error launching it raised
         try:
             call = self._launch(jobs, prepared)
         except Exception as error:
@@ -478,7 +472,7 @@ class RequestBatcher(ScoringBackend):
         return ahead.launch_prepared(layout)
 
     def _collect_isolated(
-        self, jobs: list[ScoringJob], call: LaunchedCall | Exception, started: float, tokens: int
+        self, jobs: list[ScoringJob], call: Any, started: float, tokens: int
     ) -> list[list[float] | Exception]:
         """On the collecting thread: the launched call's scores; if it failed (launching, or a bad
         score), the jobs again one by one (launched and collected here), so one bad job fails alone.
@@ -578,8 +572,8 @@ class RequestBatcher(ScoringBackend):
 
     def _score(self, jobs: list[ScoringJob]) -> list[list[float]]:
         backend = self.backend
-        if self.batch_tokens and len(jobs) > 1 and isinstance(backend, ScoringEngine):
-            return backend.score_jobs_in_batches(jobs, self.batch_tokens)
+        if self.batch_tokens and len(jobs) > 1 and backend.streams:
+            return backend.score_stream(*streamed(jobs), layout=StreamLayout(batch_tokens=self.batch_tokens))
         return backend.score_jobs(jobs)
 
     def _record(self, batch: list[_Entry], outcomes: list[list[float] | Exception]) -> None:

@@ -13,12 +13,11 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from genscore_core.engine import ScoringJob
-from genscore_core.forward import ProgressCallback
+from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob
 from genscore_core.server import RequestBatcher
 
 
-class RecordingBackend:
+class RecordingBackend(ScoringBackend):
     """Scores each prompt by its first token; records the jobs of every call."""
 
     def __init__(self, fail_on: int | None = None, delay: float = 0.0) -> None:
@@ -45,7 +44,7 @@ def job(tag: int, tokens: int = 4, prompts: int = 1) -> ScoringJob:
     return ScoringJob([[tag] * tokens for _ in range(prompts)], [1, 2])
 
 
-class SteppedBackend:
+class SteppedBackend(ScoringBackend):
     """Scores each prompt by its first token and runs one call per :meth:`step`, so a test decides
     what is queued while each call runs."""
 

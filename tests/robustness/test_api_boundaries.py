@@ -206,10 +206,35 @@ def test_a_prompt_token_bound_that_is_not_a_count_is_refused(
         ) as caught:
             asyncio.run(scorer.arerank(QUERY, [long_document], max_prompt_tokens=bound))  # type: ignore[arg-type]
         assert caught.value.param == "max_prompt_tokens"
+        with pytest.raises(
+            InvalidRequestError, match=f"max_prompt_tokens must be a positive integer, got {bound!r}"
+        ):
+            scorer.rerank(QUERY, [long_document], max_prompt_tokens=bound)  # type: ignore[arg-type]
         with pytest.raises(InvalidRequestError, match="max_prompt_tokens must be a positive integer"):
             scorer.front_end.prepare_pairs([(QUERY, long_document)], max_prompt_tokens=bound)  # type: ignore[arg-type]
     # A usable bound still works: the document's prompts fit within it.
     assert len(asyncio.run(scorer.arerank(QUERY, [long_document], max_prompt_tokens=100_000))) == 1
+    assert len(scorer.rerank(QUERY, [long_document], max_prompt_tokens=100_000)) == 1
+
+
+def test_rerank_and_arerank_take_the_same_options(tiny_model_dir: Path) -> None:
+    """The same public options on the blocking and the async rerank; a chunked document over
+    ``max_prompt_tokens`` is refused by both, with the same words."""
+    import inspect
+
+    def options(method: Any) -> list[tuple[str, Any, Any]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(method).parameters.values()]
+
+    assert options(GenerativeScorer.rerank) == options(GenerativeScorer.arerank)
+    chunking = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="float32", max_length=96,
+                                long_documents="chunk")  # fmt: skip
+    long_document = " ".join(f"word{i}" for i in range(400))
+    with pytest.raises(InvalidRequestError) as blocking:
+        chunking.rerank(QUERY, ["short", long_document], max_prompt_tokens=120)
+    with pytest.raises(InvalidRequestError) as awaited:
+        asyncio.run(chunking.arerank(QUERY, ["short", long_document], max_prompt_tokens=120))
+    assert "120" in str(blocking.value)
+    assert str(blocking.value) == str(awaited.value) and blocking.value.index == awaited.value.index == 1
 
 
 def test_a_model_folder_may_be_a_path(tiny_model_dir: Path, scorer: GenerativeScorer) -> None:

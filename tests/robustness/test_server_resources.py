@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from genscore_core import GenerativeScorer
+from genscore_core.backend import ScoringBackend
 from genscore_core.request_life import AbandonStats
 from genscore_core.server import ServerLimits, create_app
 from genscore_core.server.connections import uvicorn_options
@@ -147,7 +148,7 @@ def test_abandoned_requests_are_neither_tokenized_nor_scored(tiny_model_dir: Pat
     assert stats["in_flight"] == 0
 
 
-class _HeldEngine:
+class _HeldEngine(ScoringBackend):
     """The scorer's engine behind a gate: an engine call waits until the test opens it, as a long
     call would hold the requests queued behind it."""
 

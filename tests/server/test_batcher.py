@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from genscore_core import GenerativeScorer
-from genscore_core.engine import ScoringJob
+from genscore_core.backend import ScoringJob
 from genscore_core.server import RequestBatcher, ServerBusyError
 from tests.helpers.backends import RecordingBackend, job
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import httpx
 import pytest
 
 from genscore_core import GenerativeScorer
-from genscore_core.engine import ScoringEngine, ScoringJob
-from genscore_core.forward import ProgressCallback
+from genscore_core.backend import JobPart, ProgressCallback, ScoringJob, StreamedJob, StreamLayout, streamed
+from genscore_core.engine import ScoringEngine
 from genscore_core.server import RequestBatcher, ServerLimits, create_app
 from genscore_core.server.cli import add_serve_command, server_limits
 from tests.helpers.backends import RecordingBackend
@@ -51,7 +51,8 @@ def test_fixed_batches_score_as_the_balanced_call(engine: ScoringEngine, batch_t
     jobs = _jobs(random.Random(batch_tokens))
     expected = engine.score_jobs(jobs)
     batches: list[int] = []
-    got = engine.score_jobs_in_batches(jobs, batch_tokens, on_progress=batches.append)
+    layout = StreamLayout(batch_tokens=batch_tokens)
+    got = engine.score_stream(*streamed(jobs), on_progress=batches.append, layout=layout)
     assert [len(s) for s in got] == [len(job.prompts) for job in jobs]
     assert got[2] == []
     for row, want in zip(got, expected, strict=True):
@@ -68,7 +69,7 @@ def test_fixed_batches_score_as_the_balanced_call(engine: ScoringEngine, batch_t
 
 def test_fixed_batches_need_a_positive_size(engine: ScoringEngine) -> None:
     with pytest.raises(ValueError, match="batch_tokens"):
-        engine.score_jobs_in_batches(_jobs(random.Random(0)), 0)
+        engine.score_stream(*streamed(_jobs(random.Random(0))), layout=StreamLayout(batch_tokens=0))
     with pytest.raises(ValueError, match="batch_tokens"):
         RequestBatcher(engine, batch_tokens=-1)
 
@@ -86,11 +87,17 @@ class RecordingEngine(ScoringEngine):
         self.calls.append(("balanced", len(jobs)))
         return super().score_jobs(jobs, on_progress)
 
-    def score_jobs_in_batches(
-        self, jobs: Sequence[ScoringJob], batch_tokens: int, on_progress: ProgressCallback | None = None
+    def score_stream(
+        self,
+        jobs: Sequence[StreamedJob],
+        parts: Iterable[JobPart],
+        on_progress: ProgressCallback | None = None,
+        *,
+        layout: StreamLayout | None = None,
     ) -> list[list[float]]:
+        assert layout is not None and layout.batch_tokens == 64
         self.calls.append(("fixed", len(jobs)))
-        return super().score_jobs_in_batches(jobs, batch_tokens, on_progress)
+        return super().score_stream(jobs, parts, on_progress, layout=layout)
 
 
 async def test_calls_of_several_jobs_take_fixed_batches_and_a_lone_job_the_engine_way(

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from genscore_core import GenerativeScorer
-from genscore_core.engine import ScoringJob
+from genscore_core.backend import ScoringJob
 from genscore_core.errors import ServerBusyError
 from genscore_core.forward import ProgressCallback
 from genscore_core.server import RequestBatcher, ServerLimits, create_app

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from genscore_core import GenerativeScorer
+from genscore_core.backend import ScoringBackend
 from genscore_core.server import create_app
 from tests.helpers.server import (
     SEED_EMPTY_ITEMS_ERROR,
@@ -469,7 +470,7 @@ def test_health_and_models(client: httpx.Client, scorer: GenerativeScorer) -> No
 # -- failures inside the server ---------------------------------------------------------------------
 
 
-class _BrokenBackend:
+class _BrokenBackend(ScoringBackend):
     def score_jobs(self, jobs: object, on_progress: object = None) -> list[list[float]]:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
@@ -487,7 +488,7 @@ def test_engine_failure_is_a_500_and_a_full_queue_a_503(scorer: GenerativeScorer
         assert busy.headers["retry-after"] == "1"
 
 
-class _OutOfMemoryBackend:
+class _OutOfMemoryBackend(ScoringBackend):
     def score_jobs(self, jobs: object, on_progress: object = None) -> list[list[float]]:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB on /secret/path")
 

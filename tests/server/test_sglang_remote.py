@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from genscore_core import GenerativeScorer, InvalidRequestError, RemoteScoringError
-from genscore_core.engine import ScoringJob
+from genscore_core.backend import ScoringJob
 from tests.helpers.server import SEED_TEXT_REQUEST, SEED_TOKEN_REQUEST, LiveServer, serve_in_thread
 
 QUERY = "What is the capital of France?"
