@@ -136,7 +136,8 @@ def _config(tokenizer: Any) -> Any:
         num_key_value_heads=_HEADS,
         head_dim=_HEAD_DIM,
         max_position_embeddings=8192,
-        rope_parameters={"rope_type": "default", "rope_theta": _ROPE_THETA},
+        # transformers 5 folds rope_theta into rope_parameters; 4.x reads it as it is.
+        rope_theta=_ROPE_THETA,
         tie_word_embeddings=True,
         rms_norm_eps=1e-6,
         bos_token_id=tokenizer.bos_token_id,
