@@ -76,6 +76,24 @@ def test_same_seed_same_weights_and_every_parameter_trained() -> None:
 
 
 @pytest.mark.slow
+def test_the_callers_thread_count_does_not_change_the_weights() -> None:
+    # Training pins its own thread count: a machine with more cores (or an xdist worker given fewer)
+    # writes the same weights. Other CPUs (AVX2 against AVX-512) still round differently: the
+    # notebook checks compare only what does not depend on that.
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two, _ = build_demo_model(train_steps=3)
+        torch.set_num_threads(1)
+        one, _ = build_demo_model(train_steps=3)
+        assert torch.get_num_threads() == 1  # and the caller's setting is given back
+    finally:
+        torch.set_num_threads(before)
+    a, b = one.state_dict(), two.state_dict()
+    assert [name for name in a if not torch.equal(a[name], b[name])] == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("query", "documents", "best"),
     [

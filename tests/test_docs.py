@@ -112,9 +112,9 @@ def test_page_runs_as_written(page: Path, tmp_path: Path, demo_model_dir: Path, 
 
 # Pages that describe the code (the benchmarks page records measurements and names the scripts' flags).
 CLAIM_PAGES = [page for page in PAGES if page.name != "benchmarks.md"]
-# Flags of other programs the docs show (pip, curl, vLLM, SGLang, Ray, ruff, the benchmark scripts).
+# Flags of other programs the docs show (pip, curl, vLLM, SGLang, Ray, ruff, pytest, the benchmark scripts).
 OTHER_FLAGS = {
-    "--api-key", "--check", "--clusters", "--data-parallel-size", "--dp-size", "--fail-with-body", "--head",
+    "--api-key", "--check", "--clusters", "--data-parallel-size", "--dist", "--dp-size", "--fail-with-body", "--head",
     "--hf_overrides", "--max-model-len", "--model-path", "--no-deps", "--no-index", "--system-config",
     "--upgrade", "--warm-up",
 }  # fmt: skip

@@ -124,6 +124,9 @@ def _deterministic_torch(threads: int) -> Iterator[None]:
         torch.use_deterministic_algorithms(previous_deterministic)
 
 
+_ROPE: dict[str, Any] = {"rope_theta": _ROPE_THETA}
+
+
 def _config(tokenizer: Any) -> Any:
     from transformers import Qwen3Config
 
@@ -136,7 +139,9 @@ def _config(tokenizer: Any) -> Any:
         num_key_value_heads=_HEADS,
         head_dim=_HEAD_DIM,
         max_position_embeddings=8192,
-        rope_parameters={"rope_type": "default", "rope_theta": _ROPE_THETA},
+        # transformers 5 folds rope_theta into rope_parameters (its signature no longer names it);
+        # 4.x reads it as it is and would ignore rope_parameters.
+        **_ROPE,
         tie_word_embeddings=True,
         rms_norm_eps=1e-6,
         bos_token_id=tokenizer.bos_token_id,
