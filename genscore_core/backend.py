@@ -103,9 +103,6 @@ class StreamLayout:
     batch_tokens: int | None = None
     """Every batch filled to this many tokens (the last holds the rest), so that batch shapes repeat
     from call to call (``genscore serve --forward-batch-tokens``); must be positive."""
-    by_part: bool = False
-    """Each part scored as a call of its own, its work queued on the device before the next part is
-    taken: a small call split in two, the second tokenized while the device runs the first."""
 
 
 def streamed(jobs: Sequence[ScoringJob]) -> tuple[list[StreamedJob], list[JobPart]]:
@@ -171,13 +168,6 @@ class ScoringBackend(ABC):
         streaming them (and whole jobs carry their texts, :attr:`ScoringJob.texts`, which a
         streamed call does not)."""
         return False
-
-    @property
-    def overlap_share(self) -> float:
-        """Share of a small single-query text call's document characters that a caller hands over
-        as a first part, the rest as a second (:attr:`StreamLayout.by_part`); 0 (the default):
-        small calls go whole. Read only where :attr:`streams` is True."""
-        return 0.0
 
     @property
     def local_model(self) -> Any:

@@ -53,11 +53,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["LaunchedCall", "PreparedJobs", "ScoringEngine", "select_forward"]
 
 
-OVERLAP_SHARE = 0.0
-"""The default :attr:`ScoringEngine.overlap_share` where the forward runs ahead of the device: off
-until a split call is measured faster on the GPU (docs/benchmarks.md, "Overlap")."""
-
-
 def select_forward(model: Any, config: LocalSettings, pad_token_id: int) -> ForwardStrategy:
     """Pick the forward that runs prompts through the model (the one place that decides it).
 
@@ -98,12 +93,7 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
     (the front end's bound on token ids).
     """
 
-    def __init__(
-        self, model: Any, forward: ForwardStrategy, head: LabelHead, *, overlap_share: float | None = None
-    ) -> None:
-        if overlap_share is not None and not 0.0 <= overlap_share < 1.0:
-            raise ValueError(f"overlap_share must be in [0, 1), got {overlap_share}")
-        self._overlap_share = overlap_share
+    def __init__(self, model: Any, forward: ForwardStrategy, head: LabelHead) -> None:
         self.model = model
         """The causal LM whose forward and head these are."""
         self.forward = forward
@@ -155,18 +145,6 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
     def local_model(self) -> Any:
         """:attr:`model`: the engine runs it in this process."""
         return self.model
-
-    @property
-    def overlap_share(self) -> float:
-        """Share of a small single-query text call's document characters built and queued on the
-        device first; the rest is tokenized while the device runs that part
-        (:attr:`~genscore_core.backend.StreamLayout.by_part`).
-        0 scores the call whole. Unless set, :data:`OVERLAP_SHARE` where the forward runs ahead of the
-        device (:attr:`~genscore_core.forward.ForwardStrategy.runs_ahead`), else 0: on the CPU the
-        forward is the host's own work, so there is nothing to overlap."""
-        if self._overlap_share is not None:
-            return self._overlap_share
-        return OVERLAP_SHARE if self.forward.runs_ahead else 0.0
 
     @property
     def streams(self) -> bool:
@@ -230,16 +208,11 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
         later parts are tokenized), each later one twice its predecessor's target, within the
         forward's budget. ``layout.batch_tokens`` fills every batch to that many tokens instead, so
         that their shapes repeat from call to call and replay CUDA graphs (not faster so far:
-        docs/benchmarks.md, "Server batching"). ``layout.by_part`` scores each part
-        as a call of its own, taking the next part only once the current one's work is queued on
-        the device: building part k+1 overlaps the device's work on part k (:attr:`overlap_share`).
-        A forward that does not stream gathers the parts and scores the whole jobs.
+        docs/benchmarks.md, "Server batching"). A forward that does not stream gathers the parts and scores the whole jobs.
         """
         layout = layout or StreamLayout()
         if layout.batch_tokens is not None and layout.batch_tokens <= 0:
             raise ValueError(f"batch_tokens must be positive, got {layout.batch_tokens}")
-        if layout.by_part:
-            return self._score_by_part(jobs, parts, on_progress)
         items = TakenParts(parts)
         sizes = [job.size for job in jobs]
         forward = self.forward
@@ -432,34 +405,6 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
             if on_progress is not None and distinct < len(job.prompts):
                 on_progress(len(job.prompts) - distinct)
         return [scores.get(id(job), []) for job in call.jobs]
-
-    def _score_by_part(
-        self, jobs: Sequence[StreamedJob], parts: Iterable[JobPart], on_progress: ProgressCallback | None
-    ) -> list[list[float]]:
-        """Each part scored as a call of its own (:attr:`StreamLayout.by_part`), the next part taken
-        only once the current one's work is queued on the device.
-
-        Nothing between the two waits for the device, so when ``parts`` is a generator that builds
-        (tokenizes) its parts, building part k+1 overlaps the device's work on part k. An exception
-        raised by ``parts`` reaches the caller; the work already queued is dropped.
-        """
-        sizes = [job.size for job in jobs]
-        taken = [0] * len(jobs)
-        with self._lock:
-            launched: list[tuple[int, _Launched]] = []
-            for part in parts:
-                check_part(sizes, taken, part)
-                taken[part.job] += len(part.prompts)
-                job = jobs[part.job]
-                prompts = [list(p) for p in part.prompts]
-                scoring = ScoringJob(prompts, job.label_ids, job.mode != "vocab-softmax", score_mode=job.mode)
-                launched.append((part.job, self._launch([scoring], on_progress)))
-            check_all_taken(sizes, taken)
-            scores: list[list[float]] = [[] for _ in jobs]
-            for number, call in launched:
-                [part_scores] = self._collect(call, on_progress)
-                scores[number].extend(part_scores)
-        return scores
 
     def _launch(self, jobs: Sequence[ScoringJob], on_progress: ProgressCallback | None) -> _Launched:
         """Queue the forward and head of ``jobs`` on the device (caller holds the lock); nothing here

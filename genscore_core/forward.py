@@ -71,12 +71,6 @@ class ForwardStrategy(ABC, Generic[CallT, BatchT]):
 
     max_batch_tokens: int
 
-    @property
-    def runs_ahead(self) -> bool:
-        """Whether :meth:`last_hidden_states` returns before the device has done its work, leaving
-        the host free meanwhile (its batches are launched without waiting: CUDA graph replays)."""
-        return False
-
     def rebuild(self) -> None:
         """Build again what this forward derived from the model's tensors (its device, fused weights)
         once the model was moved, cast or given other parameters; the engine calls it when it sees

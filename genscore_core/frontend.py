@@ -481,20 +481,6 @@ class PairStream:
         return scores_in_input_order(self.positions, prompts, scores)
 
 
-def overlap_first_chars(pairs: Sequence[tuple[str, str]], share: float) -> int | None:
-    """Characters of documents in the first of two parts of a small call whose second part is
-    tokenized while the device runs the first (``StreamLayout.by_part``); None when the call
-    goes whole: ``share`` 0, more than one query (each would need parts of its own), fewer than
-    three documents (the first part holds at least two), or a document given twice (one call scores
-    a repeated prompt once, so repeats stay tied; in two parts they could differ in the last bits)."""
-    if share <= 0 or len(pairs) < 3:
-        return None
-    query = pairs[0][0]
-    if any(q != query for q, _ in pairs) or len({d for _, d in pairs}) < len(pairs):
-        return None
-    return max(1, int(share * sum(len(d) for _, d in pairs)))
-
-
 def check_token_count(value: object, param: str) -> None:
     """``value`` is None or a positive integer (a count of tokens), else InvalidRequestError naming ``param``."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

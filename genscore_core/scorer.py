@@ -6,13 +6,13 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import ValidationError
 from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn on import
 
-from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob, StreamLayout, in_worker_thread
+from genscore_core.backend import ProgressCallback, ScoringBackend, ScoringJob, in_worker_thread
 from genscore_core.config import (
     DEFAULT_MODEL,
     LocalSettings,
@@ -28,7 +28,6 @@ from genscore_core.frontend import (
     check_documents,
     check_pairs,
     check_token_count,
-    overlap_first_chars,
 )
 from genscore_core.loading import (
     check_causal_lm_config,
@@ -443,39 +442,15 @@ class GenerativeScorer:
         call goes in parts, tokenized on its producer thread while the GPU runs the batches already
         laid out (:mod:`genscore_core.streaming`); every other call is built whole, then scored.
         """
-        stream, layout = self._stream_of(pairs, max_tokens_per_doc)
-        if stream is None:
+        stream = self.front_end.stream_pairs(pairs) if self._streams(max_tokens_per_doc) else None
+        if stream is None or not stream.streams:
             prepared = self.front_end.prepare_pairs(
                 pairs, max_tokens_per_doc=max_tokens_per_doc, max_prompt_tokens=max_prompt_tokens
             )
             return prepared.assemble(self._run(prepared.jobs, also, name=_pairs_named(prepared, param)))
-        # A call scored part by part is scored as calls of their own, whose errors know a prompt only
-        # by its place in its part: left unnamed, not named after another pair.
-        named: AbstractContextManager[None] = (
-            nullcontext() if layout.by_part else _engine_errors_named(_stream_named(stream, param))
-        )
-        with self._progress(len(pairs), also) as progress, named:
-            scores = self.backend.score_stream(stream.jobs, stream.parts(), progress, layout=layout)
+        with self._progress(len(pairs), also) as progress, _engine_errors_named(_stream_named(stream, param)):
+            scores = self.backend.score_stream(stream.jobs, stream.parts(), progress)
         return stream.assemble(scores)
-
-    def _stream_of(
-        self, pairs: Sequence[tuple[str, str]], max_tokens_per_doc: int | None
-    ) -> tuple[PairStream | None, StreamLayout]:
-        """The pairs as a stream of parts and how the backend lays it out, or (None, ...): built
-        whole. Streamed: a large call, or a small single-query call split in two parts where the
-        backend asks for it (``backend.overlap_share``; docs/benchmarks.md, "Overlap")."""
-        whole = None, StreamLayout()
-        if not self._streams(max_tokens_per_doc):
-            return whole
-        stream = self.front_end.stream_pairs(pairs)
-        if stream.streams:
-            return stream, StreamLayout()
-        first_chars = overlap_first_chars(pairs, self.backend.overlap_share)
-        if first_chars is None:
-            return whole
-        rest = sum(len(document) for _, document in pairs)
-        split = self.front_end.stream_pairs(pairs, first_part_chars=first_chars, part_chars=rest)
-        return split, StreamLayout(by_part=True)
 
     @contextmanager
     def _progress(self, total: int, also: ProgressCallback | None = None) -> Iterator[ProgressCallback]:

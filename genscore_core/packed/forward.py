@@ -102,12 +102,6 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         self.decoder = PackedDecoder(self.model, options)
         self.graphs = _graphs_of(self.decoder)
 
-    @property
-    def runs_ahead(self) -> bool:
-        # A replay is one launch: the host is free while the device runs the batch. Eager batches
-        # keep the host launching ~480 kernels for as long as the device runs them.
-        return self.graphs is not None and self.graphs.disabled is None
-
     # -- the streamed entry point (genscore_core.streaming) -------------------------------------------
 
     def prepare_stream_batch(self, batch: StreamBatch) -> tuple[StreamBatch, DeviceBatch]:
