@@ -127,8 +127,14 @@ def run(args: argparse.Namespace, report: Report) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="small sizes on the CPU: checks the script")
-    run_reported(parser, "bench_kernels.py", run, name="kernel", baseline_name="torch reference")
+    run_reported(
+        parser,
+        "bench_kernels.py",
+        run,
+        dry_run="small sizes on the CPU: checks the script",
+        name="kernel",
+        baseline_name="torch reference",
+    )
 
 
 if __name__ == "__main__":

@@ -161,8 +161,7 @@ def main() -> None:
     parser.add_argument(
         "--server-args", default="", help='more `genscore serve` flags, e.g. "--batch-max-wait-ms 2"'
     )
-    parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU: checks the script")
-    run_reported(parser, "bench_serve.py", run)
+    run_reported(parser, "bench_serve.py", run, dry_run="tiny model on the CPU: checks the script")
 
 
 if __name__ == "__main__":

@@ -175,8 +175,7 @@ def main() -> None:
     parser.add_argument(
         "--cpu", action="store_true", help="on the CPU: hidden 256, 4 layers, fp32 (OMP_NUM_THREADS)"
     )
-    parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU: checks the script")
-    run_reported(parser, "bench_text.py", run)
+    run_reported(parser, "bench_text.py", run, dry_run="tiny model on the CPU: checks the script")
 
 
 if __name__ == "__main__":
