@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -69,6 +70,17 @@ class SteppedBackend(ScoringBackend):
 
     def step(self) -> None:
         self._go.release()
+
+
+@asynccontextmanager
+async def started(batcher: RequestBatcher) -> AsyncIterator[RequestBatcher]:
+    """``batcher`` started, and stopped on the way out whatever the test raised (so that its
+    collecting task never outlives the test)."""
+    batcher.start()
+    try:
+        yield batcher
+    finally:
+        await batcher.stop()
 
 
 async def queue(batcher: RequestBatcher, jobs: Sequence[ScoringJob]) -> list[asyncio.Future[list[float]]]:

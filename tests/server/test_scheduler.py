@@ -16,15 +16,15 @@ from genscore_core.backend import ScoringJob
 from genscore_core.errors import ServerBusyError
 from genscore_core.forward import ProgressCallback
 from genscore_core.server import RequestBatcher, ServerLimits, create_app
-from tests.helpers.backends import SteppedAheadBackend, SteppedBackend, job, queue
-from tests.helpers.server import LiveServer, rerank_concurrently, serve_in_thread
+from tests.helpers.backends import SteppedAheadBackend, SteppedBackend, job, queue, started
+from tests.helpers.server import LiveServer, random_bodies, rerank_concurrently, serve_in_thread
 
 
 async def test_arrival_order_and_the_token_budget() -> None:
     backend = SteppedBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=12, max_wait_ms=0, max_waited_batches=100)
-    batcher.start()
-    try:
+    async with started(
+        RequestBatcher(backend, max_batch_tokens=12, max_wait_ms=0, max_waited_batches=100)
+    ) as batcher:
         first = await queue(batcher, [job(1)])
         await backend.running()
         sizes = {2: 4, 3: 4, 4: 8, 5: 2, 6: 2, 7: 30, 8: 4}
@@ -32,8 +32,6 @@ async def test_arrival_order_and_the_token_budget() -> None:
         for _ in range(6):
             backend.step()
         results = await asyncio.gather(*first, *rest)
-    finally:
-        await batcher.stop()
     assert results == [[1.0], *[[float(tag)] for tag in sizes]]
     # Arrival order: calls are consecutive runs of the queue; nothing is overtaken, not even by a
     # small job that would fit beside an earlier call (5 beside [2, 3], 8 beside 7).
@@ -50,17 +48,15 @@ async def test_no_job_waits_behind_more_than_max_waited_calls(
     max_waited: int, calls: list[list[int]]
 ) -> None:
     backend = SteppedBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
-    batcher.start()
-    try:
+    async with started(
+        RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
+    ) as batcher:
         first = await queue(batcher, [job(1)])
         await backend.running()
         rest = await queue(batcher, [job(tag) for tag in range(2, 10)])
         for _ in calls:
             backend.step()
         await asyncio.gather(*first, *rest)
-    finally:
-        await batcher.stop()
     # The budget holds two 4-token jobs; a job that has seen max_waited calls go by is taken anyway.
     assert backend.calls == calls
     assert max(batcher.stats.waited_batches) == max_waited
@@ -102,8 +98,7 @@ async def test_company_is_awaited_only_while_requests_are_being_tokenized() -> N
     batcher: RequestBatcher
     # A wait long enough that a test relying on it would time out.
     batcher = RequestBatcher(backend, max_wait_ms=600_000, preparing=lambda: batcher.queued < coming[0])
-    batcher.start()
-    try:
+    async with started(batcher):
         tasks = []
         for tag in range(1, 5):
             tasks += await queue(batcher, [job(tag)])
@@ -115,16 +110,12 @@ async def test_company_is_awaited_only_while_requests_are_being_tokenized() -> N
         await backend.running()
         backend.step()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    finally:
-        await batcher.stop()
     assert backend.calls == [[1, 2, 3, 4], [5]]
 
 
 async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> None:
     backend = SteppedAheadBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
-    batcher.start()
-    try:
+    async with started(RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)) as batcher:
         tasks = await queue(batcher, [job(1)])
         await backend.running()
         tasks += await queue(batcher, [job(2), job(3), job(4)])
@@ -139,8 +130,6 @@ async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> Non
         await backend.launch_next()
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    finally:
-        await batcher.stop()
     assert results == [[float(tag)] for tag in range(1, 6)]
     # Arrival order and the budget (two 4-token jobs) as for calls taken after the one before.
     assert backend.calls == [[1], [2, 3], [4, 5]]
@@ -156,9 +145,9 @@ async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> Non
 )
 async def test_calls_laid_out_ahead_keep_the_waiting_bound(max_waited: int, calls: list[list[int]]) -> None:
     backend = SteppedAheadBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
-    batcher.start()
-    try:
+    async with started(
+        RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
+    ) as batcher:
         first = await queue(batcher, [job(1)])
         await backend.running()
         rest = await queue(batcher, [job(tag) for tag in range(2, 10)])
@@ -170,8 +159,6 @@ async def test_calls_laid_out_ahead_keep_the_waiting_bound(max_waited: int, call
             if index + 1 < len(calls):
                 await backend.running()
         await asyncio.wait_for(asyncio.gather(*first, *rest), 30)
-    finally:
-        await batcher.stop()
     # The same calls as when each is taken after the one before finished (the test above).
     assert backend.calls == calls
     assert max(batcher.stats.waited_batches) == max_waited
@@ -187,9 +174,7 @@ async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
             return list(jobs)
 
     backend = FailingLayout()
-    batcher = RequestBatcher(backend, max_wait_ms=0)
-    batcher.start()
-    try:
+    async with started(RequestBatcher(backend, max_wait_ms=0)) as batcher:
         tasks = await queue(batcher, [job(1)])
         await backend.running()
         tasks += await queue(batcher, [job(2)])
@@ -199,17 +184,13 @@ async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
         await backend.launch_next()
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    finally:
-        await batcher.stop()
     assert results == [[1.0], [2.0]]
     assert backend.calls == [[1], [2]]
 
 
 async def test_the_next_call_launches_before_the_running_one_is_collected() -> None:
     backend = SteppedAheadBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
-    batcher.start()
-    try:
+    async with started(RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)) as batcher:
         tasks = await queue(batcher, [job(1)])
         await backend.running()
         tasks += await queue(batcher, [job(2), job(3), job(4), job(5)])
@@ -233,8 +214,6 @@ async def test_the_next_call_launches_before_the_running_one_is_collected() -> N
         assert not any(t.done() for t in tasks[3:])
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    finally:
-        await batcher.stop()
     assert results == [[float(tag)] for tag in range(1, 6)]
     assert backend.launched == backend.calls == [[1], [2, 3], [4, 5]]
     assert batcher.stats.waited_batches == {0: 1, 1: 2, 2: 2}
@@ -262,9 +241,9 @@ class FailingCollect(SteppedAheadBackend):
 
 async def test_a_failing_call_is_answered_job_by_job_and_the_next_call_is_not_broken() -> None:
     backend = FailingCollect()
-    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=100)
-    batcher.start()
-    try:
+    async with started(
+        RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=100)
+    ) as batcher:
         tasks = await queue(batcher, [job(1)])
         await backend.running()
         tasks += await queue(batcher, [job(2), job(13), job(4), job(66), job(6)])
@@ -278,8 +257,6 @@ async def test_a_failing_call_is_answered_job_by_job_and_the_next_call_is_not_br
             backend.launch()
             backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
-    finally:
-        await batcher.stop()
     assert results[:3] == [[1.0], [2.0], results[2]] and isinstance(results[2], ValueError)
     assert results[3] == [4.0] and isinstance(results[4], RuntimeError) and results[5] == [6.0]
     assert backend.launched[:3] == [[1], [2, 13], [4, 66]]
@@ -327,13 +304,7 @@ def test_concurrent_clients_wait_behind_at_most_two_calls(
     fair_server: LiveServer, scorer: GenerativeScorer
 ) -> None:
     rng = random.Random(8)
-    bodies = [
-        {
-            "query": " ".join(rng.choices(WORDS, k=4)),
-            "documents": [" ".join(rng.choices(WORDS, k=30)) for _ in range(6)],
-        }
-        for _ in range(48)
-    ]
+    bodies = random_bodies(rng, WORDS, 48, document_words=lambda: 30)
 
     answers = rerank_concurrently(fair_server.url, bodies, at_once=16)
     stats = httpx.get(f"{fair_server.url}/stats").json()
