@@ -90,6 +90,16 @@ async def queue(batcher: RequestBatcher, jobs: Sequence[ScoringJob]) -> list[asy
     return tasks
 
 
+async def first_call_running(
+    batcher: RequestBatcher, backend: SteppedBackend
+) -> list[asyncio.Future[list[float]]]:
+    """Job 1 queued and its call running, held until the test steps it: the call that the jobs the
+    test queues next wait behind."""
+    tasks = await queue(batcher, [job(1)])
+    await backend.running()
+    return tasks
+
+
 class SteppedAheadBackend(SteppedBackend):
     """:class:`SteppedBackend` that can lay calls out ahead and launch them before collecting (the
     protocol of a local engine): a call launches at :meth:`launch` and its scores are collected at

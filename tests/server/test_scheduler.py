@@ -16,7 +16,14 @@ from genscore_core.backend import ScoringJob
 from genscore_core.errors import ServerBusyError
 from genscore_core.forward import ProgressCallback
 from genscore_core.server import RequestBatcher, ServerLimits, create_app
-from tests.helpers.backends import SteppedAheadBackend, SteppedBackend, job, queue, started
+from tests.helpers.backends import (
+    SteppedAheadBackend,
+    SteppedBackend,
+    first_call_running,
+    job,
+    queue,
+    started,
+)
 from tests.helpers.server import LiveServer, random_bodies, rerank_concurrently, serve_in_thread
 
 
@@ -25,8 +32,7 @@ async def test_arrival_order_and_the_token_budget() -> None:
     async with started(
         RequestBatcher(backend, max_batch_tokens=12, max_wait_ms=0, max_waited_batches=100)
     ) as batcher:
-        first = await queue(batcher, [job(1)])
-        await backend.running()
+        first = await first_call_running(batcher, backend)
         sizes = {2: 4, 3: 4, 4: 8, 5: 2, 6: 2, 7: 30, 8: 4}
         rest = await queue(batcher, [job(tag, size) for tag, size in sizes.items()])
         for _ in range(6):
@@ -51,8 +57,7 @@ async def test_no_job_waits_behind_more_than_max_waited_calls(
     async with started(
         RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
     ) as batcher:
-        first = await queue(batcher, [job(1)])
-        await backend.running()
+        first = await first_call_running(batcher, backend)
         rest = await queue(batcher, [job(tag) for tag in range(2, 10)])
         for _ in calls:
             backend.step()
@@ -68,8 +73,7 @@ async def test_a_large_job_is_not_starved_by_a_stream_of_small_ones() -> None:
     batcher.start()
     tasks = []
     try:
-        tasks += await queue(batcher, [job(1)])
-        await backend.running()
+        tasks += await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(99, tokens=50), job(3)])
         # While each call runs, two more small jobs arrive, which would fill every call on their own.
         tag = 10
@@ -116,8 +120,7 @@ async def test_company_is_awaited_only_while_requests_are_being_tokenized() -> N
 async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> None:
     backend = SteppedAheadBackend()
     async with started(RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)) as batcher:
-        tasks = await queue(batcher, [job(1)])
-        await backend.running()
+        tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(3), job(4)])
         backend.launch()  # call 1 has queued its work: the next call is taken and laid out now
         await backend.laid_out_calls(1)
@@ -148,8 +151,7 @@ async def test_calls_laid_out_ahead_keep_the_waiting_bound(max_waited: int, call
     async with started(
         RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
     ) as batcher:
-        first = await queue(batcher, [job(1)])
-        await backend.running()
+        first = await first_call_running(batcher, backend)
         rest = await queue(batcher, [job(tag) for tag in range(2, 10)])
         for index in range(len(calls)):
             backend.launch()
@@ -175,8 +177,7 @@ async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
 
     backend = FailingLayout()
     async with started(RequestBatcher(backend, max_wait_ms=0)) as batcher:
-        tasks = await queue(batcher, [job(1)])
-        await backend.running()
+        tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2)])
         backend.launch()
         await backend.laid_out_calls(1)
@@ -191,8 +192,7 @@ async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
 async def test_the_next_call_launches_before_the_running_one_is_collected() -> None:
     backend = SteppedAheadBackend()
     async with started(RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)) as batcher:
-        tasks = await queue(batcher, [job(1)])
-        await backend.running()
+        tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(3), job(4), job(5)])
         backend.launch()
         await backend.running()  # call 2 is launching while call 1's scores are not collected
@@ -244,8 +244,7 @@ async def test_a_failing_call_is_answered_job_by_job_and_the_next_call_is_not_br
     async with started(
         RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=100)
     ) as batcher:
-        tasks = await queue(batcher, [job(1)])
-        await backend.running()
+        tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(13), job(4), job(66), job(6)])
         backend.launch()
         await backend.launch_next()  # call 2 ([2, 13]) launched, its collect to fail
@@ -273,8 +272,7 @@ async def test_stopping_answers_launched_and_queued_calls() -> None:
     batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
     batcher.start()
     try:
-        tasks = await queue(batcher, [job(1)])
-        await backend.running()
+        tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(3), job(4)])
         backend.launch()
         await backend.launch_next()  # call 1 collecting, call 2 launched behind it, job 4 queued
