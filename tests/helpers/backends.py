@@ -11,6 +11,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
@@ -73,9 +74,10 @@ class SteppedBackend(ScoringBackend):
 
 
 @asynccontextmanager
-async def started(batcher: RequestBatcher) -> AsyncIterator[RequestBatcher]:
-    """``batcher`` started, and stopped on the way out whatever the test raised (so that its
-    collecting task never outlives the test)."""
+async def started(backend: ScoringBackend, **settings: Any) -> AsyncIterator[RequestBatcher]:
+    """A ``RequestBatcher(backend, **settings)`` started, and stopped on the way out whatever the test
+    raised (so that its collecting task never outlives the test)."""
+    batcher = RequestBatcher(backend, **settings)
     batcher.start()
     try:
         yield batcher

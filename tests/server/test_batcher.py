@@ -14,7 +14,7 @@ from tests.helpers.backends import RecordingBackend, job, started
 
 async def test_concurrent_jobs_share_one_call() -> None:
     backend = RecordingBackend()
-    async with started(RequestBatcher(backend, max_batch_tokens=1000, max_wait_ms=50)) as batcher:
+    async with started(backend, max_batch_tokens=1000, max_wait_ms=50) as batcher:
         results = await asyncio.gather(*(batcher.score(job(tag, prompts=2)) for tag in range(5)))
     assert results == [[float(tag)] * 2 for tag in range(5)]
     assert backend.calls == [[0, 1, 2, 3, 4]]
@@ -26,9 +26,7 @@ async def test_concurrent_jobs_share_one_call() -> None:
 async def test_token_budget_splits_batches_and_a_big_job_runs_alone() -> None:
     backend = RecordingBackend()
     backend.release.clear()  # hold the worker so that every job is queued before the first batch
-    async with started(
-        RequestBatcher(backend, max_batch_tokens=10, max_wait_ms=0, max_waited_batches=10)
-    ) as batcher:
+    async with started(backend, max_batch_tokens=10, max_wait_ms=0, max_waited_batches=10) as batcher:
         tasks = [asyncio.ensure_future(batcher.score(job(tag))) for tag in range(1, 6)]
         tasks.append(asyncio.ensure_future(batcher.score(job(9, tokens=50))))
         await asyncio.to_thread(backend.entered.wait, 5)
@@ -41,7 +39,7 @@ async def test_token_budget_splits_batches_and_a_big_job_runs_alone() -> None:
 
 async def test_a_failing_job_fails_alone() -> None:
     backend = RecordingBackend(fail_on=3)
-    async with started(RequestBatcher(backend, max_batch_tokens=1000, max_wait_ms=50)) as batcher:
+    async with started(backend, max_batch_tokens=1000, max_wait_ms=50) as batcher:
         results = await asyncio.gather(
             *(batcher.score(job(tag)) for tag in range(1, 5)), return_exceptions=True
         )
@@ -75,7 +73,7 @@ async def test_full_queue_and_shutdown_answer_busy() -> None:
 async def test_cancelled_requests_are_skipped() -> None:
     backend = RecordingBackend()
     backend.release.clear()
-    async with started(RequestBatcher(backend, max_batch_tokens=1000, max_wait_ms=0)) as batcher:
+    async with started(backend, max_batch_tokens=1000, max_wait_ms=0) as batcher:
         first = asyncio.ensure_future(batcher.score(job(1)))
         await asyncio.to_thread(backend.entered.wait, 5)
         gone = asyncio.ensure_future(batcher.score(job(2)))
@@ -96,7 +94,7 @@ async def test_empty_job_needs_no_batch() -> None:
 async def test_waited_batches_count_the_calls_that_ran_while_a_job_was_queued() -> None:
     backend = RecordingBackend()
     backend.release.clear()  # the first job's call holds the worker while the others queue
-    async with started(RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)) as batcher:
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0) as batcher:
         first = asyncio.ensure_future(batcher.score(job(1)))
         await asyncio.to_thread(backend.entered.wait, 5)  # job 1's call is running (held)
         rest = [asyncio.ensure_future(batcher.score(job(tag))) for tag in range(2, 6)]

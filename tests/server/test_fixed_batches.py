@@ -106,9 +106,7 @@ async def test_calls_of_several_jobs_take_fixed_batches_and_a_lone_job_the_engin
     recording = RecordingEngine(engine)
     jobs = [job for job in _jobs(random.Random(7)) if job.prompts][:3]
     expected = engine.score_jobs(jobs)
-    async with started(
-        RequestBatcher(recording, max_batch_tokens=10**6, max_wait_ms=50, batch_tokens=64)
-    ) as batcher:
+    async with started(recording, max_batch_tokens=10**6, max_wait_ms=50, batch_tokens=64) as batcher:
         together = await asyncio.gather(*(batcher.score(job) for job in jobs))
         alone = await batcher.score(jobs[0])
     assert recording.calls == [("fixed", 3), ("balanced", 1)]
@@ -118,9 +116,7 @@ async def test_calls_of_several_jobs_take_fixed_batches_and_a_lone_job_the_engin
 
 async def test_a_backend_other_than_the_engine_scores_its_own_way() -> None:
     backend = RecordingBackend()
-    async with started(
-        RequestBatcher(backend, max_batch_tokens=1000, max_wait_ms=20, batch_tokens=64)
-    ) as batcher:
+    async with started(backend, max_batch_tokens=1000, max_wait_ms=20, batch_tokens=64) as batcher:
         results = await asyncio.gather(*(batcher.score(ScoringJob([[tag] * 3], [1, 2])) for tag in range(3)))
     assert results == [[0.0], [1.0], [2.0]]
     assert backend.calls == [[0, 1, 2]]

@@ -29,9 +29,7 @@ from tests.helpers.server import LiveServer, random_bodies, rerank_concurrently,
 
 async def test_arrival_order_and_the_token_budget() -> None:
     backend = SteppedBackend()
-    async with started(
-        RequestBatcher(backend, max_batch_tokens=12, max_wait_ms=0, max_waited_batches=100)
-    ) as batcher:
+    async with started(backend, max_batch_tokens=12, max_wait_ms=0, max_waited_batches=100) as batcher:
         first = await first_call_running(batcher, backend)
         sizes = {2: 4, 3: 4, 4: 8, 5: 2, 6: 2, 7: 30, 8: 4}
         rest = await queue(batcher, [job(tag, size) for tag, size in sizes.items()])
@@ -54,9 +52,7 @@ async def test_no_job_waits_behind_more_than_max_waited_calls(
     max_waited: int, calls: list[list[int]]
 ) -> None:
     backend = SteppedBackend()
-    async with started(
-        RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
-    ) as batcher:
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited) as batcher:
         first = await first_call_running(batcher, backend)
         rest = await queue(batcher, [job(tag) for tag in range(2, 10)])
         for _ in calls:
@@ -101,8 +97,7 @@ async def test_company_is_awaited_only_while_requests_are_being_tokenized() -> N
     coming = [4]
     batcher: RequestBatcher
     # A wait long enough that a test relying on it would time out.
-    batcher = RequestBatcher(backend, max_wait_ms=600_000, preparing=lambda: batcher.queued < coming[0])
-    async with started(batcher):
+    async with started(backend, max_wait_ms=600_000, preparing=lambda: batcher.queued < coming[0]) as batcher:
         tasks = []
         for tag in range(1, 5):
             tasks += await queue(batcher, [job(tag)])
@@ -119,7 +114,7 @@ async def test_company_is_awaited_only_while_requests_are_being_tokenized() -> N
 
 async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> None:
     backend = SteppedAheadBackend()
-    async with started(RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)) as batcher:
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0) as batcher:
         tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(3), job(4)])
         backend.launch()  # call 1 has queued its work: the next call is taken and laid out now
@@ -148,9 +143,7 @@ async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> Non
 )
 async def test_calls_laid_out_ahead_keep_the_waiting_bound(max_waited: int, calls: list[list[int]]) -> None:
     backend = SteppedAheadBackend()
-    async with started(
-        RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
-    ) as batcher:
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited) as batcher:
         first = await first_call_running(batcher, backend)
         rest = await queue(batcher, [job(tag) for tag in range(2, 10)])
         for index in range(len(calls)):
@@ -176,7 +169,7 @@ async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
             return list(jobs)
 
     backend = FailingLayout()
-    async with started(RequestBatcher(backend, max_wait_ms=0)) as batcher:
+    async with started(backend, max_wait_ms=0) as batcher:
         tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2)])
         backend.launch()
@@ -191,7 +184,7 @@ async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
 
 async def test_the_next_call_launches_before_the_running_one_is_collected() -> None:
     backend = SteppedAheadBackend()
-    async with started(RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)) as batcher:
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0) as batcher:
         tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(3), job(4), job(5)])
         backend.launch()
@@ -241,9 +234,7 @@ class FailingCollect(SteppedAheadBackend):
 
 async def test_a_failing_call_is_answered_job_by_job_and_the_next_call_is_not_broken() -> None:
     backend = FailingCollect()
-    async with started(
-        RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=100)
-    ) as batcher:
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=100) as batcher:
         tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(13), job(4), job(66), job(6)])
         backend.launch()
