@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import random
-import shlex
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
-from common import Report, add_report_args, call_times, finish, median
+from common import Report, call_times, median, run_reported
 
 from genscore_core.kernels import (
     Segments,
@@ -129,15 +127,14 @@ def run(args: argparse.Namespace, report: Report) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="small sizes on the CPU: checks the script")
-    add_report_args(parser)
-    args = parser.parse_args()
-    command = "python benchmarks/bench_kernels.py " + shlex.join(sys.argv[1:])
-    report = Report(command=command, label=args.label, name="kernel", baseline_name="torch reference")
-    try:
-        run(args, report)
-    finally:
-        finish(report, args.csv)
+    run_reported(
+        parser,
+        "bench_kernels.py",
+        run,
+        dry_run="small sizes on the CPU: checks the script",
+        name="kernel",
+        baseline_name="torch reference",
+    )
 
 
 if __name__ == "__main__":

@@ -31,11 +31,10 @@ from common import (
     SHAPES,
     Report,
     Texts,
-    add_report_args,
     build_model,
-    finish,
     load_tokenizer,
     quantile,
+    run_reported,
     word_list,
 )
 
@@ -162,14 +161,7 @@ def main() -> None:
     parser.add_argument(
         "--server-args", default="", help='more `genscore serve` flags, e.g. "--batch-max-wait-ms 2"'
     )
-    parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU: checks the script")
-    add_report_args(parser)
-    args = parser.parse_args()
-    report = Report(command="python benchmarks/bench_serve.py " + shlex.join(sys.argv[1:]), label=args.label)
-    try:
-        run(args, report)
-    finally:
-        finish(report, args.csv)
+    run_reported(parser, "bench_serve.py", run, dry_run="tiny model on the CPU: checks the script")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ after the model loads, and the first 20 calls are reported apart from calls 21-4
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -30,16 +29,15 @@ from common import (
     OfficialRecipe,
     Report,
     Texts,
-    add_report_args,
     build_model,
     call_times,
     errors,
-    finish,
     load_tokenizer,
     matmul_tflops,
     median,
     peak_beyond,
     quantile,
+    run_reported,
     word_list,
 )
 
@@ -177,14 +175,7 @@ def main() -> None:
     parser.add_argument(
         "--cpu", action="store_true", help="on the CPU: hidden 256, 4 layers, fp32 (OMP_NUM_THREADS)"
     )
-    parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU: checks the script")
-    add_report_args(parser)
-    args = parser.parse_args()
-    report = Report(command="python benchmarks/bench_text.py " + shlex.join(sys.argv[1:]), label=args.label)
-    try:
-        run(args, report)
-    finally:
-        finish(report, args.csv)
+    run_reported(parser, "bench_text.py", run, dry_run="tiny model on the CPU: checks the script")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ import importlib.util
 import os
 import platform
 import random
+import shlex
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -310,3 +312,20 @@ def finish(report: Report, csv_path: str | None) -> None:
     if csv_path:
         report.append_csv(Path(csv_path))
     print(report.table(), flush=True)
+
+
+def run_reported(
+    parser: Any, script: str, run: Callable[[Any, Report], None], *, dry_run: str, **columns: str
+) -> None:
+    """Every script's ``main``: its flags, ``--dry-run`` (what it does: ``dry_run``) and the report's,
+    then ``run``; the table even when ``run`` fails part-way, so that the figures measured before the
+    failure are not lost. ``columns``: ``name`` and ``baseline_name`` of the report."""
+    parser.add_argument("--dry-run", action="store_true", help=dry_run)
+    add_report_args(parser)
+    args = parser.parse_args()
+    command = f"python benchmarks/{script} " + shlex.join(sys.argv[1:])
+    report = Report(command=command, label=args.label, **columns)
+    try:
+        run(args, report)
+    finally:
+        finish(report, args.csv)

@@ -49,6 +49,8 @@ from genscore_core.scoring import first_bad_score, score_range_words
 from genscore_core.templates import PromptTemplate, ScoreMode
 
 if TYPE_CHECKING:
+    import torch
+
     from genscore_core.engine import ScoringEngine
 
 RANKED_ON_THE_LOOP = 64
@@ -690,14 +692,20 @@ def _load(config: ScorerConfig) -> tuple[ScoringFrontEnd, ScoringBackend]:
         return _server_parts(config, local)
     device = resolve_device(local.device)
     tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
-    causal_lm = load_causal_lm(
+    causal_lm = load_configured_lm(config, local, device)
+    return _local_parts(causal_lm, tokenizer, config, local)
+
+
+def load_configured_lm(config: ScorerConfig, local: LocalSettings, device: torch.device) -> Any:
+    """The causal LM ``config`` names, loaded on ``device`` in ``local``'s dtype (for this module and
+    for Ray's warm-up, which loads it beside the tokenizer)."""
+    return load_causal_lm(
         config.model,
         device=device,
         dtype=resolve_dtype(local.dtype, device),
         trust_remote_code=config.trust_remote_code,
         show_progress=config.show_progress,
     )
-    return _local_parts(causal_lm, tokenizer, config, local)
 
 
 def _local_parts(

@@ -248,18 +248,12 @@ class GenerativeRerank(BaseNodePostprocessor):
                 video and no text (``param`` ``"nodes"``, ``index`` its place). Raised before any
                 event is emitted.
         """
-        query = _require_query(query_bundle)
-        nodes = _checked_nodes(nodes)
+        query, nodes, texts = self._begin(nodes, query_bundle)
         if not nodes:
             return []
-        texts = self._texts(nodes)
-        self._emit_start(nodes, query_bundle)
-        with self.callback_manager.event(
-            CBEventType.RERANKING, payload=self._callback_payload(nodes, query)
-        ) as event:
+        with self._reranking_event(nodes, query) as event:
             ranked = self._scorer.rerank(query, texts, top_n=self.top_n, score_threshold=self.score_threshold)
-            reranked = self._reranked_nodes(nodes, ranked)
-            event.on_end(payload={EventPayload.NODES: reranked})
+            reranked = self._ended(nodes, ranked, event)
         dispatcher.event(ReRankEndEvent(nodes=reranked))
         return reranked
 
@@ -268,24 +262,44 @@ class GenerativeRerank(BaseNodePostprocessor):
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
         """Async :meth:`_postprocess_nodes`: scoring runs in a worker thread, the event loop keeps running."""
-        query = _require_query(query_bundle)
-        nodes = _checked_nodes(nodes)
+        query, nodes, texts = self._begin(nodes, query_bundle)
         if not nodes:
             return []
-        texts = self._texts(nodes)
-        self._emit_start(nodes, query_bundle)
-        with self.callback_manager.event(
-            CBEventType.RERANKING, payload=self._callback_payload(nodes, query)
-        ) as event:
+        with self._reranking_event(nodes, query) as event:
             ranked = await self._scorer.arerank(
                 query, texts, top_n=self.top_n, score_threshold=self.score_threshold
             )
-            reranked = self._reranked_nodes(nodes, ranked)
-            event.on_end(payload={EventPayload.NODES: reranked})
+            reranked = self._ended(nodes, ranked, event)
         dispatcher.event(ReRankEndEvent(nodes=reranked))
         return reranked
 
     # -- helpers ------------------------------------------------------------------------------------
+
+    def _begin(
+        self, nodes: Iterable[Any], query_bundle: QueryBundle | None
+    ) -> tuple[str, list[NodeWithScore], list[str]]:
+        """What both entry points do before scoring: the query and the nodes checked (raised before
+        any event), their texts and, when there are nodes, the start event."""
+        query = _require_query(query_bundle)
+        checked = _checked_nodes(nodes)
+        texts = self._texts(checked)
+        if checked:
+            self._emit_start(checked, query_bundle)
+        return query, checked, texts
+
+    def _reranking_event(self, nodes: Sequence[NodeWithScore], query: str) -> Any:
+        """The legacy callback manager's reranking event, opened as a context manager."""
+        return self.callback_manager.event(
+            CBEventType.RERANKING, payload=self._callback_payload(nodes, query)
+        )
+
+    def _ended(
+        self, nodes: Sequence[NodeWithScore], ranked: RankedResults, event: Any
+    ) -> list[NodeWithScore]:
+        """The reranked copies, handed to the callback event as its end payload."""
+        reranked = self._reranked_nodes(nodes, ranked)
+        event.on_end(payload={EventPayload.NODES: reranked})
+        return reranked
 
     def _texts(self, nodes: Sequence[NodeWithScore]) -> list[str]:
         return [n.node.get_content(metadata_mode=self.metadata_mode) for n in nodes]

@@ -75,13 +75,11 @@ from genscore_core.kernels.dispatch import prepare_triton
 from genscore_core.loading import (
     check_model_source,
     check_tokenizer_files,
-    load_causal_lm,
     load_tokenizer,
     resolve_device,
-    resolve_dtype,
 )
 from genscore_core.protocol import check_text
-from genscore_core.scorer import GenerativeScorer
+from genscore_core.scorer import GenerativeScorer, load_configured_lm
 from genscore_core.server.limits import ServerLimits
 from genscore_core.truncation import max_chars_per_token
 
@@ -318,13 +316,7 @@ def _load_warmed(config: ScorerConfig, timings: dict[str, float]) -> GenerativeS
     with ThreadPoolExecutor(1, thread_name_prefix="genscore-startup") as pool:
         # A preloaded worker has done this already (then it returns at once).
         triton = pool.submit(prepare_triton) if device.type == "cuda" else None
-        causal_lm = load_causal_lm(
-            config.model,
-            device=device,
-            dtype=resolve_dtype(local.dtype, device),
-            trust_remote_code=config.trust_remote_code,
-            show_progress=config.show_progress,
-        )
+        causal_lm = load_configured_lm(config, local, device)
         timed("model", started, None)
         tokenizer = pool.submit(tokenizer_ready)
         warm_up_model(causal_lm, config)

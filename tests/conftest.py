@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from filelock import FileLock
 
 from genscore_core import GenerativeScorer
 from genscore_core.testing.tiny_model import make_tiny_model
+from tests.helpers.demo_cli import make_demo_model_cli
 
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
@@ -65,12 +64,7 @@ def scorer(tiny_model_dir: Path) -> GenerativeScorer:
 
 def _make_demo_model(out: Path) -> None:
     """Through the command line, as the README does."""
-    done = subprocess.run(
-        [sys.executable, "-m", "genscore_core.cli", "make-demo-model", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = make_demo_model_cli(out, timeout=900)
     assert done.returncode == 0, done.stderr
     assert "DEMO MODEL" in done.stderr
 

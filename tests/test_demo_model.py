@@ -20,6 +20,7 @@ from genscore_core.testing.demo_model import (
     ndcg_at,
     synthetic_query,
 )
+from tests.helpers.demo_cli import make_demo_model_cli
 
 
 @pytest.fixture(scope="session")
@@ -123,12 +124,7 @@ def test_documentation_examples_put_the_relevant_document_first(
 
 def test_make_demo_model_refuses_a_non_empty_folder(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text("mine\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "genscore_core.cli", "make-demo-model", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = make_demo_model_cli(tmp_path)
     assert done.returncode == 2
     assert "--force" in done.stderr
     assert (tmp_path / "README.md").read_text() == "mine\n"
@@ -138,22 +134,12 @@ def test_make_demo_model_refuses_a_non_empty_folder(tmp_path: Path) -> None:
 def test_make_demo_model_keeps_the_same_model(demo_model_dir: Path) -> None:
     weights = demo_model_dir / "model.safetensors"
     before = (weights.stat().st_mtime_ns, weights.read_bytes())
-    done = subprocess.run(
-        [sys.executable, "-m", "genscore_core.cli", "make-demo-model", str(demo_model_dir)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = make_demo_model_cli(demo_model_dir)
     assert done.returncode == 0, done.stderr
     assert "kept it" in done.stderr
     assert (weights.stat().st_mtime_ns, weights.read_bytes()) == before
 
-    other_seed = subprocess.run(
-        [sys.executable, "-m", "genscore_core.cli", "make-demo-model", str(demo_model_dir), "--seed", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    other_seed = make_demo_model_cli(demo_model_dir, "--seed", "1")
     assert other_seed.returncode == 2
     assert "--force" in other_seed.stderr
 

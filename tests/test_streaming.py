@@ -591,8 +591,10 @@ def test_a_streamed_rerank_reports_prompts_as_the_whole_path_does(
     assert by_index[7].score == by_index[3].score
 
 
-def _official_check(scorer: GenerativeScorer, reference_model: tuple[object, object]) -> None:
-    """The engine scores a small call as the official recipe does (it is not left broken)."""
+def _recovered(scorer: GenerativeScorer, reference_model: tuple[object, object]) -> None:
+    """After a failed call: no producer thread is left, and the engine scores a small call as the
+    official recipe does (it is not left broken)."""
+    assert not [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
     rng = random.Random(5)
     pairs = [("capital of france", _text(rng, rng.randint(3, 30))) for _ in range(7)]
     model, tokenizer = reference_model
@@ -633,8 +635,7 @@ def test_parts_that_do_not_match_their_jobs_are_refused_naming_the_job(
     streamed = [StreamedJob(declared, scorer.front_end.label_token_ids)]
     with pytest.raises(ValueError, match=message):
         scorer.engine.score_stream(streamed, parts)
-    assert not [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
-    _official_check(scorer, reference_model)
+    _recovered(scorer, reference_model)
 
 
 def _failing_parts(prompts: list[list[int]], error: BaseException, at: int) -> Iterator[JobPart]:
@@ -657,8 +658,7 @@ def test_an_error_of_the_parts_that_reads_like_out_of_memory_reaches_the_caller(
     with pytest.raises(RuntimeError, match="tokenizer: out of memory") as raised:
         scorer.engine.score_stream(streamed, _failing_parts(prompts, failure, at=2))
     assert raised.value is failure
-    assert not [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
-    _official_check(scorer, reference_model)
+    _recovered(scorer, reference_model)
 
 
 def test_parts_that_fail_while_the_forward_runs_out_of_memory_report_their_error(
@@ -698,8 +698,7 @@ def test_parts_that_fail_while_the_forward_runs_out_of_memory_report_their_error
         engine.score_stream(streamed, parts())
     assert raised.value.index == 9
     monkeypatch.undo()
-    assert not [t for t in threading.enumerate() if t.name == "genscore-host-batches"]
-    _official_check(scorer, reference_model)
+    _recovered(scorer, reference_model)
 
 
 def test_the_forward_out_of_memory_mid_stream_scores_every_prompt_again_and_counts_it_once(

@@ -48,9 +48,12 @@ def add_score_command(commands: Any, scorer_flag_aliases: Mapping[str, Sequence[
         help="fail: stop, naming the bad rows by line; skip: leave them out and list them in "
         "OUTPUT.bad-rows.jsonl (default %(default)s)",
     )
-    score.add_argument("--restart", action="store_true", help="discard an unfinished earlier run")
-    score.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
-    score.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    for flag, what in (
+        ("--restart", "discard an unfinished earlier run"),
+        ("--overwrite", "replace an existing OUTPUT"),
+        ("--no-progress", "no progress bar on stderr"),
+    ):
+        score.add_argument(flag, action="store_true", help=what)
     score.add_argument(
         "--crash-after-chunks",
         type=non_negative_int,

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
@@ -71,10 +73,32 @@ class SteppedBackend(ScoringBackend):
         self._go.release()
 
 
+@asynccontextmanager
+async def started(backend: ScoringBackend, **settings: Any) -> AsyncIterator[RequestBatcher]:
+    """A ``RequestBatcher(backend, **settings)`` started, and stopped on the way out whatever the test
+    raised (so that its collecting task never outlives the test)."""
+    batcher = RequestBatcher(backend, **settings)
+    batcher.start()
+    try:
+        yield batcher
+    finally:
+        await batcher.stop()
+
+
 async def queue(batcher: RequestBatcher, jobs: Sequence[ScoringJob]) -> list[asyncio.Future[list[float]]]:
     tasks = [asyncio.ensure_future(batcher.score(j)) for j in jobs]
     await asyncio.sleep(0)  # one turn of the loop: each task has queued its job, in this order
     assert batcher.queued >= len(jobs)
+    return tasks
+
+
+async def first_call_running(
+    batcher: RequestBatcher, backend: SteppedBackend
+) -> list[asyncio.Future[list[float]]]:
+    """Job 1 queued and its call running, held until the test steps it: the call that the jobs the
+    test queues next wait behind."""
+    tasks = await queue(batcher, [job(1)])
+    await backend.running()
     return tasks
 
 

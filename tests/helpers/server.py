@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -154,6 +155,20 @@ def read_http_message(connection: socket.socket) -> bytes:
             break
         body += chunk
     return head + b"\r\n\r\n" + body
+
+
+def random_bodies(
+    rng: random.Random, words: Sequence[str], count: int, document_words: Callable[[], int]
+) -> list[dict[str, object]]:
+    """``count`` rerank bodies of ``words`` drawn by ``rng``: a query of 4 words and 6 documents of
+    ``document_words()`` words each."""
+    return [
+        {
+            "query": " ".join(rng.choices(words, k=4)),
+            "documents": [" ".join(rng.choices(words, k=document_words())) for _ in range(6)],
+        }
+        for _ in range(count)
+    ]
 
 
 def rerank_concurrently(

@@ -49,6 +49,7 @@ from tests.helpers.recipe_ranking import (
     spied,
     threshold_between,
 )
+from tests.helpers.uncopyable import uncopyable_values
 
 QUERY = RIVER_QUERY
 
@@ -133,34 +134,31 @@ def test_package_import_does_not_load_frameworks() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def forwarded(config: ScorerConfig) -> dict[str, Any]:
+    """The settings that the adapters' tests pass, as the scorer's config holds them."""
+    return {
+        "model": config.model,
+        "instruction": config.prompt.instruction,
+        "device": config.run.device,
+        "dtype": config.run.dtype,
+        "max_length": config.prompt.max_length,
+    }
+
+
 def test_built_from_model_settings(
     tiny_model_dir: Path, recipe: RecipeReference, docs: list[Document]
 ) -> None:
     instruction = "Given a question, find passages that answer it"
-    reranker = GenerativeReranker(
-        model=str(tiny_model_dir),
-        template="qwen3-reranker",
-        instruction=instruction,
-        device="cpu",
-        dtype="float32",
-        max_length=512,
-        top_n=2,
-    )
+    settings: dict[str, Any] = {
+        "model": str(tiny_model_dir),
+        "instruction": instruction,
+        "device": "cpu",
+        "dtype": "float32",
+    }
+    reranker = GenerativeReranker(template="qwen3-reranker", max_length=512, top_n=2, **settings)
     config = reranker.scorer.config
-    assert (
-        config.model,
-        config.prompt.template,
-        config.prompt.max_length,
-        config.run.device,
-        config.run.dtype,
-    ) == (
-        str(tiny_model_dir),
-        "qwen3-reranker",
-        512,
-        "cpu",
-        "float32",
-    )
-    assert config.prompt.instruction == instruction
+    assert config.prompt.template == "qwen3-reranker"
+    assert forwarded(config) == {**settings, "max_length": 512}
     out = reranker.compress_documents(docs, QUERY)
     # The instruction reached the prompt: the recipe scores with it (and not with the card's default).
     scores = recipe_scores(recipe, docs, instruction=instruction)
@@ -172,24 +170,15 @@ def test_built_from_model_settings(
 def test_settings_are_forwarded_to_the_scorer(cls: Any, tiny_model_dir: Path) -> None:
     import torch
 
-    adapter = cls(
-        model=str(tiny_model_dir), instruction="Judge it", device="cpu", dtype="bfloat16", max_length=64
-    )
+    settings: dict[str, Any] = {
+        "model": str(tiny_model_dir),
+        "instruction": "Judge it",
+        "device": "cpu",
+        "dtype": "bfloat16",
+    }
+    adapter = cls(max_length=64, **settings)
     assert isinstance(adapter.scorer, GenerativeScorer)
-    config = adapter.scorer.config
-    assert (
-        config.model,
-        config.prompt.instruction,
-        config.run.device,
-        config.run.dtype,
-        config.prompt.max_length,
-    ) == (
-        str(tiny_model_dir),
-        "Judge it",
-        "cpu",
-        "bfloat16",
-        64,
-    )
+    assert forwarded(adapter.scorer.config) == {**settings, "max_length": 64}
     # Taken up, not only recorded: the weights were loaded in bfloat16 and prompts are cut at 64.
     assert adapter.scorer.model.dtype == torch.bfloat16
     assert adapter.scorer.max_length == 64
@@ -365,16 +354,8 @@ def test_metadata_and_ids_kept_inputs_untouched(scorer: GenerativeScorer, docs: 
 
 
 async def test_metadata_values_are_never_copied(scorer: GenerativeScorer, recipe: RecipeReference) -> None:
-    import torch
-
-    # deepcopy refuses a tensor that is not a graph leaf (RuntimeError) and a very deep tree
-    # (RecursionError); neither may cost the caller the scored document.
-    not_a_leaf = torch.ones(3, requires_grad=True) * 2
-    deep: dict[str, Any] = {}
-    node = deep
-    for _ in range(5000):
-        node["next"] = {}
-        node = node["next"]
+    # Neither value that deepcopy refuses may cost the caller the scored document.
+    not_a_leaf, deep = uncopyable_values()
     payload = list(range(10**5))
     docs = [
         Document(page_content=TEXTS[0], id="tensor", metadata={"emb": not_a_leaf}),

@@ -44,6 +44,7 @@ from tests.helpers.recipe_ranking import (
     spied,
     threshold_between,
 )
+from tests.helpers.uncopyable import uncopyable_values
 
 QUERY = "How do generative rerankers score documents?"
 TEXTS = [
@@ -80,6 +81,13 @@ def recipe_scores(
 ) -> list[float]:
     """The official recipe's score of each node's text (read with ``mode``) for QUERY, in input order."""
     return recipe.scores(QUERY, [n.node.get_content(metadata_mode=mode) for n in nodes])
+
+
+async def postprocess(rerank: GenerativeRerank, nodes: list[Any], use_async: bool) -> list[NodeWithScore]:
+    """``rerank``'s sync or async entry point on ``nodes`` for :data:`QUERY`."""
+    if use_async:
+        return await rerank.apostprocess_nodes(nodes, query_str=QUERY)
+    return rerank.postprocess_nodes(nodes, query_str=QUERY)
 
 
 def ids_scores(nodes: Sequence[NodeWithScore]) -> list[tuple[str, float | None]]:
@@ -399,18 +407,11 @@ async def test_inputs_are_never_mutated(scorer: GenerativeScorer) -> None:
 async def test_node_objects_and_metadata_values_are_shared_not_copied(
     scorer: GenerativeScorer, recipe: RecipeReference
 ) -> None:
-    import torch
-
     # An IndexNode's obj is what the node points to (here a whole index): LlamaIndex's own rerankers
     # return it as it is, and so must this one. Metadata values that deepcopy refuses (a tensor that is
     # not a graph leaf, a very deep tree) must not cost the caller the scored node either.
     index = VectorStoreIndex([TextNode(text=t) for t in TEXTS], embed_model=MockEmbedding(embed_dim=8))
-    not_a_leaf = torch.ones(3, requires_grad=True) * 2
-    deep: dict[str, Any] = {}
-    level = deep
-    for _ in range(5000):
-        level["next"] = {}
-        level = level["next"]
+    not_a_leaf, deep = uncopyable_values()
     nodes = [
         NodeWithScore(node=IndexNode(text=TEXTS[0], id_="index", index_id="i", obj=index), score=0.3),
         NodeWithScore(node=TextNode(text=TEXTS[1], id_="tensor", metadata={"emb": not_a_leaf}), score=0.2),
@@ -452,10 +453,7 @@ async def test_an_item_that_is_not_a_node_with_score_is_named(
     with pytest.raises(
         InvalidRequestError, match=r"nodes\[1\] must be a .*NodeWithScore, got TextNode.*wrap"
     ) as raised:
-        if use_async:
-            await rerank.apostprocess_nodes(bad, query_str=QUERY)
-        else:
-            rerank.postprocess_nodes(bad, query_str=QUERY)
+        await postprocess(rerank, bad, use_async)
     assert (raised.value.param, raised.value.index) == ("nodes", 1)
     assert collector.events == []  # raised before the start event, so before any scoring
     with pytest.raises(InvalidRequestError, match=r"nodes\[0\] must be a .*NodeWithScore, got str$"):
@@ -538,10 +536,7 @@ async def test_instrumentation_events(
 ) -> None:
     nodes = make_nodes()
     rerank = GenerativeRerank(scorer=scorer, top_n=2)
-    if use_async:
-        out = await rerank.apostprocess_nodes(nodes, query_str=QUERY)
-    else:
-        out = rerank.postprocess_nodes(nodes, query_str=QUERY)
+    out = await postprocess(rerank, nodes, use_async)
     start, end = collector.events
     assert isinstance(start, ReRankStartEvent) and isinstance(end, ReRankEndEvent)
     assert isinstance(start.query, QueryBundle) and start.query.query_str == QUERY
@@ -567,10 +562,7 @@ async def test_legacy_reranking_callback_event(use_async: bool, scorer: Generati
     handler = LlamaDebugHandler()
     rerank = GenerativeRerank(scorer=scorer, top_n=3, callback_manager=CallbackManager([handler]))
     nodes = make_nodes()
-    if use_async:
-        out = await rerank.apostprocess_nodes(nodes, query_str=QUERY)
-    else:
-        out = rerank.postprocess_nodes(nodes, query_str=QUERY)
+    out = await postprocess(rerank, nodes, use_async)
     [(start, end)] = handler.get_event_pairs(CBEventType.RERANKING)
     assert start.payload is not None and end.payload is not None
     assert start.payload[EventPayload.QUERY_STR] == QUERY
@@ -780,9 +772,6 @@ async def test_media_without_text_is_refused_by_name_before_scoring(
     for node, named in media:
         nodes = [*_mixed_nodes()[:2], NodeWithScore(node=node, score=0.4)]
         with pytest.raises(InvalidRequestError, match=rf"nodes\[2\] is a {named} and no text") as raised:
-            if use_async:
-                await rerank.apostprocess_nodes(nodes, query_str=QUERY)
-            else:
-                rerank.postprocess_nodes(nodes, query_str=QUERY)
+            await postprocess(rerank, nodes, use_async)
         assert (raised.value.param, raised.value.index) == ("nodes", 2)
     assert collector.events == []  # refused before the start event, so before any scoring

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
@@ -19,7 +20,16 @@ from genscore_core.cli import main as cli_main
 from tests.helpers.doc_blocks import REPO
 from tests.helpers.server import free_port
 
+RefusalT = TypeVar("RefusalT", bound=ConfigurationError)
+
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def _refusal(error: type[RefusalT], folder: Path) -> RefusalT:
+    """The ``error`` that building a CPU float32 scorer of ``folder`` raises."""
+    with pytest.raises(error) as caught:
+        GenerativeScorer(str(folder), device="cpu", dtype="float32")
+    return caught.value
 
 
 def _copy_without(source: Path, folder: Path, names: tuple[str, ...]) -> Path:
@@ -34,23 +44,21 @@ def test_a_model_saved_without_its_tokenizer_is_named(tiny_model_dir: Path, tmp_
     # model.save_pretrained(folder) alone: transformers 5 builds a one-token tokenizer from config.json,
     # and the label words came out as "0 tokens".
     folder = _copy_without(tiny_model_dir, tmp_path / "model-only", _TOKENIZER_FILES)
-    with pytest.raises(ModelNotFoundError) as caught:
-        GenerativeScorer(str(folder), device="cpu", dtype="float32")
-    message = str(caught.value)
+    refused = _refusal(ModelNotFoundError, folder)
+    message = str(refused)
     assert str(folder.resolve()) in message
     assert "holds no tokenizer files" in message
     assert "tokenizer.save_pretrained(folder)" in message
-    assert caught.value.setting == "model"
+    assert refused.setting == "model"
 
 
 def test_a_tokenizer_folder_without_config_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
     folder = _copy_without(tiny_model_dir, tmp_path / "tokenizer-only", ("config.json",))
-    with pytest.raises(ModelNotFoundError) as caught:
-        GenerativeScorer(str(folder), device="cpu", dtype="float32")
-    message = str(caught.value)
+    refused = _refusal(ModelNotFoundError, folder)
+    message = str(refused)
     assert str(folder.resolve()) in message
     assert "holds no config.json" in message
-    assert caught.value.setting == "model"
+    assert refused.setting == "model"
 
 
 def test_a_sharded_checkpoint_scores_as_the_single_file(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -79,12 +87,11 @@ def _copy(source: Path, folder: Path) -> Path:
 
 def test_a_folder_without_weights_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
     folder = _copy_without(tiny_model_dir, tmp_path / "no-weights", ("model.safetensors",))
-    with pytest.raises(ModelNotFoundError) as caught:
-        GenerativeScorer(str(folder), device="cpu", dtype="float32")
-    message = str(caught.value)
+    refused = _refusal(ModelNotFoundError, folder)
+    message = str(refused)
     assert repr(str(folder)) in message and "cannot load its weights" in message
     assert "model.safetensors" in message  # what transformers looked for
-    assert caught.value.setting == "model"
+    assert refused.setting == "model"
 
 
 @pytest.mark.parametrize(
@@ -97,12 +104,11 @@ def test_a_torn_file_is_named(tiny_model_dir: Path, tmp_path: Path, torn: str, p
     folder = _copy(tiny_model_dir, tmp_path / "torn")
     whole = (folder / torn).read_bytes()
     (folder / torn).write_bytes(whole[:7])
-    with pytest.raises(ConfigurationError) as caught:
-        GenerativeScorer(str(folder), device="cpu", dtype="float32")
-    message = str(caught.value)
+    refused = _refusal(ConfigurationError, folder)
+    message = str(refused)
     assert repr(str(folder)) in message and f"cannot load its {part}" in message
     assert f"unreadable (corrupted or partly written?): {torn}" in message
-    assert caught.value.setting == "model"
+    assert refused.setting == "model"
 
 
 def test_the_command_line_names_a_torn_folder_on_one_line(
@@ -249,11 +255,10 @@ def test_a_folder_that_needs_its_own_code_names_it_and_never_runs_it(
     (folder / "config.json").write_text(json.dumps(config))
     for module in ("configuration_my.py", "modeling_my.py"):
         (folder / module).write_text(f"open({str(ran)!r}, 'w').close()\n")
-    with pytest.raises(ConfigurationError) as caught:
-        GenerativeScorer(str(folder), device="cpu", dtype="float32")
-    message = str(caught.value)
+    refused = _refusal(ConfigurationError, folder)
+    message = str(refused)
     assert "AutoConfig -> configuration_my.MyConfig" in message
     assert "AutoModelForCausalLM -> modeling_my.MyRerankerForCausalLM" in message
     assert "trust_remote_code=True (--trust-remote-code)" in message
-    assert caught.value.setting == "trust_remote_code"
+    assert refused.setting == "trust_remote_code"
     assert not ran.exists()

@@ -160,6 +160,15 @@ def _refusals(scorer: GenerativeScorer, kind: str) -> list[str]:
     return messages
 
 
+def _refused_naming(scorer: GenerativeScorer, kind: str, url: str, text: str) -> list[str]:
+    """The messages of :func:`_refusals`, each checked to name the server and hold ``text``."""
+    messages = _refusals(scorer, kind)
+    for message in messages:
+        assert url in message
+        assert text in message
+    return messages
+
+
 BAD_SCORES = {
     "1.5": "1.5",
     "-0.2": "-0.2",
@@ -178,9 +187,7 @@ def test_bad_scores_are_refused_naming_server_and_value(
     remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, kind: str, bad: str
 ) -> None:
     fault.score = bad
-    for message in _refusals(remotes[kind], kind):
-        assert faulty_server.url in message
-        assert f"score {BAD_SCORES[bad]} " in message
+    _refused_naming(remotes[kind], kind, faulty_server.url, f"score {BAD_SCORES[bad]} ")
 
 
 @pytest.mark.parametrize("kind", ["genscore", "vllm", "rerank"])
@@ -197,9 +204,7 @@ def test_bad_indices_are_refused(
     shown: str,
 ) -> None:
     fault.index = bad
-    for message in _refusals(remotes[kind], kind):
-        assert faulty_server.url in message
-        assert f"index {shown} " in message
+    _refused_naming(remotes[kind], kind, faulty_server.url, f"index {shown} ")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -208,9 +213,8 @@ def test_integers_beyond_float_range_are_refused_as_scores(
 ) -> None:
     # JSON numbers have no size limit; float() of a 401-digit integer overflows.
     fault.score = "1" + "0" * 400
-    for message in _refusals(remotes[kind], kind):
-        assert faulty_server.url in message
-        assert "score 10000000000000000000...(401 characters) is not a probability" in message
+    shown = "score 10000000000000000000...(401 characters) is not a probability"
+    _refused_naming(remotes[kind], kind, faulty_server.url, shown)
 
 
 @pytest.mark.parametrize("kind", ["genscore", "vllm", "rerank"])
@@ -218,9 +222,8 @@ def test_an_index_of_hundreds_of_digits_is_shortened_in_the_error(
     remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, kind: str
 ) -> None:
     fault.index = "1" + "0" * 400
-    for message in _refusals(remotes[kind], kind):
-        assert faulty_server.url in message
-        assert "index 10000000000000000000...(401 characters) is outside [0, 3)" in message
+    shown = "index 10000000000000000000...(401 characters) is outside [0, 3)"
+    for message in _refused_naming(remotes[kind], kind, faulty_server.url, shown):
         assert len(message) < 300
 
 
@@ -230,9 +233,7 @@ def test_deeply_nested_bodies_are_refused_as_not_json(
 ) -> None:
     # Deeper than Python's JSON parser recurses.
     fault.body = "[" * 100_000 + "]" * 100_000
-    for message in _refusals(remotes[kind], kind):
-        assert f"{faulty_server.url}" in message
-        assert "not JSON" in message
+    _refused_naming(remotes[kind], kind, faulty_server.url, "not JSON")
 
 
 @contextmanager
@@ -347,9 +348,8 @@ def test_sglang_rows_must_hold_one_probability_per_label(
     remotes: dict[str, GenerativeScorer], fault: Faults, faulty_server: LiveServer, rows: str, problem: str
 ) -> None:
     fault.body = f'{{"object": "scoring", "scores": [{rows}]}}'
-    for message in _refusals(remotes["sglang"], "sglang"):
-        assert f"{faulty_server.url}/v1/score answered a malformed score row" in message
-        assert problem in message
+    malformed = f"{faulty_server.url}/v1/score answered a malformed score row"
+    _refused_naming(remotes["sglang"], "sglang", malformed, problem)
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")

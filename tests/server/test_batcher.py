@@ -9,17 +9,13 @@ import pytest
 from genscore_core import GenerativeScorer
 from genscore_core.backend import ScoringJob
 from genscore_core.server import RequestBatcher, ServerBusyError
-from tests.helpers.backends import RecordingBackend, job
+from tests.helpers.backends import RecordingBackend, job, started
 
 
 async def test_concurrent_jobs_share_one_call() -> None:
     backend = RecordingBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=1000, max_wait_ms=50)
-    batcher.start()
-    try:
+    async with started(backend, max_batch_tokens=1000, max_wait_ms=50) as batcher:
         results = await asyncio.gather(*(batcher.score(job(tag, prompts=2)) for tag in range(5)))
-    finally:
-        await batcher.stop()
     assert results == [[float(tag)] * 2 for tag in range(5)]
     assert backend.calls == [[0, 1, 2, 3, 4]]
     assert (
@@ -30,16 +26,12 @@ async def test_concurrent_jobs_share_one_call() -> None:
 async def test_token_budget_splits_batches_and_a_big_job_runs_alone() -> None:
     backend = RecordingBackend()
     backend.release.clear()  # hold the worker so that every job is queued before the first batch
-    batcher = RequestBatcher(backend, max_batch_tokens=10, max_wait_ms=0, max_waited_batches=10)
-    batcher.start()
-    try:
+    async with started(backend, max_batch_tokens=10, max_wait_ms=0, max_waited_batches=10) as batcher:
         tasks = [asyncio.ensure_future(batcher.score(job(tag))) for tag in range(1, 6)]
         tasks.append(asyncio.ensure_future(batcher.score(job(9, tokens=50))))
         await asyncio.to_thread(backend.entered.wait, 5)
         backend.release.set()
         results = await asyncio.gather(*tasks)
-    finally:
-        await batcher.stop()
     assert results == [[1.0], [2.0], [3.0], [4.0], [5.0], [9.0]]
     # 4-token jobs pair up within 10 tokens; the 50-token job runs alone rather than being refused.
     assert backend.calls == [[1, 2], [3, 4], [5], [9]]
@@ -47,14 +39,10 @@ async def test_token_budget_splits_batches_and_a_big_job_runs_alone() -> None:
 
 async def test_a_failing_job_fails_alone() -> None:
     backend = RecordingBackend(fail_on=3)
-    batcher = RequestBatcher(backend, max_batch_tokens=1000, max_wait_ms=50)
-    batcher.start()
-    try:
+    async with started(backend, max_batch_tokens=1000, max_wait_ms=50) as batcher:
         results = await asyncio.gather(
             *(batcher.score(job(tag)) for tag in range(1, 5)), return_exceptions=True
         )
-    finally:
-        await batcher.stop()
     assert results[0] == [1.0] and results[1] == [2.0] and results[3] == [4.0]
     assert isinstance(results[2], RuntimeError)
     assert batcher.stats.failures == 1
@@ -85,9 +73,7 @@ async def test_full_queue_and_shutdown_answer_busy() -> None:
 async def test_cancelled_requests_are_skipped() -> None:
     backend = RecordingBackend()
     backend.release.clear()
-    batcher = RequestBatcher(backend, max_batch_tokens=1000, max_wait_ms=0)
-    batcher.start()
-    try:
+    async with started(backend, max_batch_tokens=1000, max_wait_ms=0) as batcher:
         first = asyncio.ensure_future(batcher.score(job(1)))
         await asyncio.to_thread(backend.entered.wait, 5)
         gone = asyncio.ensure_future(batcher.score(job(2)))
@@ -97,8 +83,6 @@ async def test_cancelled_requests_are_skipped() -> None:
         gone.cancel()
         backend.release.set()
         assert await first == [1.0] and await kept == [3.0]
-    finally:
-        await batcher.stop()
     assert backend.calls == [[1], [3]]
 
 
@@ -110,9 +94,7 @@ async def test_empty_job_needs_no_batch() -> None:
 async def test_waited_batches_count_the_calls_that_ran_while_a_job_was_queued() -> None:
     backend = RecordingBackend()
     backend.release.clear()  # the first job's call holds the worker while the others queue
-    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
-    batcher.start()
-    try:
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0) as batcher:
         first = asyncio.ensure_future(batcher.score(job(1)))
         await asyncio.to_thread(backend.entered.wait, 5)  # job 1's call is running (held)
         rest = [asyncio.ensure_future(batcher.score(job(tag))) for tag in range(2, 6)]
@@ -120,8 +102,6 @@ async def test_waited_batches_count_the_calls_that_ran_while_a_job_was_queued() 
         assert batcher.queued == 4
         backend.release.set()
         await asyncio.gather(first, *rest)
-    finally:
-        await batcher.stop()
     # Calls in arrival order: [1], then pairs within 8 tokens: [2, 3], [4, 5].
     assert backend.calls == [[1], [2, 3], [4, 5]]
     # Job 1 waited behind nothing; 2 and 3 behind call [1]; 4 and 5 behind [1] and [2, 3].

@@ -17,8 +17,8 @@ from genscore_core.backend import JobPart, ProgressCallback, ScoringJob, Streame
 from genscore_core.engine import ScoringEngine
 from genscore_core.server import RequestBatcher, ServerLimits, create_app
 from genscore_core.server.cli import add_serve_command, server_limits
-from tests.helpers.backends import RecordingBackend
-from tests.helpers.server import LiveServer, rerank_concurrently, serve_in_thread
+from tests.helpers.backends import RecordingBackend, started
+from tests.helpers.server import LiveServer, random_bodies, rerank_concurrently, serve_in_thread
 
 WORDS = "paris france capital river seine museum berlin wall history london thames bridge tower".split()
 
@@ -106,13 +106,9 @@ async def test_calls_of_several_jobs_take_fixed_batches_and_a_lone_job_the_engin
     recording = RecordingEngine(engine)
     jobs = [job for job in _jobs(random.Random(7)) if job.prompts][:3]
     expected = engine.score_jobs(jobs)
-    batcher = RequestBatcher(recording, max_batch_tokens=10**6, max_wait_ms=50, batch_tokens=64)
-    batcher.start()
-    try:
+    async with started(recording, max_batch_tokens=10**6, max_wait_ms=50, batch_tokens=64) as batcher:
         together = await asyncio.gather(*(batcher.score(job) for job in jobs))
         alone = await batcher.score(jobs[0])
-    finally:
-        await batcher.stop()
     assert recording.calls == [("fixed", 3), ("balanced", 1)]
     for row, want in zip([*together, alone], [*expected, expected[0]], strict=True):
         assert row == pytest.approx(want, abs=1e-5)
@@ -120,12 +116,8 @@ async def test_calls_of_several_jobs_take_fixed_batches_and_a_lone_job_the_engin
 
 async def test_a_backend_other_than_the_engine_scores_its_own_way() -> None:
     backend = RecordingBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=1000, max_wait_ms=20, batch_tokens=64)
-    batcher.start()
-    try:
+    async with started(backend, max_batch_tokens=1000, max_wait_ms=20, batch_tokens=64) as batcher:
         results = await asyncio.gather(*(batcher.score(ScoringJob([[tag] * 3], [1, 2])) for tag in range(3)))
-    finally:
-        await batcher.stop()
     assert results == [[0.0], [1.0], [2.0]]
     assert backend.calls == [[0, 1, 2]]
     assert batcher.stats.engine_seconds > 0
@@ -154,13 +146,7 @@ def test_concurrent_requests_through_fixed_batches_score_as_alone(
     fixed_server: LiveServer, scorer: GenerativeScorer
 ) -> None:
     rng = random.Random(3)
-    bodies = [
-        {
-            "query": " ".join(rng.choices(WORDS, k=4)),
-            "documents": [" ".join(rng.choices(WORDS, k=rng.randint(5, 40))) for _ in range(6)],
-        }
-        for _ in range(8)
-    ]
+    bodies = random_bodies(rng, WORDS, 8, document_words=lambda: rng.randint(5, 40))
 
     answers = rerank_concurrently(fixed_server.url, bodies)
     stats = httpx.get(f"{fixed_server.url}/stats").json()

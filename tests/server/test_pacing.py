@@ -8,9 +8,8 @@ import time
 
 import pytest
 
-from genscore_core.server import RequestBatcher
 from genscore_core.server.pacing import DevicePace
-from tests.helpers.backends import SteppedAheadBackend, job, queue
+from tests.helpers.backends import SteppedAheadBackend, job, queue, started
 
 
 def test_no_history_means_take_now() -> None:
@@ -84,9 +83,7 @@ class FixedPace(DevicePace):
 async def test_requests_arriving_before_the_take_point_join_the_call_laid_out_ahead() -> None:
     backend = SteppedAheadBackend()
     pace = FixedPace(at=time.perf_counter() + 3600)  # not yet
-    batcher = RequestBatcher(backend, max_batch_tokens=100, max_wait_ms=0, pace=pace)
-    batcher.start()
-    try:
+    async with started(backend, max_batch_tokens=100, max_wait_ms=0, pace=pace) as batcher:
         tasks = await queue(batcher, [job(1)])
         await backend.launch_next()  # call 1 has queued its work; the take point has not come
         await backend.launched_calls(1)
@@ -103,8 +100,6 @@ async def test_requests_arriving_before_the_take_point_join_the_call_laid_out_ah
         backend.step()
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    finally:
-        await batcher.stop()
     assert results == [[float(tag)] for tag in range(1, 5)]
     assert backend.calls == [[1], [2, 3, 4]]
     assert [tags for tags, _ in backend.laid_out] == [[2, 3, 4]]
@@ -113,17 +108,14 @@ async def test_requests_arriving_before_the_take_point_join_the_call_laid_out_ah
     assert batcher.stats.waited_batches == {0: 1, 1: 3}
 
 
-def _taking_an_hour_late(backend: SteppedAheadBackend, max_batch_tokens: int) -> RequestBatcher:
-    """A batcher whose take point is an hour away: only the budget or an answer lets the next call go."""
-    pace = FixedPace(time.perf_counter() + 3600)
-    return RequestBatcher(backend, max_batch_tokens=max_batch_tokens, max_wait_ms=0, pace=pace)
+def _an_hour_late() -> FixedPace:
+    """A take point an hour away: only the budget or an answer lets the next call go."""
+    return FixedPace(time.perf_counter() + 3600)
 
 
 async def test_a_queue_that_fills_the_budget_is_taken_before_the_take_point() -> None:
     backend = SteppedAheadBackend()
-    batcher = _taking_an_hour_late(backend, max_batch_tokens=8)
-    batcher.start()
-    try:
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0, pace=_an_hour_late()) as batcher:
         tasks = await queue(batcher, [job(1)])
         await backend.launch_next()
         await backend.launched_calls(1)
@@ -138,8 +130,6 @@ async def test_a_queue_that_fills_the_budget_is_taken_before_the_take_point() ->
         await backend.launch_next()
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    finally:
-        await batcher.stop()
     assert results == [[float(tag)] for tag in range(1, 5)]
     assert backend.calls == [[1], [2, 3], [4]]
     assert backend.laid_out[0][0] == [2, 3]
@@ -147,9 +137,7 @@ async def test_a_queue_that_fills_the_budget_is_taken_before_the_take_point() ->
 
 async def test_a_running_call_answered_before_the_take_point_lets_the_queue_go_next() -> None:
     backend = SteppedAheadBackend()
-    batcher = _taking_an_hour_late(backend, max_batch_tokens=100)
-    batcher.start()
-    try:
+    async with started(backend, max_batch_tokens=100, max_wait_ms=0, pace=_an_hour_late()) as batcher:
         tasks = await queue(batcher, [job(1)])
         await backend.launch_next()
         await backend.launched_calls(1)
@@ -158,8 +146,6 @@ async def test_a_running_call_answered_before_the_take_point_lets_the_queue_go_n
         await backend.launch_next()
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    finally:
-        await batcher.stop()
     assert results == [[1.0], [2.0], [3.0]]
     assert backend.calls == [[1], [2, 3]]
     assert backend.laid_out == [] and batcher.stats.prepared_ahead == 0

@@ -16,24 +16,26 @@ from genscore_core.backend import ScoringJob
 from genscore_core.errors import ServerBusyError
 from genscore_core.forward import ProgressCallback
 from genscore_core.server import RequestBatcher, ServerLimits, create_app
-from tests.helpers.backends import SteppedAheadBackend, SteppedBackend, job, queue
-from tests.helpers.server import LiveServer, rerank_concurrently, serve_in_thread
+from tests.helpers.backends import (
+    SteppedAheadBackend,
+    SteppedBackend,
+    first_call_running,
+    job,
+    queue,
+    started,
+)
+from tests.helpers.server import LiveServer, random_bodies, rerank_concurrently, serve_in_thread
 
 
 async def test_arrival_order_and_the_token_budget() -> None:
     backend = SteppedBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=12, max_wait_ms=0, max_waited_batches=100)
-    batcher.start()
-    try:
-        first = await queue(batcher, [job(1)])
-        await backend.running()
+    async with started(backend, max_batch_tokens=12, max_wait_ms=0, max_waited_batches=100) as batcher:
+        first = await first_call_running(batcher, backend)
         sizes = {2: 4, 3: 4, 4: 8, 5: 2, 6: 2, 7: 30, 8: 4}
         rest = await queue(batcher, [job(tag, size) for tag, size in sizes.items()])
         for _ in range(6):
             backend.step()
         results = await asyncio.gather(*first, *rest)
-    finally:
-        await batcher.stop()
     assert results == [[1.0], *[[float(tag)] for tag in sizes]]
     # Arrival order: calls are consecutive runs of the queue; nothing is overtaken, not even by a
     # small job that would fit beside an earlier call (5 beside [2, 3], 8 beside 7).
@@ -50,17 +52,12 @@ async def test_no_job_waits_behind_more_than_max_waited_calls(
     max_waited: int, calls: list[list[int]]
 ) -> None:
     backend = SteppedBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
-    batcher.start()
-    try:
-        first = await queue(batcher, [job(1)])
-        await backend.running()
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited) as batcher:
+        first = await first_call_running(batcher, backend)
         rest = await queue(batcher, [job(tag) for tag in range(2, 10)])
         for _ in calls:
             backend.step()
         await asyncio.gather(*first, *rest)
-    finally:
-        await batcher.stop()
     # The budget holds two 4-token jobs; a job that has seen max_waited calls go by is taken anyway.
     assert backend.calls == calls
     assert max(batcher.stats.waited_batches) == max_waited
@@ -72,8 +69,7 @@ async def test_a_large_job_is_not_starved_by_a_stream_of_small_ones() -> None:
     batcher.start()
     tasks = []
     try:
-        tasks += await queue(batcher, [job(1)])
-        await backend.running()
+        tasks += await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(99, tokens=50), job(3)])
         # While each call runs, two more small jobs arrive, which would fill every call on their own.
         tag = 10
@@ -101,9 +97,7 @@ async def test_company_is_awaited_only_while_requests_are_being_tokenized() -> N
     coming = [4]
     batcher: RequestBatcher
     # A wait long enough that a test relying on it would time out.
-    batcher = RequestBatcher(backend, max_wait_ms=600_000, preparing=lambda: batcher.queued < coming[0])
-    batcher.start()
-    try:
+    async with started(backend, max_wait_ms=600_000, preparing=lambda: batcher.queued < coming[0]) as batcher:
         tasks = []
         for tag in range(1, 5):
             tasks += await queue(batcher, [job(tag)])
@@ -115,18 +109,13 @@ async def test_company_is_awaited_only_while_requests_are_being_tokenized() -> N
         await backend.running()
         backend.step()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    finally:
-        await batcher.stop()
     assert backend.calls == [[1, 2, 3, 4], [5]]
 
 
 async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> None:
     backend = SteppedAheadBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
-    batcher.start()
-    try:
-        tasks = await queue(batcher, [job(1)])
-        await backend.running()
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0) as batcher:
+        tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(3), job(4)])
         backend.launch()  # call 1 has queued its work: the next call is taken and laid out now
         await backend.laid_out_calls(1)
@@ -139,8 +128,6 @@ async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> Non
         await backend.launch_next()
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    finally:
-        await batcher.stop()
     assert results == [[float(tag)] for tag in range(1, 6)]
     # Arrival order and the budget (two 4-token jobs) as for calls taken after the one before.
     assert backend.calls == [[1], [2, 3], [4, 5]]
@@ -156,11 +143,8 @@ async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> Non
 )
 async def test_calls_laid_out_ahead_keep_the_waiting_bound(max_waited: int, calls: list[list[int]]) -> None:
     backend = SteppedAheadBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited)
-    batcher.start()
-    try:
-        first = await queue(batcher, [job(1)])
-        await backend.running()
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=max_waited) as batcher:
+        first = await first_call_running(batcher, backend)
         rest = await queue(batcher, [job(tag) for tag in range(2, 10)])
         for index in range(len(calls)):
             backend.launch()
@@ -170,8 +154,6 @@ async def test_calls_laid_out_ahead_keep_the_waiting_bound(max_waited: int, call
             if index + 1 < len(calls):
                 await backend.running()
         await asyncio.wait_for(asyncio.gather(*first, *rest), 30)
-    finally:
-        await batcher.stop()
     # The same calls as when each is taken after the one before finished (the test above).
     assert backend.calls == calls
     assert max(batcher.stats.waited_batches) == max_waited
@@ -187,11 +169,8 @@ async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
             return list(jobs)
 
     backend = FailingLayout()
-    batcher = RequestBatcher(backend, max_wait_ms=0)
-    batcher.start()
-    try:
-        tasks = await queue(batcher, [job(1)])
-        await backend.running()
+    async with started(backend, max_wait_ms=0) as batcher:
+        tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2)])
         backend.launch()
         await backend.laid_out_calls(1)
@@ -199,19 +178,14 @@ async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
         await backend.launch_next()
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    finally:
-        await batcher.stop()
     assert results == [[1.0], [2.0]]
     assert backend.calls == [[1], [2]]
 
 
 async def test_the_next_call_launches_before_the_running_one_is_collected() -> None:
     backend = SteppedAheadBackend()
-    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
-    batcher.start()
-    try:
-        tasks = await queue(batcher, [job(1)])
-        await backend.running()
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0) as batcher:
+        tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(3), job(4), job(5)])
         backend.launch()
         await backend.running()  # call 2 is launching while call 1's scores are not collected
@@ -233,8 +207,6 @@ async def test_the_next_call_launches_before_the_running_one_is_collected() -> N
         assert not any(t.done() for t in tasks[3:])
         backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    finally:
-        await batcher.stop()
     assert results == [[float(tag)] for tag in range(1, 6)]
     assert backend.launched == backend.calls == [[1], [2, 3], [4, 5]]
     assert batcher.stats.waited_batches == {0: 1, 1: 2, 2: 2}
@@ -262,11 +234,8 @@ class FailingCollect(SteppedAheadBackend):
 
 async def test_a_failing_call_is_answered_job_by_job_and_the_next_call_is_not_broken() -> None:
     backend = FailingCollect()
-    batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=100)
-    batcher.start()
-    try:
-        tasks = await queue(batcher, [job(1)])
-        await backend.running()
+    async with started(backend, max_batch_tokens=8, max_wait_ms=0, max_waited_batches=100) as batcher:
+        tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(13), job(4), job(66), job(6)])
         backend.launch()
         await backend.launch_next()  # call 2 ([2, 13]) launched, its collect to fail
@@ -278,8 +247,6 @@ async def test_a_failing_call_is_answered_job_by_job_and_the_next_call_is_not_br
             backend.launch()
             backend.step()
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
-    finally:
-        await batcher.stop()
     assert results[:3] == [[1.0], [2.0], results[2]] and isinstance(results[2], ValueError)
     assert results[3] == [4.0] and isinstance(results[4], RuntimeError) and results[5] == [6.0]
     assert backend.launched[:3] == [[1], [2, 13], [4, 66]]
@@ -296,8 +263,7 @@ async def test_stopping_answers_launched_and_queued_calls() -> None:
     batcher = RequestBatcher(backend, max_batch_tokens=8, max_wait_ms=0)
     batcher.start()
     try:
-        tasks = await queue(batcher, [job(1)])
-        await backend.running()
+        tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2), job(3), job(4)])
         backend.launch()
         await backend.launch_next()  # call 1 collecting, call 2 launched behind it, job 4 queued
@@ -327,13 +293,7 @@ def test_concurrent_clients_wait_behind_at_most_two_calls(
     fair_server: LiveServer, scorer: GenerativeScorer
 ) -> None:
     rng = random.Random(8)
-    bodies = [
-        {
-            "query": " ".join(rng.choices(WORDS, k=4)),
-            "documents": [" ".join(rng.choices(WORDS, k=30)) for _ in range(6)],
-        }
-        for _ in range(48)
-    ]
+    bodies = random_bodies(rng, WORDS, 48, document_words=lambda: 30)
 
     answers = rerank_concurrently(fair_server.url, bodies, at_once=16)
     stats = httpx.get(f"{fair_server.url}/stats").json()
