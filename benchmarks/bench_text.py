@@ -67,6 +67,16 @@ def fresh_calls(report: Report, scorer: GenerativeScorer, texts: Texts, name: st
                        note=f"p99 {quantile(part, 0.99) * 1e3:.1f} ms, max {max(part) * 1e3:.1f} ms")  # fmt: skip
 
 
+def engine_alone(scorer: GenerativeScorer, pairs: list[tuple[str, str]], repeats: int) -> float:
+    """Median seconds of the backend scoring the call's prompts, built once beforehand: the
+    figure text in is measured against (the front end's public ``prepare_pairs``, then the backend
+    contract's ``score_jobs``)."""
+    jobs = scorer.prepare_pairs(pairs).jobs
+    call = lambda: scorer.backend.score_jobs(jobs)  # noqa: E731
+    call(), call()
+    return median(call_times([call] * repeats))
+
+
 def run(args: argparse.Namespace, report: Report) -> None:
     # On the CPU (--cpu, --dry-run): fp32, fewer documents and calls.
     dry = args.dry_run or args.cpu
@@ -117,6 +127,9 @@ def run(args: argparse.Namespace, report: Report) -> None:
         note += (f"{'; ' if note else ''}vs fp32 recipe max {e[0]:.2e} mean {e[1]:.2e} "
                  f"(official recipe in {str(dtype).removeprefix('torch.')} {e_off[0]:.2e} / {e_off[1]:.2e})")  # fmt: skip
     report.add("W1", f"pairs/s, 1 x {w1_docs}, documents repeated", w1_docs / w1_s, "pairs/s", off_w1, note)
+    engine_s = engine_alone(scorer, w1_pairs, repeats)
+    report.add("W1 engine alone", "pairs/s, the same prompts as token ids into the backend", w1_docs / engine_s,
+               "pairs/s", note=f"text in is {engine_s / w1_s:.1%} of it")  # fmt: skip
     if shape in ("4b", "8b") and not dry:
         non_embedding = sum(
             p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n
