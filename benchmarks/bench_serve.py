@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 from common import (
     SHAPES,
@@ -118,6 +119,13 @@ async def client_load(
     return latencies, answered
 
 
+def forward_stats(url: str) -> dict[str, int]:
+    """The server's forward counters (``/stats``): batches replayed as graphs, batches run eagerly."""
+    answer = httpx.get(f"{url}/stats", timeout=30).json()
+    forward = answer.get("forward") or {}
+    return {key: int(value) for key, value in forward.items() if isinstance(value, int)}
+
+
 def run(args: argparse.Namespace, report: Report) -> None:
     dry = args.dry_run
     tokenizer = load_tokenizer()
@@ -139,14 +147,19 @@ def run(args: argparse.Namespace, report: Report) -> None:
         try:
             asyncio.run(client_load(url, texts, pool, 4, 0.0, seconds / 2))  # compilation, allocator, graphs
             for clients in levels:
+                before = forward_stats(url)
                 latencies, answered = asyncio.run(client_load(url, texts, pool, clients, warmup, seconds))
+                after = forward_stats(url)
                 if not latencies:
                     print(f"W5 {clients} clients: no request inside the window", file=sys.stderr)
                     continue
                 p50, p99 = quantile(latencies, 0.5), quantile(latencies, 0.99)
                 name = f"W5 {clients} client{'s' if clients > 1 else ''}" + (" fresh" if args.fresh else "")
+                replays = after.get("graph_replays", 0) - before.get("graph_replays", 0)
+                eager = after.get("eager_batches", 0) - before.get("eager_batches", 0)
                 report.add(name, "pairs/s, /v1/rerank 1 x 20", answered / seconds, "pairs/s",
-                           note=f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms ({p99 / p50:.1f}x p50)")  # fmt: skip
+                           note=f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms ({p99 / p50:.1f}x p50); "
+                                f"batches: {replays} graph replays, {eager} eager")  # fmt: skip
         finally:
             stop_server(proc)
 

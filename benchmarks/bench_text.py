@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +68,33 @@ def fresh_calls(report: Report, scorer: GenerativeScorer, texts: Texts, name: st
                        note=f"p99 {quantile(part, 0.99) * 1e3:.1f} ms, max {max(part) * 1e3:.1f} ms")  # fmt: skip
 
 
+def built_and_reported(report: Report, model: Any, tokenizer: Any, device: str) -> GenerativeScorer:
+    """The scorer, built as a user builds it (on a GPU: the CUDA-graph ladder captured now); its
+    build time and the device memory the build kept are reported."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        reserved = torch.cuda.memory_reserved()
+    started = time.perf_counter()
+    scorer = GenerativeScorer.from_model(model, tokenizer)
+    seconds = time.perf_counter() - started
+    if device == "cuda":
+        kept = (torch.cuda.memory_reserved() - reserved) / 2**30
+        graphs = getattr(scorer.engine.forward, "graphs", None)
+        rungs, capture = len(getattr(graphs, "graphs", ())), getattr(graphs, "capture_seconds", 0.0)
+        report.add("load", "seconds to build the scorer", seconds, "s",
+                   note=f"{rungs} CUDA graphs captured in {capture:.1f} s; {kept:.2f} GiB of device memory kept")  # fmt: skip
+    return scorer
+
+
+def distinct_queries(report: Report, scorer: GenerativeScorer, texts: Texts, pairs: int, calls: int) -> None:
+    """``score_pairs`` of ``pairs`` pairs of distinct queries, one document each, new every call."""
+    work = [[(texts.query(), d) for d in texts.documents(pairs)] for _ in range(calls + 1)]
+    scorer.score_pairs(work[0])
+    times = call_times([lambda p=p: scorer.score_pairs(p) for p in work[1:]])
+    report.add(f"W2 {pairs} distinct queries", "pairs/s, score_pairs, new pairs every call",
+               pairs / median(times), "pairs/s")  # fmt: skip
+
+
 def engine_alone(scorer: GenerativeScorer, pairs: list[tuple[str, str]], repeats: int) -> float:
     """Median seconds of the backend scoring the call's prompts, built once beforehand: the
     figure text in is measured against (the front end's public ``prepare_pairs``, then the backend
@@ -110,7 +138,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
         if not dry:
             torch.cuda.empty_cache()
 
-    scorer = GenerativeScorer.from_model(model, tokenizer)
+    scorer = built_and_reported(report, model, tokenizer, device)
     if args.fresh:  # before any other call, so that the first call after loading is timed
         fresh_calls(report, scorer, texts, "W1", w1_docs)
         fresh_calls(report, scorer, texts, "W4", 20)
@@ -147,6 +175,8 @@ def run(args: argparse.Namespace, report: Report) -> None:
         t2 = median(call_times([lambda p=pairs: scorer.score_pairs(p)] * (2 if dry else 5)))
         report.add(f"W2 {n_q}x{n_d}", "pairs/s, score_pairs", len(pairs) / t2, "pairs/s",
                    note=f"{len(pairs) / t2 / (w1_docs / w1_s):.0%} of W1")  # fmt: skip
+
+    distinct_queries(report, scorer, texts, 64 if dry else 1024, 2 if dry else 5)
 
     # W3: the full-vocabulary normaliser (a second scorer on the same model).
     try:

@@ -112,6 +112,10 @@ class LocalSettings(_Settings):
     """``"packed"``: variable-length batches without padding, each query's shared prefix computed once
     (Qwen3, Qwen2 and Llama-style models); ``"padded"``: left-padded batches through the model's own
     forward (any causal LM); ``"auto"``: packed where the architecture supports it, else padded."""
+    cuda_graphs: bool = True
+    """On CUDA, the packed forward captures a fixed ladder of CUDA graphs when the model loads (a few
+    seconds; docs/benchmarks.md, "CUDA-graph ladder") and pads each batch to the smallest rung it
+    fits, so that no call pays for a capture; ``False``: every batch runs eagerly."""
 
     @field_validator("dtype", mode="before")
     @classmethod

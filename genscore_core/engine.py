@@ -33,7 +33,7 @@ from genscore_core.backend import (
 from genscore_core.batching import is_out_of_memory
 from genscore_core.config import LocalSettings
 from genscore_core.forward import ForwardStrategy, PaddedForward, StreamingForward
-from genscore_core.prefixes import PrefixGroup, distinct_prompts, group_prompts
+from genscore_core.prefixes import PrefixGroup, distinct_prompts, group_prompts, share_template
 from genscore_core.scoring import LabelHead, check_scores
 from genscore_core.streaming import (
     FIRST_BATCH_TOKENS,
@@ -71,7 +71,7 @@ def select_forward(model: Any, config: LocalSettings, pad_token_id: int) -> Forw
             budget = config.max_batch_tokens
             if "max_batch_tokens" not in config.model_fields_set:
                 budget = DEFAULT_MAX_BATCH_TOKENS
-            return PackedForward(model, max_batch_tokens=budget)
+            return PackedForward(model, max_batch_tokens=budget, cuda_graphs=config.cuda_graphs)
         if config.forward == "packed":
             logger.warning("forward='packed' unavailable (%s); using the padded forward", reason)
     return PaddedForward(
@@ -415,7 +415,8 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
     def _group(jobs: Sequence[ScoringJob]) -> PreparedJobs:
         active = [job for job in jobs if job.prompts]
         distinct = [distinct_prompts(job.prompts) for job in active]
-        return PreparedJobs(jobs, active, distinct, [group_prompts(prompts) for prompts, _ in distinct])
+        groups, rows = share_template([group_prompts(prompts) for prompts, _ in distinct])
+        return PreparedJobs(jobs, active, distinct, groups, rows=rows)
 
     def _launch_grouped(self, prepared: PreparedJobs, on_progress: ProgressCallback | None) -> _Launched:
         launched = _Launched(prepared.jobs)
@@ -428,6 +429,8 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
             hidden = self.forward.last_hidden_states(groups, on_progress)  # [N distinct, H]
         else:
             hidden = self.forward.last_hidden_states(groups, on_progress, prepared=prepared.batches)
+        if prepared.rows is not None:  # groups that share the template's head ran together: job order again
+            hidden = hidden.index_select(0, torch.tensor(prepared.rows, device=hidden.device))
         offset = 0
         for job, (prompts, where) in zip(prepared.active, prepared.distinct):
             rows = hidden[offset : offset + len(prompts)]
@@ -464,9 +467,14 @@ class PreparedJobs:
     distinct: list[tuple[list[list[int]], list[int]]]
     """Per active job: its distinct prompts, and for each prompt the index of its copy."""
     groups: list[PrefixGroup]
-    """Per active job: its distinct prompts as a shared prefix and suffixes."""
+    """The distinct prompts as shared prefixes and suffixes: a group per active job, or, where jobs
+    of one or two prompts share the template's head, those jobs' prompts in one group at the end
+    (:func:`~genscore_core.prefixes.share_template`)."""
     batches: object | None = None
     """The forward's batches laid out ahead (:meth:`ForwardStrategy.prepare`), or None."""
+    rows: list[int] | None = None
+    """Where the forward's row of each distinct prompt is (job by job), when :attr:`groups` is not
+    one group a job; None when it is."""
 
 
 @dataclass

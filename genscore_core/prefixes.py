@@ -68,3 +68,61 @@ def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], lis
             distinct.append(prompt)
         where.append(by_tokens[key])
     return distinct, where
+
+
+MIN_TEMPLATE_TOKENS = 8
+"""Fewest leading tokens jobs of distinct queries must share to be scored under one template prefix."""
+
+
+def share_template(groups: Sequence[PrefixGroup]) -> tuple[list[PrefixGroup], list[int] | None]:
+    """Jobs of one or two prompts each (``score_pairs`` over distinct queries), regrouped so that the
+    template's head, which they all start with, is computed once rather than once a job.
+
+    A job's group of ``n`` prompts sharing ``p`` tokens joins a head of ``t`` tokens when that costs
+    fewer tokens (``n * (p - t) < p``): its query then goes into each prompt's own tokens. Returns the
+    groups to run (those left as they were, then the one of the head), and, when any were joined,
+    where each input prompt's row is among the run's rows (input order: group by group); else None.
+    """
+    candidates = [g for g, group in enumerate(groups) if 0 < len(group.suffix_ids) <= 2]
+    if len(candidates) < 2:
+        return list(groups), None
+    firsts = [groups[g].prefix_ids + groups[g].suffix_ids[0] for g in candidates]
+    head, shared = _common_head(firsts)
+    if head < MIN_TEMPLATE_TOKENS:
+        return list(groups), None
+    joined = []
+    for g in candidates:
+        group = groups[g]
+        n, p = len(group.suffix_ids), len(group.prefix_ids)
+        starts = all(len(prompt) > head and prompt[:head] == shared for prompt in group.prompts())
+        if starts and (n == 1 or n * (p - head) < p):
+            joined.append(g)
+    if len(joined) < 2:
+        return list(groups), None
+    members = set(joined)
+    kept = [g for g in range(len(groups)) if g not in members]
+    run = [groups[g] for g in kept]
+    template = PrefixGroup(list(shared), [prompt[head:] for g in joined for prompt in groups[g].prompts()])
+    starts_at: dict[int, int] = {}
+    row = 0
+    for g in kept + joined:
+        starts_at[g] = row
+        row += len(groups[g].suffix_ids)
+    rows = [starts_at[g] + i for g, group in enumerate(groups) for i in range(len(group.suffix_ids))]
+    return [*run, template], rows
+
+
+def _common_head(prompts: list[list[int]]) -> tuple[int, list[int]]:
+    """The head most of ``prompts`` start with: against each of the first three, the median of the
+    other prompts' shared lengths (one prompt of another template must not cut it to nothing); the
+    longest of those three."""
+    best: tuple[int, list[int]] = (0, [])
+    for reference in prompts[:3]:
+        shared = sorted(
+            (shared_prefix_length([reference, other]) for other in prompts if other is not reference),
+            reverse=True,
+        )
+        head = shared[len(shared) // 2] if shared else 0
+        if head > best[0]:
+            best = (head, reference[:head])
+    return best

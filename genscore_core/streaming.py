@@ -310,26 +310,33 @@ def plan_stream(
     """
     state.jobs = [JobPrompts() for _ in sizes]
     prefixes: dict[int, np.ndarray] = {}
+    group_of: dict[int, int] = {}  # job -> the planner group its prompts join
+    template = SharedTemplate(2 * len(sizes))  # after the jobs' ids and their spilled groups'
     seen = [0] * len(sizes)
     spilled: dict[int, list[int]] = {}  # job -> its distinct prompts outside its main group
     for part_number, part in enumerate(parts):
         check_part(sizes, seen, part)
         job = part.job
         rows = TokenRows.from_lists(part.prompts)
-        if job not in prefixes:
-            length = shared_prefix_length([rows.row(i) for i in range(len(rows))]) if len(rows) > 1 else 0
-            prefixes[job] = rows.row(0)[:length].copy() if len(rows) else np.empty(0, np.int32)
-        prefix = prefixes[job]
-        inside = rows.starting_with(prefix)
         recorded = state.jobs[job]
         # Every prompt of the part is recorded before any batch is handed out, so that a consumer
         # that stops early finds each part the producer took either wholly recorded or not at all.
         added = [(i, recorded.add(rows.row(i))) for i in range(len(rows))]
+        if job not in prefixes:
+            length = shared_prefix_length([rows.row(i) for i in range(len(rows))]) if len(rows) > 1 else 0
+            prefixes[job] = rows.row(0)[:length].copy() if len(rows) else np.empty(0, np.int32)
+            group_of[job] = job
+            if len(rows):
+                yield from template.offer(job, sizes[job], rows.row(0), len(prefixes[job]), planner, state)
+                if template.holds(job) and template.prefix is not None:
+                    prefixes[job], group_of[job] = template.prefix, template.group
+        prefix = prefixes[job]
+        inside = rows.starting_with(prefix)
         for i, index in added:
-            if index is None:
+            if index is None or template.pending_row(job, i):
                 continue
             if inside[i]:
-                batch = planner.add(job, prefix, rows.row(i)[len(prefix) :], RowKey(job, index))
+                batch = planner.add(group_of[job], prefix, rows.row(i)[len(prefix) :], RowKey(job, index))
                 if batch is not None:
                     yield batch
             else:
@@ -343,8 +350,10 @@ def plan_stream(
         if ripe is not None:
             yield ripe
     check_all_taken(sizes, seen)
+    yield from template.release(planner, state)
     for job in range(len(sizes)):
         planner.close(job)
+    planner.close(template.group)
     for number, (job, indices) in enumerate(spilled.items()):
         group = len(sizes) + number
         rest = [state.jobs[job].distinct[i] for i in indices]
@@ -357,6 +366,104 @@ def plan_stream(
     last = planner.finish()
     if last is not None:
         yield last
+
+
+MIN_TEMPLATE_TOKENS = 8
+"""Fewest leading tokens two jobs must share to be scored under one template prefix."""
+
+
+class SharedTemplate:
+    """Jobs of distinct queries that share their template's head, computed once per batch.
+
+    A reranker's prompts start with the template's query-independent tokens (the Qwen3 template's
+    system message and instruction, about 55 tokens), then the query. A job of one query and many
+    documents shares its whole query prefix already; jobs of one or two documents each (``score_pairs``
+    over distinct queries) share nothing with each other. Here such a job's prompts join one group whose
+    prefix is the head that the first two such jobs share: its query goes into each prompt's own
+    tokens. A job of ``n`` prompts whose own shared prefix is ``p`` tokens joins when that costs
+    fewer tokens: ``n * (p - t) < p`` for a head of ``t``; a job of one prompt joins whenever it
+    starts with the head. The first candidate waits for the second, which tells the head; if none
+    comes, or they share fewer than :data:`MIN_TEMPLATE_TOKENS`, it is scored alone.
+    """
+
+    def __init__(self, group: int) -> None:
+        self.group = group
+        """The planner's group id of the template's prompts."""
+        self.prefix: np.ndarray | None = None
+        self._members: set[int] = set()
+        self._pending: tuple[int, np.ndarray, int] | None = None  # (job, first prompt, own prefix)
+
+    def holds(self, job: int) -> bool:
+        return job in self._members
+
+    def pending_row(self, job: int, row: int) -> bool:
+        """Whether prompt ``row`` of ``job``'s first part waits for the head to be known."""
+        return self._pending is not None and self._pending[0] == job and row == 0
+
+    def offer(
+        self,
+        job: int,
+        size: int,
+        first: np.ndarray,
+        own_prefix: int,
+        planner: BatchPlanner,
+        state: StreamState,
+    ) -> Iterator[StreamBatch]:
+        """Consider ``job`` (``size`` prompts, ``first`` its first one, ``own_prefix`` the tokens its
+        first part shares) when its first part arrives; yields batches that adding a waiting job closed."""
+        if size > 2 and own_prefix == 0:
+            return
+        if self.prefix is not None:
+            if self._joins(size, first, own_prefix):
+                self._members.add(job)
+            return
+        if self._pending is None:
+            if size == 1:
+                self._pending = (job, first, own_prefix)
+            return
+        waiting, waiting_first, _ = self._pending
+        head = shared_prefix_length([waiting_first, first])
+        if head < MIN_TEMPLATE_TOKENS:
+            # Scored alone; this job may head the next pair.
+            yield from self._alone(planner, state)
+            if size == 1:
+                self._pending = (job, first, own_prefix)
+            return
+        self.prefix = first[:head].copy()
+        self._members.add(waiting)
+        self._pending = None
+        yield from self._add(waiting, waiting_first, planner, state)
+        if self._joins(size, first, own_prefix):
+            self._members.add(job)
+
+    def release(self, planner: BatchPlanner, state: StreamState) -> Iterator[StreamBatch]:
+        """After the last part: a job still waiting is scored alone."""
+        yield from self._alone(planner, state)
+
+    def _joins(self, size: int, first: np.ndarray, own_prefix: int) -> bool:
+        assert self.prefix is not None
+        head = len(self.prefix)
+        starts = len(first) > head and bool((first[:head] == self.prefix).all())
+        return starts and (size == 1 or size * (own_prefix - head) < own_prefix)
+
+    def _alone(self, planner: BatchPlanner, state: StreamState) -> Iterator[StreamBatch]:
+        if self._pending is None:
+            return
+        job, first, _ = self._pending
+        self._pending = None
+        batch = planner.add(job, np.empty(0, np.int32), first, RowKey(job, state.jobs[job].where[0]))
+        if batch is not None:
+            yield batch
+
+    def _add(
+        self, job: int, first: np.ndarray, planner: BatchPlanner, state: StreamState
+    ) -> Iterator[StreamBatch]:
+        assert self.prefix is not None
+        head = len(self.prefix)
+        row = RowKey(job, state.jobs[job].where[0])
+        batch = planner.add(self.group, self.prefix, first[head:], row)
+        if batch is not None:
+            yield batch
 
 
 def shared_prefix_length(prompts: Sequence[np.ndarray]) -> int:

@@ -14,8 +14,8 @@ from genscore_core.forward import PrefixGroup
 from genscore_core.kernels.attention import DEFAULT_TILING, LAST_TOKEN_TILING, check_table, plan_blocks
 from genscore_core.packed import build_batch, plan_batches
 from genscore_core.packed.decoder import DeviceBatch, StaticShape, flat_layout, host_layout, save_rows
-from genscore_core.packed.graphs import static_shape
 from genscore_core.packed.plan import PackedBatch
+from tests.helpers.packed_reference import padded_shape as static_shape
 
 
 def _reference_layout(

@@ -17,6 +17,7 @@ from genscore_core import GenerativeScorer, PromptTooLongError, ScoreRangeError
 from genscore_core.backend import JobPart, ScoringJob, StreamedJob
 from genscore_core.forward import PrefixGroup
 from genscore_core.packed.plan import GroupSlice, build_batch
+from genscore_core.prefixes import group_prompts, share_template
 from genscore_core.prefixes import shared_prefix_length as list_prefix_length
 from genscore_core.streaming import (
     BatchPlanner,
@@ -720,7 +721,7 @@ def test_the_forward_out_of_memory_mid_stream_scores_every_prompt_again_and_coun
     streamed_batches: list[int] = []
 
     def decode(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("large"):  # the streamed path's batches
+        if args[1] is not None:  # the streamed path's batches come copied to the device already
             streamed_batches.append(1)
             if len(streamed_batches) == 3:
                 raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
@@ -766,3 +767,75 @@ def test_warm_up_streams_one_call_that_fills_each_batch_size_once(scorer: Genera
     prompts = [list(prompt) for part in parts for prompt in part.prompts]
     assert len(prompts) == expected and {len(prompt) for prompt in prompts} == {320}
     assert list_prefix_length(prompts) >= 80, "the prompts share a quarter of their tokens"
+
+
+# -- distinct queries share the template's head ----------------------------------------------------
+
+
+def _template_jobs(rng: random.Random) -> tuple[list[int], list[list[list[int]]]]:
+    """A 20-token head; 12 jobs of one prompt and 2 of two (distinct queries, each starting with a
+    token of its own), one of 10 prompts, and one single prompt without the head."""
+    head = [rng.randrange(1, 1000) for _ in range(20)]
+
+    def prompt(query: list[int]) -> list[int]:
+        return head + query + [rng.randrange(1, 1000) for _ in range(rng.randint(5, 40))]
+
+    jobs = [[prompt([2000 + j, rng.randrange(1, 1000)])] for j in range(12)]
+    jobs += [[prompt([3000 + j, 7]), [*prompt([3000 + j, 7])[:-1], 8]] for j in range(2)]
+    long_query = [4000] + [rng.randrange(1, 1000) for _ in range(30)]
+    jobs.append([prompt(long_query) for _ in range(10)])
+    jobs.append([[5000 + rng.randrange(100) for _ in range(15)]])
+    return head, jobs
+
+
+def test_jobs_of_distinct_queries_share_the_template_head_once_per_call() -> None:
+    head, jobs = _template_jobs(random.Random(21))
+    state = StreamState()
+    parts = [JobPart(j, prompts) for j, prompts in enumerate(jobs)]
+    batches = list(plan_stream([len(j) for j in jobs], parts, BatchPlanner(200, 96), state))
+    template = 2 * len(jobs)
+    seen: list[tuple[int, int]] = []
+    for batch in batches:
+        for g, group in batch.groups.items():
+            for suffix, key in zip(group.suffix_ids, batch.rows[g], strict=True):
+                seen.append((key.job, key.prompt))
+                prompt = [int(t) for t in group.prefix_ids] + [int(t) for t in suffix]
+                assert prompt == state.jobs[key.job].distinct[key.prompt].tolist()
+    assert sorted(seen) == sorted({(j, p) for j, prompts in enumerate(jobs) for p in range(len(prompts))})
+    computed = [b for b in batches if template in b.groups and b.compute_prefix[template]]
+    assert len(computed) == 1 and [int(t) for t in computed[0].groups[template].prefix_ids] == head
+    members = {key.job for b in batches if template in b.groups for key in b.rows[template]}
+    assert members == set(range(14)), "the jobs of one and two prompts, not the 10-prompt job nor the odd one"
+    plain = sum(len(p) for prompts in jobs for p in prompts)
+    assert sum(b.tokens for b in batches) < plain - 12 * len(head), "the head computed once, not once a job"
+
+
+def test_share_template_regroups_small_jobs_and_maps_their_rows_back() -> None:
+    head, jobs = _template_jobs(random.Random(22))
+    groups = [group_prompts(prompts) for prompts in jobs]
+    run, rows = share_template(groups)
+    assert rows is not None and len(run) == 3 and run[-1].prefix_ids == head
+    flat = [prompt for group in run for prompt in group.prompts()]
+    assert [flat[r] for r in rows] == [p for g in groups for p in g.prompts()]
+    assert share_template(groups[:1] + groups[-2:]) == (groups[:1] + groups[-2:], None), "one candidate"
+    short_head = [group_prompts([[1, 2, 3, 10 + j, 5]]) for j in range(4)]
+    assert share_template(short_head) == (short_head, None), "3 shared tokens: too few"
+
+
+@pytest.mark.slow
+def test_distinct_queries_score_as_the_official_recipe_through_both_paths(
+    small_batch_scorer: GenerativeScorer, reference_model: tuple[object, object]
+) -> None:
+    rng = random.Random(23)
+    pairs = [(_text(rng, 3), _text(rng, rng.randint(5, 40))) for _ in range(14)]
+    pairs += [(pairs[0][0], _text(rng, 9))]  # a query of two documents
+    scorer = small_batch_scorer
+    model, tokenizer = reference_model
+    expected = official_qwen3_scores(model, tokenizer, pairs, max_length=scorer.max_length)
+    streamed = scorer.score_pairs(pairs)
+    prepared = scorer.prepare_pairs(pairs)
+    assert sum(len(job.prompts) <= 2 for job in prepared.jobs) >= 2
+    whole = [score for score, _ in prepared.assemble(scorer.engine.score_jobs(prepared.jobs))]
+    for got in (streamed, whole):
+        worst = max(abs(a - b) for a, b in zip(got, expected, strict=True))
+        assert worst <= 1e-5, f"max |score - official| = {worst:.3g}"

@@ -518,6 +518,20 @@ W1's 40-64k-token batches, where cuBLAS's products ran faster than in isolation 
 "Gate/up GEMM with silu*mul")."""
 
 KV = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StaticOutputs:
+    """Where a run writes what it returns: the graphs of every rung of a ladder write into one set,
+    so that their outputs take the memory of the largest, not the sum (a rung's outputs would
+    otherwise stay allocated in the graphs' pool for as long as its graph lives)."""
+
+    rows: torch.Tensor
+    """[segments of the largest rung, H] float32."""
+    saved: KV
+    """[layers, prefix rows a rung saves, Hkv, D] in the model's dtype."""
+
+
 """Keys and values [layers, rows, Hkv, D] of prefixes carried from one batch to a later one."""
 
 
@@ -614,21 +628,29 @@ class PackedDecoder:
     # The order of the kernels is the order of the statements; nothing here reads a device value on
     # the host, so :mod:`genscore_core.packed.graphs` can capture a whole run.
 
-    def run(self, dev: DeviceBatch, loaded: KV | None = None) -> tuple[torch.Tensor, KV | None]:
+    def run(
+        self, dev: DeviceBatch, loaded: KV | None = None, into: StaticOutputs | None = None
+    ) -> tuple[torch.Tensor, KV | None]:
         """Hidden states after the final norm at each prompt's last token: [N, H] float32.
 
         ``loaded``: K and V [layers, P, Hkv, D] of the prefixes this batch loads (``batch.load``, in
         order). Also returns the K and V of the prefixes it must save (``batch.save``), or None.
+        ``into``: buffers the results are written into (and returned as views of), so that the
+        graphs of every rung share one set of outputs (:mod:`genscore_core.packed.graphs`).
         """
         cos, sin = self.rope_tables(dev.max_position)
-        step = _Pass(dev, cos, sin, loaded, self._save_buffers(dev))
+        step = _Pass(dev, cos, sin, loaded, self._save_buffers(dev, into))
         # The residual stream stays float32; only the inputs of products are in the model's dtype.
         residual = F.embedding(dev.input_ids, self.embed).float()  # [T, H]
         h = self._add_norm(residual, None, self.layers[0].ln1)  # [T, H]
         for index, layer in enumerate(self.layers[:-1]):
             h = self._add_norm(residual, self._attention(step, index, h), layer.ln2)  # [T, H]
             h = self._add_norm(residual, self._mlp(layer, h), self.layers[index + 1].ln1)  # [T, H]
-        return self._last_layer(step, h, residual), step.saved
+        rows = self._last_layer(step, h, residual)  # [N, H]
+        if into is None:
+            return rows, step.saved
+        into.rows[: rows.shape[0]].copy_(rows)
+        return into.rows[: rows.shape[0]], step.saved
 
     def _attention(self, step: _Pass, index: int, h: torch.Tensor) -> torch.Tensor:
         """Every stream token's attention over its segment, through the output projection: [T, H]."""
@@ -731,11 +753,14 @@ class PackedDecoder:
             residual, delta, weight, self.eps, dtype or self.dtype, impl=self.ops_impl
         )
 
-    def _save_buffers(self, dev: DeviceBatch) -> KV | None:
+    def _save_buffers(self, dev: DeviceBatch, into: StaticOutputs | None) -> KV | None:
         """Where the K/V [layers, saved rows, Hkv, D] of the prefixes ``dev`` saves go, or None."""
         if dev.save_rows is None:
             return None
-        shape = (len(self.layers), dev.save_rows.numel(), self.num_kv_heads, self.head_dim)
+        rows = dev.save_rows.numel()
+        if into is not None:
+            return into.saved[0][:, :rows], into.saved[1][:, :rows]
+        shape = (len(self.layers), rows, self.num_kv_heads, self.head_dim)
         return (
             torch.empty(shape, dtype=self.dtype, device=self.device),
             torch.empty(shape, dtype=self.dtype, device=self.device),

@@ -17,7 +17,7 @@ from genscore_core.packed.decoder import (
     PackedOptions,
     unsupported_reason,
 )
-from genscore_core.packed.graphs import GRAPH_TOKENS, LARGE_GRAPH_TOKENS, DecoderGraphs
+from genscore_core.packed.graphs import DecoderGraphs, GraphLadder
 from genscore_core.packed.plan import GroupSlice, PackedBatch, build_batch, plan_batches
 from genscore_core.streaming import RowKey, RowReduction, StreamBatch
 
@@ -59,6 +59,9 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
             in bf16 (0.97 GiB at 64k on W1, docs/benchmarks.md, "Packed forward").
         options: Which implementation each of the decoder's kernels runs (tests run Triton's on the
             CPU through its interpreter).
+        cuda_graphs: Capture the ladder of CUDA graphs now (:mod:`genscore_core.packed.graphs`;
+            on CUDA with the Triton attention only), so that no call pays for a capture; False:
+            every batch runs eagerly.
     """
 
     def __init__(
@@ -67,17 +70,19 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         *,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         options: PackedOptions | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         if max_batch_tokens <= 0:
             raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
         self.model = model
         self.decoder = decoder = PackedDecoder(model, options)
         self.max_batch_tokens = max_batch_tokens
+        self.cuda_graphs = cuda_graphs
         self.eager_batches = 0
         """Batches run eagerly, not through a CUDA graph (a server reports it in ``/stats``)."""
-        self.graphs: DecoderGraphs | None = _graphs_of(decoder)
-        """CUDA graphs of small batches; only where the attention reads its segments on the device
-        (the Triton kernel), since the torch attention's loop over segments would be frozen in."""
+        self.graphs: DecoderGraphs | None = _graphs_of(decoder, max_batch_tokens, cuda_graphs)
+        """The ladder of CUDA graphs, captured; only where the attention reads its segments on the
+        device (the Triton kernel), since the torch attention's loop over segments would be frozen in."""
 
     def rebuild(self) -> None:
         """A new decoder over the model as it is now, with the same options: its parameters fused
@@ -100,7 +105,7 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
             torch.cuda.synchronize(self.decoder.device)
         self.graphs = None
         self.decoder = PackedDecoder(self.model, options)
-        self.graphs = _graphs_of(self.decoder)
+        self.graphs = _graphs_of(self.decoder, self.max_batch_tokens, self.cuda_graphs)
 
     # -- the streamed entry point (genscore_core.streaming) -------------------------------------------
 
@@ -125,7 +130,7 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         ``reduce``, what it makes of each batch's hidden states and keys instead (the engine's
         scores, so that a call keeps a few bytes a row, not a hidden state). Nothing here
         waits for the GPU, so the producer lays out batch k+1 while batch k runs. A batch may replay
-        a CUDA graph (:meth:`decode`, large ones too); the producer's copy then goes unused. An out-of-memory
+        a CUDA graph (:meth:`decode`); the producer's copy then goes unused. An out-of-memory
         error propagates: the engine then scores the call again through :meth:`last_hidden_states`,
         whose policy splits batches.
         """
@@ -139,7 +144,7 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
             if packed.load:
                 keys = [cache[g] for g, _ in packed.load]
                 loaded = (torch.cat([k for k, _ in keys], dim=1), torch.cat([v for _, v in keys], dim=1))
-            hidden, saved = self.decode(packed, dev, loaded, large=True)
+            hidden, saved = self.decode(packed, dev, loaded)
             if saved is not None:
                 offset = 0
                 for g, slots in packed.save:
@@ -166,7 +171,7 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         device = self.decoder.device
         batches = {
             _key(groups, slices): HostBatch.of(build_batch(groups, slices), device)
-            for slices in plan_batches(groups, budget)
+            for slices in plan_batches(groups, budget, rungs=self._rungs())
         }
         return PreparedBatches(budget, batches)
 
@@ -180,9 +185,16 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         self, call: _PackedCall, remaining: list[list[GroupSlice]] | None, budget: int
     ) -> list[list[GroupSlice]]:
         if remaining is None:
-            return plan_batches(call.groups, budget)
+            return plan_batches(call.groups, budget, rungs=self._rungs())
         ranges = [(s.group, s.start, s.stop) for slices in remaining for s in slices]
-        return plan_batches(call.groups, budget, ranges=ranges, prefix_ready=call.cache.keys())
+        return plan_batches(
+            call.groups, budget, ranges=ranges, prefix_ready=call.cache.keys(), rungs=self._rungs()
+        )
+
+    def _rungs(self) -> tuple[int, ...]:
+        """The token sizes batches are filled up to: the graphs' rungs (none without graphs)."""
+        graphs = self.graphs
+        return graphs.ladder.tokens if graphs is not None and graphs.disabled is None else ()
 
     def _cost(self, call: _PackedCall, batch: list[GroupSlice]) -> int:
         return build_batch(call.groups, self._flagged(call, batch)).num_tokens
@@ -242,22 +254,16 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         dev: DeviceBatch | None,
         loaded: tuple[torch.Tensor, torch.Tensor] | None,
         *,
-        large: bool = False,
         host: HostBatch | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        """One batch through the decoder: a CUDA graph's replay where one serves it, else eagerly
-        (``dev``, when the caller already copied the batch to the device, or a copy of ``host``, its
-        layout made ahead, or a new copy).
-
-        ``large``: a batch over the small-graph size may replay a graph too. Streamed batches fill
-        fixed token targets, so their shapes repeat from call to call; the balanced batches of a
-        whole call (:meth:`last_hidden_states`, a server's mixed requests) differ in size from call
-        to call, and would pay a capture for shapes seldom seen again.
+        """One batch through the decoder: the replay of the graph of the smallest rung it fits,
+        else eagerly (``dev``, when the caller already copied the batch to the device, or a copy of
+        ``host``, its layout made ahead, or a new copy).
 
         Returns the decoder's rows of the batch's prompts and the prefix keys/values it saves.
         """
         if self.graphs is not None:
-            done = self.graphs.decode(packed, loaded, large=large)
+            done = self.graphs.decode(packed, loaded)
             if done is not None:
                 return done
         self.eager_batches += 1
@@ -274,10 +280,13 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         return torch.cat([call.outputs[key] for key in sorted(call.outputs)])
 
 
-def _graphs_of(decoder: PackedDecoder) -> DecoderGraphs | None:
-    """The CUDA graphs ``decoder`` replays, or None where it runs eagerly (see ``PackedForward.graphs``)."""
-    if decoder.device.type == "cuda" and decoder.attention_impl == "triton":
-        return DecoderGraphs(decoder, max_tokens=GRAPH_TOKENS, large_tokens=LARGE_GRAPH_TOKENS)
+def _graphs_of(decoder: PackedDecoder, max_batch_tokens: int, cuda_graphs: bool) -> DecoderGraphs | None:
+    """The CUDA graphs ``decoder`` replays, captured, or None where it runs eagerly (see
+    ``PackedForward.graphs``)."""
+    if cuda_graphs and decoder.device.type == "cuda" and decoder.attention_impl == "triton":
+        graphs = DecoderGraphs(decoder, GraphLadder.up_to(max_batch_tokens))
+        graphs.capture_all()
+        return graphs
     return None
 
 

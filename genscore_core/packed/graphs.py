@@ -1,220 +1,201 @@
-"""CUDA graphs of the packed decoder: one launch per batch instead of about 500.
+"""CUDA graphs of the packed decoder: a fixed ladder of batch sizes, captured when the model loads.
 
 A small call (``rerank`` of 20 documents, about 8k tokens on a Qwen3-0.6B shape) is launch-bound on
 an H200: the host takes as long to launch its ~480 kernels as the GPU takes to run them
-(docs/benchmarks.md, "CUDA graphs"). Large streamed calls are launch-bound too while the producer
-thread tokenizes on every core: launching a batch took about 31 ms against 16 ms once the producer
-was done (docs/benchmarks.md, "CUDA graphs"). Replaying a captured graph takes the host out of that loop.
+(docs/benchmarks.md, "CUDA graphs"). Replaying a captured graph takes the host out of that loop.
 
-A graph has fixed sizes, so batches are padded to a :class:`~genscore_core.packed.decoder.StaticShape`
-(tokens rounded up to a multiple of ``token_step``, or of :data:`LARGE_TOKEN_STEP` over
-``max_tokens``; segments to a multiple of 16, or 64; loaded and saved prefix rows to a multiple of
-:data:`PREFIX_STEP`): spare tokens form a segment of their own and no real segment reads them with
-weight, so the real rows are what the unpadded batch gives. A shape is captured the second time it is
-seen (a one-off call does not pay for a capture it will not reuse), at most ``max_graphs`` are kept
-(the least recently used goes first), and all of them share one memory pool, so they hold about the
-memory of the largest, not the sum (about 24 KB a token on a Qwen3-0.6B shape: up to about 1.5 GB at
-64k tokens, kept reserved while the graphs live). Batches that carry a group's prefix keys and values
-to a later batch replay graphs too: the loaded rows are copied into a static buffer before the replay
-and the saved ones copied out after it. If a capture fails, graphs are switched off for this decoder
-with a warning and every batch runs eagerly.
+A graph has fixed sizes, so a batch is padded to the smallest rung of a :class:`GraphLadder` that it
+fits: tokens up to the rung's, segments up to its (one per prompt and per prefix computed), and
+prefix rows loaded from or saved for other batches up to :attr:`GraphLadder.prefix_rows`. Spare
+tokens form a segment of their own and no real segment reads them with weight, so the real rows are
+what the unpadded batch gives. The planner fills batches up to rungs
+(:func:`~genscore_core.packed.plan.plan_batches`, :class:`~genscore_core.streaming.BatchPlanner`),
+so padding costs little.
+
+Every rung is captured up front (:meth:`DecoderGraphs.capture_all`, when the packed forward is
+built), never inside a user's call: a capture runs the batch eagerly, then records it, and
+``torch.cuda.graph`` synchronises the device and empties the allocator's cache, about 60-125 ms each
+(issue 34). A batch that fits no rung runs eagerly. The graphs share one memory pool and one set of
+output buffers, so together they hold about the memory of the largest rung's run, not the sum; the
+load time and memory of the ladder are in docs/benchmarks.md ("CUDA-graph ladder"). If a capture
+fails, graphs are switched off for this decoder with a warning and every batch runs eagerly.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections import Counter, OrderedDict
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from genscore_core.packed.decoder import DeviceBatch, PackedDecoder, StaticShape, save_rows
-from genscore_core.packed.plan import PackedBatch
+from genscore_core.packed.decoder import (
+    KV,
+    DeviceBatch,
+    PackedDecoder,
+    StaticOutputs,
+    StaticShape,
+    save_rows,
+)
+from genscore_core.packed.plan import GroupSlice, PackedBatch, build_batch, rung_segments
+from genscore_core.prefixes import PrefixGroup
 
 logger = logging.getLogger(__name__)
 
-Saved = tuple[torch.Tensor, torch.Tensor]
-"""Keys and values [layers, rows, kv heads, head dim] of prefixes carried between batches."""
+TOKEN_STEPS = ((4096, 512), (8192, 1024), (16384, 2048), (32768, 4096), (65536, 8192))
+"""(up to, step): the rungs' token sizes, every ``step`` tokens up to ``up to`` (and every 8,192
+beyond): 24 rungs up to 64k. The planner fills batches up to a rung, so only a call's last batch
+pads by more than a prompt (at most a quarter of it). 512 below 4k, where a small call's latency
+is mostly the launch, not the tokens. The streamed planner's targets (4k, 8k, ... 64k) are rungs.
+Twice as many rungs (steps of 1/16) took 16 s and 3.7 GB to capture on an H200."""
 
-GRAPH_TOKENS = 16384
-"""The packed forward's batches of up to this many tokens (after padding) replay graphs."""
-
-LARGE_GRAPH_TOKENS = 65536
-"""Its batches over :data:`GRAPH_TOKENS` and up to this many tokens replay graphs too, padded to
-coarser steps (a streamed call's batches fill fixed token targets, so their shapes repeat)."""
-
-SEGMENT_STEP = 16
-"""Segment rows are rounded up to a multiple of this."""
-
-PREFIX_STEP = 128
-"""Loaded and saved prefix rows are rounded up to a multiple of this."""
-
-LARGE_TOKEN_STEP = 1024
-LARGE_SEGMENT_STEP = 64
-"""Steps of batches over ``max_tokens`` (up to ``large_tokens``): coarser, so that the batches a
-stream fills up to its token targets repeat a few shapes across calls."""
+PREFIX_ROWS = 1024
+"""Prefix rows every rung loads and saves at most: a few queries' shared prefixes (the Qwen3 template
+and a 20-word query take about 90)."""
 
 
-def static_shape(batch: PackedBatch, token_step: int, segment_step: int = SEGMENT_STEP) -> StaticShape:
-    """The shape ``batch`` is padded to: tokens up to a multiple of ``token_step``, segments up to a
-    multiple of ``segment_step`` with at least two spare (the spare tokens' and an empty one), and
-    loaded and saved prefix rows up to a multiple of :data:`PREFIX_STEP`."""
-    if token_step <= 0 or segment_step <= 0:
-        raise ValueError(f"token_step and segment_step must be positive, got {token_step}, {segment_step}")
-    tokens = max(token_step, math.ceil(batch.num_tokens / token_step) * token_step)
-    segments = math.ceil((len(batch.segments) + 2) / segment_step) * segment_step
-    load = math.ceil((batch.kv_len - batch.num_tokens) / PREFIX_STEP) * PREFIX_STEP
-    save = math.ceil(save_rows(batch) / PREFIX_STEP) * PREFIX_STEP
-    return StaticShape(tokens=tokens, segments=segments, load=load, save=save)
+@dataclass(frozen=True)
+class GraphLadder:
+    """The batch sizes the packed forward captures a CUDA graph of, smallest first."""
+
+    tokens: tuple[int, ...]
+    """Each rung's stream tokens, ascending."""
+    prefix_rows: int = PREFIX_ROWS
+
+    @classmethod
+    def up_to(cls, max_tokens: int, smallest: int = 512) -> GraphLadder:
+        """The rungs of :data:`TOKEN_STEPS` from ``smallest`` below ``max_tokens``, and ``max_tokens``."""
+        if max_tokens <= 0 or smallest <= 0:
+            raise ValueError(f"max_tokens and smallest must be positive, got {max_tokens}, {smallest}")
+        rungs: list[int] = []
+        tokens = 0
+        while True:
+            step = next((step for limit, step in TOKEN_STEPS if tokens < limit), 8192)
+            tokens += step
+            if tokens >= max_tokens:
+                break
+            if tokens >= smallest:
+                rungs.append(tokens)
+        return cls((*rungs, max_tokens))
+
+    def shape(self, tokens: int) -> StaticShape:
+        """The static shape of the rung of ``tokens`` tokens."""
+        return StaticShape(tokens, rung_segments(tokens), load=self.prefix_rows, save=self.prefix_rows)
+
+    def shapes(self) -> list[StaticShape]:
+        return [self.shape(tokens) for tokens in self.tokens]
+
+    def rung_for(self, batch: PackedBatch) -> StaticShape | None:
+        """The smallest rung ``batch`` fits, or None (it runs eagerly)."""
+        for tokens in self.tokens:
+            if tokens >= batch.num_tokens:
+                shape = self.shape(tokens)
+                if shape.fits(batch):
+                    return shape
+        return None
+
+    def batch_tokens(self, tokens: int) -> int:
+        """The rung a batch of ``tokens`` tokens is padded to (``tokens`` itself past the top): what
+        a planner fills batches up to."""
+        return next((rung for rung in self.tokens if rung >= tokens), tokens)
 
 
 @dataclass
 class _Graph:
     dev: DeviceBatch
     """The static input buffer the graph reads."""
-    replay: Callable[[], tuple[torch.Tensor, Saved | None]]
-    """Runs the decoder on :attr:`dev` (and :attr:`loaded`) and returns its static outputs."""
-    loaded: Saved | None = None
-    """The static buffer of the prefixes the graph loads (shared by graphs of the same load rows)."""
+    replay: Callable[[], tuple[torch.Tensor, KV | None]]
+    """Runs the decoder on :attr:`dev` (and the loaded buffer) and returns its static outputs."""
     keep: tuple[Any, ...] = ()
     """What the captured kernels read and must outlive the graph (the rotary tables it saw)."""
 
 
 class DecoderGraphs:
-    """Runs packed batches of up to ``max_tokens`` tokens through graphs of ``decoder.run``.
-
-    Args:
-        decoder: The packed decoder.
-        max_tokens: Largest padded batch run as a graph (larger ones return None: run them eagerly).
-        token_step: Tokens are padded up to a multiple of this.
-        max_graphs: Graphs kept at once.
-        capture_after: A shape is captured the ``capture_after``-th time it is seen.
-        large_tokens: Batches over ``max_tokens`` and up to this many tokens (after padding to
-            :data:`LARGE_TOKEN_STEP`) replay graphs too; 0: none do.
+    """Runs packed batches through graphs of ``decoder.run``, one per rung of ``ladder``.
 
     A decoder on the CPU has no CUDA graphs: its "replay" runs the decoder on the same static
     buffers, which is what tests on the CPU check the padding and the buffer reuse with.
     """
 
-    def __init__(
-        self,
-        decoder: PackedDecoder,
-        *,
-        max_tokens: int,
-        token_step: int = 128,
-        max_graphs: int = 64,
-        capture_after: int = 2,
-        large_tokens: int = 0,
-    ) -> None:
-        if max_tokens <= 0 or token_step <= 0 or max_graphs <= 0 or capture_after <= 0:
-            raise ValueError("max_tokens, token_step, max_graphs and capture_after must be positive")
-        if large_tokens < 0:
-            raise ValueError(f"large_tokens must not be negative, got {large_tokens}")
-        self.large_tokens = large_tokens
-        self._loaded: dict[int, Saved] = {}
+    def __init__(self, decoder: PackedDecoder, ladder: GraphLadder) -> None:
         self.decoder = decoder
-        self.max_tokens = max_tokens
-        self.token_step = token_step
-        self.max_graphs = max_graphs
-        self.capture_after = capture_after
+        self.ladder = ladder
         self.cuda_graphs = decoder.device.type == "cuda"
         self.disabled: str | None = None
         """Why graphs were switched off (a capture failed), or None."""
-        self.graphs: OrderedDict[StaticShape, _Graph] = OrderedDict()
-        self.seen: Counter[StaticShape] = Counter()
+        self.graphs: dict[StaticShape, _Graph] = {}
         self.captures = 0
         self.replays = 0
+        self.capture_seconds = 0.0
+        """Wall time :meth:`capture_all` took."""
         self._pool: Any = None
+        shape = (len(decoder.layers), ladder.prefix_rows, decoder.num_kv_heads, decoder.head_dim)
+        tensors = [torch.zeros(shape, dtype=decoder.dtype, device=decoder.device) for _ in range(4)]
+        self._loaded: KV = (tensors[0], tensors[1])
+        top = rung_segments(max(ladder.tokens))
+        width = decoder.final_norm.shape[0]
+        rows = torch.zeros((top, width), dtype=torch.float32, device=decoder.device)
+        self._outputs = StaticOutputs(rows, (tensors[2], tensors[3]))
 
-    def shape_for(self, batch: PackedBatch, large: bool = True) -> StaticShape | None:
-        """The shape ``batch`` would run at as a graph, or None when it runs eagerly (``large``:
-        batches over ``max_tokens`` may replay graphs, up to ``large_tokens``)."""
-        if self.disabled is not None or batch.num_tokens == 0:
-            return None
-        shape = static_shape(batch, self.token_step)
-        if shape.tokens <= self.max_tokens:
-            return shape
-        shape = static_shape(batch, LARGE_TOKEN_STEP, LARGE_SEGMENT_STEP)
-        return shape if large and shape.tokens <= self.large_tokens else None
+    def capture_all(self) -> None:
+        """Capture every rung, the largest first (the pool then holds its run, which the smaller
+        ones' runs reuse). On a failure, graphs are switched off with a warning."""
+        started = time.perf_counter()
+        for shape in reversed(self.ladder.shapes()):
+            if self.disabled is not None:
+                break
+            if shape not in self.graphs:
+                self._capture(shape)
+        if self.cuda_graphs and self.graphs:
+            torch.cuda.synchronize(self.decoder.device)
+            # The eager warm-up runs left blocks in the allocator's cache outside the graphs' pool.
+            torch.cuda.empty_cache()
+        self.capture_seconds += time.perf_counter() - started
 
-    def run(self, batch: PackedBatch) -> torch.Tensor | None:
-        """The decoder's output rows for ``batch`` ([prompts, H] float32, a fresh tensor), or None
-        when ``batch`` is to run eagerly (not eligible, shape not seen often enough, capture failed)."""
-        done = self.decode(batch)
-        return None if done is None else done[0]
-
-    def decode(
-        self, batch: PackedBatch, loaded: Saved | None = None, *, large: bool = True
-    ) -> tuple[torch.Tensor, Saved | None] | None:
+    def decode(self, batch: PackedBatch, loaded: KV | None = None) -> tuple[torch.Tensor, KV | None] | None:
         """:meth:`PackedDecoder.run` of ``batch`` through a graph: its output rows and the prefix
-        keys/values it saves (fresh tensors), or None when ``batch`` is to run eagerly (``large``:
-        see :meth:`shape_for`)."""
-        shape = self.shape_for(batch, large)
-        if shape is None:
-            return None
+        keys/values it saves (fresh tensors), or None when no captured rung fits it (run it eagerly)."""
         if (loaded is None) != (not batch.load):
             raise ValueError("loaded prefix keys/values must come with a batch that loads them")
-        graph = self.graphs.get(shape)
-        if graph is None:
-            self.seen[shape] += 1
-            if self.seen[shape] < self.capture_after:
-                return None
-            graph = self._capture(shape, batch)
-            if graph is None:
-                return None
-        else:
-            self.graphs.move_to_end(shape)
-            graph.dev.fill(batch, shape)
-        if loaded is not None and graph.loaded is not None:
+        if self.disabled is not None or batch.num_tokens == 0:
+            return None
+        shape = self.ladder.rung_for(batch)
+        graph = None if shape is None else self.graphs.get(shape)
+        if shape is None or graph is None:
+            return None
+        graph.dev.fill(batch, shape)
+        if loaded is not None:
             rows = loaded[0].shape[1]
-            graph.loaded[0][:, :rows].copy_(loaded[0])
-            graph.loaded[1][:, :rows].copy_(loaded[1])
+            self._loaded[0][:, :rows].copy_(loaded[0])
+            self._loaded[1][:, :rows].copy_(loaded[1])
         self.replays += 1
         # The static outputs are overwritten by the next replay: hand out copies.
         output, saved = graph.replay()
         kept = None
-        if saved is not None:
+        if batch.save and saved is not None:
             rows = save_rows(batch)
             kept = (saved[0][:, :rows].clone(), saved[1][:, :rows].clone())
         return output[: batch.num_prompts].clone(), kept
 
-    def _loaded_buffer(self, rows: int) -> Saved | None:
-        """The static buffer of ``rows`` loaded prefix rows (zeros at first; only real rows are read)."""
-        if not rows:
-            return None
-        if rows not in self._loaded:
-            decoder = self.decoder
-            shape = (len(decoder.layers), rows, decoder.num_kv_heads, decoder.head_dim)
-            self._loaded[rows] = (
-                torch.zeros(shape, dtype=decoder.dtype, device=decoder.device),
-                torch.zeros(shape, dtype=decoder.dtype, device=decoder.device),
-            )
-        return self._loaded[rows]
-
-    def _capture(self, shape: StaticShape, batch: PackedBatch) -> _Graph | None:
+    def _capture(self, shape: StaticShape) -> None:
         decoder = self.decoder
-        dev = DeviceBatch.static(shape, decoder.device, batch)
-        loaded = self._loaded_buffer(shape.load)
+        dev = DeviceBatch.static(shape, decoder.device, _one_token_batch())
         try:
             if not self.cuda_graphs:
-                graph = _Graph(dev, lambda: decoder.run(dev, loaded), loaded)
+                graph = _Graph(dev, lambda: decoder.run(dev, self._loaded, self._outputs))
             else:
-                graph = self._cuda_graph(dev, loaded)
+                graph = self._cuda_graph(dev)
         except Exception as error:  # any capture failure: run eagerly from now on, and say why
             self.disabled = f"{type(error).__name__}: {error}"
             self.graphs.clear()
             logger.warning("CUDA graphs of the packed decoder switched off: %s", self.disabled)
-            return None
+            return
         self.captures += 1
         self.graphs[shape] = graph
-        while len(self.graphs) > self.max_graphs:
-            self.graphs.popitem(last=False)
-        return graph
 
-    def _cuda_graph(self, dev: DeviceBatch, loaded: Saved | None) -> _Graph:
+    def _cuda_graph(self, dev: DeviceBatch) -> _Graph:
         decoder = self.decoder
         cos, sin = decoder.rope_tables(dev.max_position)
         if self._pool is None:
@@ -223,15 +204,22 @@ class DecoderGraphs:
         stream = torch.cuda.Stream(decoder.device)
         stream.wait_stream(torch.cuda.current_stream(decoder.device))
         with torch.cuda.stream(stream):
-            decoder.run(dev, loaded)
+            decoder.run(dev, self._loaded, self._outputs)
         torch.cuda.current_stream(decoder.device).wait_stream(stream)
         cuda_graph = torch.cuda.CUDAGraph()
         # thread_local: a server's other threads may touch CUDA (a client's copy) meanwhile.
         with torch.cuda.graph(cuda_graph, pool=self._pool, capture_error_mode="thread_local"):
-            output, saved = decoder.run(dev, loaded)
+            output, saved = decoder.run(dev, self._loaded, self._outputs)
 
-        def replay() -> tuple[torch.Tensor, Saved | None]:
+        def replay() -> tuple[torch.Tensor, KV | None]:
             cuda_graph.replay()
             return output, saved
 
-        return _Graph(dev, replay, loaded, keep=(cos, sin, cuda_graph))
+        return _Graph(dev, replay, keep=(cos, sin, cuda_graph))
+
+
+def _one_token_batch() -> PackedBatch:
+    """A batch of one token: any batch of a rung's sizes lays out the same static buffer."""
+    return build_batch(
+        [PrefixGroup([], [[0]])], [GroupSlice(0, 0, 1, compute_prefix=False, save_prefix=False)]
+    )

@@ -25,6 +25,15 @@ import torch
 from genscore_core.forward import PrefixGroup
 
 
+def rung_segments(tokens: int) -> int:
+    """Segment rows of a CUDA graph of ``tokens`` stream tokens (:mod:`genscore_core.packed.graphs`):
+    room for prompts of 32 tokens on average, a multiple of 16, at least 64. Each spare segment
+    launches attention blocks that find nothing to do: room for 8-token prompts (8,192 segments at
+    64k tokens) made W1 16% slower on an H200 (docs/benchmarks.md, "CUDA-graph ladder"). The
+    planner closes a batch when its segments fill a rung (:func:`plan_batches`)."""
+    return max(64, math.ceil(tokens / 32 / 16) * 16)
+
+
 @dataclass(frozen=True)
 class GroupSlice:
     """The prompts ``[start, stop)`` of group ``group`` that one batch computes."""
@@ -44,12 +53,16 @@ def plan_batches(
     *,
     ranges: Sequence[tuple[int, int, int]] | None = None,
     prefix_ready: Collection[int] = (),
+    rungs: Sequence[int] = (),
 ) -> list[list[GroupSlice]]:
     """Split groups into batches of at most ``max_batch_tokens`` stream tokens, of balanced size.
 
     A prefix counts once, in the batch that computes it. A single prompt larger than the budget gets
     a batch of its own rather than an error. Batches are made about equal (total / number of batches)
-    so that the last one is not a small, inefficient remainder.
+    so that the last one is not a small, inefficient remainder. With ``rungs`` (the token sizes of
+    the CUDA graphs, ascending), that size is raised to the smallest rung within the budget that
+    holds it, and batches are filled up to it: all but the last then pad to that rung by less than
+    one prompt.
 
     ``ranges`` limits the plan to the prompts ``[start, stop)`` of each listed ``(group, start, stop)``,
     in that order (the rest of a call, planned again after an out-of-memory error); groups in
@@ -68,19 +81,26 @@ def plan_batches(
     if total == 0:
         return []
     target = math.ceil(total / math.ceil(total / max_batch_tokens))
+    limit, max_segments = max_batch_tokens, math.inf
+    rung = next((r for r in rungs if target <= r <= max_batch_tokens), None)
+    if rung is not None:
+        # Two of a rung's segments are spare (its padding's, an empty one).
+        target, limit, max_segments = rung, rung, rung_segments(rung) - 2
 
     batches: list[list[tuple[int, int, int]]] = []  # (group, start, stop)
     current: list[tuple[int, int, int]] = []
-    used = 0
+    used = segments = 0
     prefix_done: set[int] = set(ready)
     for g, start, stop in ranges:
         group = groups[g]
         for i in range(start, stop):
             suffix = group.suffix_ids[i]
-            cost = len(suffix) + (0 if g in prefix_done else len(group.prefix_ids))
-            if current and used + cost > max_batch_tokens:
+            new_prefix = g not in prefix_done and len(group.prefix_ids) > 0
+            cost = len(suffix) + (len(group.prefix_ids) if new_prefix else 0)
+            if current and (used + cost > limit or segments + 1 + new_prefix > max_segments):
                 batches.append(current)
-                current, used = [], 0
+                current, used, segments = [], 0, 0
+            segments += 1 + new_prefix
             prefix_done.add(g)
             if current and current[-1][0] == g and current[-1][2] == i:
                 current[-1] = (g, current[-1][1], i + 1)
@@ -89,7 +109,7 @@ def plan_batches(
             used += cost
             if used >= target:
                 batches.append(current)
-                current, used = [], 0
+                current, used, segments = [], 0, 0
     if current:
         batches.append(current)
 

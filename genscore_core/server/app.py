@@ -489,8 +489,8 @@ def garbage_collector_counters() -> dict[str, Any]:
 
 
 def forward_counters(backend: object) -> dict[str, int] | None:
-    """How a local engine's forward batches ran: eagerly, or as CUDA graph replays (captures
-    included, each of which also replays); None for a backend without a packed forward."""
+    """How a local engine's forward batches ran: eagerly, or as CUDA graph replays (the graphs
+    captured when the model loaded); None for a backend without a packed forward."""
     forward = getattr(backend, "forward", None)
     eager = getattr(forward, "eager_batches", None)
     if eager is None:

@@ -32,3 +32,18 @@ def reference_rows(model: Any, groups: list[PrefixGroup]) -> torch.Tensor:
                 output = model.model(input_ids=torch.tensor([prompt]))
                 rows.append(output.last_hidden_state[0, -1])
     return torch.stack(rows)
+
+
+def padded_shape(batch: Any, token_step: int, segment_step: int = 16) -> Any:
+    """A static shape ``batch`` fits: tokens rounded up to ``token_step``, segments to
+    ``segment_step`` with two spare (the spare tokens' and an empty one), loaded and saved prefix rows
+    to 128. For layout tests of shapes other than a ladder's rungs."""
+    import math
+
+    from genscore_core.packed.decoder import StaticShape, save_rows
+
+    tokens = max(token_step, math.ceil(batch.num_tokens / token_step) * token_step)
+    segments = math.ceil((len(batch.segments) + 2) / segment_step) * segment_step
+    load = math.ceil((batch.kv_len - batch.num_tokens) / 128) * 128
+    save = math.ceil(save_rows(batch) / 128) * 128
+    return StaticShape(tokens=tokens, segments=segments, load=load, save=save)
