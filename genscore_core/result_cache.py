@@ -169,6 +169,12 @@ class CachedCall:
                 self.missing.append(_part_of(job, wanted))
 
     @property
+    def answered(self) -> bool:
+        """Whether the cache held every score of the call: then no backend call is made (without a
+        cache, every call goes to the backend, even one of no jobs)."""
+        return self._cache is not None and not self.missing
+
+    @property
     def hits(self) -> int:
         """Prompts the cache answered."""
         return sum(score is not None for job in self._known for score in job)

@@ -477,7 +477,7 @@ class GenerativeScorer:
             call = self._consult_cache(jobs)
             if call.hits:
                 progress(call.hits)
-            if not call.missing and self.result_cache is not None:
+            if call.answered:
                 return call.complete([])
             with _engine_errors_named(call.named(name)):
                 scored = self.backend.score_jobs(call.missing, on_progress=progress)
@@ -489,7 +489,7 @@ class GenerativeScorer:
             call = self._consult_cache(jobs)
         else:  # hashing the prompts takes about 12 us each (500 tokens): off the loop for large calls
             call = await asyncio.to_thread(self._consult_cache, jobs)
-        if not call.missing and self.result_cache is not None:
+        if call.answered:
             return call.complete([])
         with _engine_errors_named(call.named(name)):
             scored = await self.backend.ascore_jobs(call.missing)
