@@ -35,6 +35,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from genscore_core.errors import ConfigurationError
+from genscore_core.result_cache import ENTRY_BYTES
 from genscore_core.templates import PromptTemplate, ScoreMode
 
 DTYPE_NAMES = frozenset({"float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "half"})
@@ -197,6 +198,18 @@ class ScorerConfig(_Settings):
     """Run the Python code a model folder or hub repository ships (only for sources you trust)."""
     show_progress: bool = False
     """Show a progress bar on stderr while scoring."""
+    result_cache_bytes: int = Field(default=0, ge=0)
+    """Memory for a cache of scores: a prompt scored before is answered from it without the model,
+    the least recently used dropped first (about 180 bytes a score, whatever the prompt's length);
+    0: no cache. It pays where the same pairs come back (a RAG pipeline asked the same question
+    again); see docs/python.md, "The result cache"."""
+
+    @field_validator("result_cache_bytes")
+    @classmethod
+    def _room_for_one(cls, size: int) -> int:
+        if 0 < size < ENTRY_BYTES:
+            raise ValueError(f"must be 0 (no cache) or at least {ENTRY_BYTES} bytes (one score), got {size}")
+        return size
 
     def __init__(self, /, **data: Any) -> None:
         try:
@@ -289,6 +302,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "trust_remote_code": ("", "trust_remote_code"),
     "show_progress": ("", "show_progress"),
     **{_flat_name("ServerSettings", name): ("ServerSettings", name) for name in ServerSettings.model_fields},
+    "result_cache_bytes": ("", "result_cache_bytes"),
 }
 
 SETTING_FIELDS: Mapping[str, FieldInfo] = {

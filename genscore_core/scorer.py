@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -44,6 +45,7 @@ from genscore_core.prepared import PreparedPairs, PreparedScore
 from genscore_core.prompts import EncodedPrompt, PromptInfo
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse, check_text
 from genscore_core.recipes import Recipe
+from genscore_core.result_cache import CachedCall, ResultCache
 from genscore_core.results import RankedResults, check_rank_options, rank_results
 from genscore_core.scoring import first_bad_score, score_range_words
 from genscore_core.templates import PromptTemplate, ScoreMode
@@ -108,6 +110,11 @@ class GenerativeScorer:
             raise TypeError("pass either a model and its settings, or front_end= and backend=, not both")
         self.front_end: ScoringFrontEnd = front_end
         self.backend: ScoringBackend = backend
+        cache_bytes = self.config.result_cache_bytes
+        self.result_cache: ResultCache | None = ResultCache(cache_bytes) if cache_bytes else None
+        """The scores of prompts scored before (``result_cache_bytes``; None: off). Assign another
+        :class:`ResultCache` to share one between scorers: its keys hold each scorer's identity."""
+        self._identity: str | None = None
 
     @classmethod
     def from_model(
@@ -288,10 +295,7 @@ class GenerativeScorer:
     ) -> GenerativeScoringResponse:
         """:meth:`score` without blocking the event loop."""
         prepared = await asyncio.to_thread(self.prepare_score, request)
-        jobs = [prepared.job]
-        with _engine_errors_named(_items_named):
-            scored = await self.backend.ascore_jobs(jobs)
-        [scores] = self._checked(jobs, scored, _items_named)
+        [scores] = await self._arun([prepared.job], name=_items_named)
         return prepared.response(scores)
 
     def prepare_score(self, request: GenerativeScoringRequest | Mapping[str, Any]) -> PreparedScore:
@@ -328,10 +332,7 @@ class GenerativeScorer:
             )
             return [score for score, _ in scored]
         prepared = await asyncio.to_thread(self.front_end.prepare_pairs, pairs)
-        name = _pairs_named(prepared, "pairs")
-        with _engine_errors_named(name):
-            job_scores = await self.backend.ascore_jobs(prepared.jobs)
-        scores = self._checked(prepared.jobs, job_scores, name)
+        scores = await self._arun(prepared.jobs, name=_pairs_named(prepared, "pairs"))
         return [score for score, _ in prepared.assemble(scores)]
 
     def rerank(
@@ -407,10 +408,7 @@ class GenerativeScorer:
             max_tokens_per_doc=max_tokens_per_doc,
             max_prompt_tokens=max_prompt_tokens,
         )
-        name = _pairs_named(prepared, "documents")
-        with _engine_errors_named(name):
-            scored = await self.backend.ascore_jobs(prepared.jobs)
-        scores = self._checked(prepared.jobs, scored, name)
+        scores = await self._arun(prepared.jobs, name=_pairs_named(prepared, "documents"))
         if len(documents) <= RANKED_ON_THE_LOOP:
             return ranked(prepared.assemble(scores))
         return await asyncio.to_thread(lambda: ranked(prepared.assemble(scores)))
@@ -419,9 +417,10 @@ class GenerativeScorer:
 
     def _streams(self, max_tokens_per_doc: int | None) -> bool:
         """Whether texts may go to the backend in parts: it streams (``backend.streams``), and the
-        documents are scored whole (no cut per document, no windows)."""
+        documents are scored whole (no cut per document, no windows), and no result cache is on."""
         return (
             self.backend.streams
+            and self.result_cache is None  # the cache is looked up by whole prompts, before the call
             and max_tokens_per_doc is None
             and self.config.prompt.long_documents == "truncate"
         )
@@ -473,12 +472,49 @@ class GenerativeScorer:
     def _run(
         self, jobs: list[ScoringJob], also: ProgressCallback | None = None, *, name: ItemName
     ) -> list[list[float]]:
-        with (
-            self._progress(sum(len(job.prompts) for job in jobs), also) as progress,
-            _engine_errors_named(name),
-        ):
-            scores = self.backend.score_jobs(jobs, on_progress=progress)
-        return self._checked(jobs, scores, name)
+        """The scores of whole ``jobs``: those the result cache holds, the rest from the backend."""
+        with self._progress(sum(len(job.prompts) for job in jobs), also) as progress:
+            call = self._consult_cache(jobs)
+            if call.hits:
+                progress(call.hits)
+            if call.answered:
+                return call.complete([])
+            with _engine_errors_named(call.named(name)):
+                scored = self.backend.score_jobs(call.missing, on_progress=progress)
+        return call.complete(self._checked(call.missing, scored, call.named(name)))
+
+    async def _arun(self, jobs: list[ScoringJob], *, name: ItemName) -> list[list[float]]:
+        """:meth:`_run` without blocking the event loop (the backend's ``ascore_jobs``)."""
+        if sum(len(job.prompts) for job in jobs) <= RANKED_ON_THE_LOOP:
+            call = self._consult_cache(jobs)
+        else:  # hashing the prompts takes about 12 us each (500 tokens): off the loop for large calls
+            call = await asyncio.to_thread(self._consult_cache, jobs)
+        if call.answered:
+            return call.complete([])
+        with _engine_errors_named(call.named(name)):
+            scored = await self.backend.ascore_jobs(call.missing)
+        return call.complete(self._checked(call.missing, scored, call.named(name)))
+
+    def _consult_cache(self, jobs: list[ScoringJob]) -> CachedCall:
+        """The one place the result cache is read: ``jobs`` split into the scores it holds and the
+        prompts the backend scores (all of them, without a cache)."""
+        cache = self.result_cache
+        if cache is None:
+            return CachedCall(None, jobs)
+        return cache.lookup(self.result_cache_identity(), jobs)
+
+    def result_cache_identity(self) -> str:
+        """What the result cache's keys hold of this scorer: the settings that can change a score
+        (the model, the prompt settings, where and how it runs) and the weights' dtype and device as
+        they are now (a model cast after the scorer was built scores anew). Prompts, labels and score
+        mode are in the keys too (:mod:`genscore_core.result_cache`)."""
+        if self._identity is None:
+            settings = self.config.to_settings(mode="json", exclude=_SETTINGS_NO_SCORE_CHANGES)
+            self._identity = json.dumps(settings, sort_keys=True, default=str)
+        weights = self.backend.local_model
+        if weights is None:
+            return self._identity
+        return f"{self._identity} {getattr(weights, 'dtype', None)} {getattr(weights, 'device', None)}"
 
     def _checked(
         self, jobs: Sequence[ScoringJob], scores: list[list[float]], name: ItemName
@@ -521,6 +557,12 @@ class GenerativeScorer:
             f"GenerativeScorer(model={self.config.model!r}, template={self.template.name!r}, "
             f"max_length={self.max_length}, backend={self.backend!r})"
         )
+
+
+_SETTINGS_NO_SCORE_CHANGES = frozenset(
+    {"show_progress", "result_cache_bytes", "server_api_key", "server_timeout", "server_max_retries"}
+)
+"""Settings left out of :meth:`GenerativeScorer.result_cache_identity`: none changes a score."""
 
 
 def _documents(documents: Iterable[str]) -> list[str]:

@@ -7,7 +7,8 @@ Endpoints:
   errors fill ``param``);
 * ``POST /v1/rerank`` (and ``/rerank``, ``/v2/rerank``): ``query``, ``documents``, ``top_n`` in;
   ``results`` of ``index``, ``relevance_score`` and, with ``return_documents``, ``document`` out;
-* ``GET /health``, ``GET /v1/models``, ``GET /stats`` (batching counters).
+* ``GET /health``, ``GET /v1/models``, ``GET /stats`` (batching counters), ``GET /metrics`` (the same
+  and per-route counters in Prometheus' text format: :mod:`genscore_core.server.metrics`).
 
 Errors use the protocol's body ``{"error": {"message", "type", "param", "code"}}`` plus a top-level
 ``detail`` with the same message (what Jina-style clients read); ``param`` names the offending field,
@@ -38,7 +39,7 @@ from typing import Any
 try:
     from fastapi import FastAPI, Request, Response
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse
     from fastapi.routing import APIRoute
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -64,6 +65,7 @@ from genscore_core.scorer import GenerativeScorer
 from genscore_core.server.batcher import RequestBatcher
 from genscore_core.server.connections import AbandonedRequestMiddleware
 from genscore_core.server.limits import ServerLimits
+from genscore_core.server.metrics import METRICS_CONTENT_TYPE, MetricsMiddleware, ServerMetrics, count_usage
 from genscore_core.server.schemas import (
     ErrorResponse,
     HealthStatus,
@@ -335,6 +337,7 @@ def create_app(
     # The scorer's own front end over the batcher: every endpoint answers through the library's
     # ascore/arerank, and only the scoring is shared between concurrent requests.
     serving = GenerativeScorer(front_end=scorer.front_end, backend=batcher)
+    serving.result_cache = scorer.result_cache  # one cache (or none) for the scorer and its server
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -357,6 +360,10 @@ def create_app(
     abandon_stats = AbandonStats()
     app.state.abandon_stats = abandon_stats
     app.add_middleware(AbandonedRequestMiddleware, stats=abandon_stats)
+    # Outside that: a request whose client left is counted, with its time, under status 499.
+    metrics = ServerMetrics(batcher, abandon_stats, lambda: serving.result_cache)
+    app.state.metrics = metrics
+    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes)
     if api_key is not None:
         # Outside even that: a request without the key is no request of this server's to count.
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
@@ -386,11 +393,14 @@ def create_app(
     @app.post("/generative_scoring", **scoring)
     @app.post("/generative_score", **scoring)
     async def generative_scoring(request: GenerativeScoringRequest) -> GenerativeScoringResponse:
+        count_usage(pairs=len(request.items))
         check_model(request.model)
         check_items(len(request.items), "items")
         if request.model is None:
             request = request.model_copy(update={"model": name})
-        return await serving.ascore(request)
+        response = await serving.ascore(request)
+        count_usage(prompt_tokens=response.usage.prompt_tokens)
+        return response
 
     reranking: dict[str, Any] = {
         "response_model": RerankResponse,
@@ -401,6 +411,7 @@ def create_app(
     async def rerank(request: RerankRequest) -> RerankResponse:
         check_model(request.model)
         documents = request.texts()
+        count_usage(pairs=len(documents))
         check_items(len(documents), "documents")
         ranked = await serving.arerank(
             request.query,
@@ -412,6 +423,7 @@ def create_app(
             max_prompt_tokens=limits.max_prompt_tokens_per_request,
         )
         tokens = ranked.prompt_tokens
+        count_usage(prompt_tokens=tokens)
         results = [
             RerankResult(
                 index=result.index,
@@ -473,7 +485,16 @@ def create_app(
             "abandoned": abandon_stats.abandoned,
             "abandoned_untokenized": abandon_stats.skipped,
             "gc": garbage_collector_counters(),
+            "result_cache": None if serving.result_cache is None else serving.result_cache.stats().as_dict(),
         }
+
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"description": "Prometheus' text format."}, **auth_errors},
+    )
+    async def prometheus_metrics() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     return app
 

@@ -134,7 +134,7 @@ def add_serve_command(
         "serve",
         help="serve generative scoring and /v1/rerank over HTTP, batching concurrent requests",
         description="Serve one model: POST /generative_scoring (/generative_score), /v1/rerank; "
-        "GET /health, /v1/models, /stats. Listens on loopback unless --host says otherwise.",
+        "GET /health, /v1/models, /stats, /metrics. Listens on loopback unless --host says otherwise.",
     )
     serve.add_argument(
         "--host", type=_host, default="127.0.0.1", help="address to listen on (default 127.0.0.1)"

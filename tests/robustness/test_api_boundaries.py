@@ -281,7 +281,7 @@ def test_a_dict_of_pairs_is_told_to_pass_its_items(scorer: GenerativeScorer) -> 
 
 NUMBER_SETTINGS = [
     "max_length", "chunk_overlap", "query_share", "max_batch_tokens", "max_batch_size",
-    "server_timeout", "server_max_retries", "server_batch_size",
+    "server_timeout", "server_max_retries", "server_batch_size", "result_cache_bytes",
 ]  # fmt: skip
 
 
@@ -295,7 +295,7 @@ def test_a_bool_is_not_a_number_setting(name: str) -> None:
         with pytest.raises(ValidationError, match=f"must be a number, not the bool {flag}") as caught:
             ScorerConfig(**{name: flag}, **server)
         assert [error["loc"] for error in caught.value.errors()] == [(name,)]
-    usable = {"query_share": 0.5, "server_timeout": 2.5}.get(name, 3)
+    usable = {"query_share": 0.5, "server_timeout": 2.5, "result_cache_bytes": 4096}.get(name, 3)
     assert ScorerConfig(**{name: usable}, **server).to_settings()[name] == usable
 
 
