@@ -6,7 +6,12 @@ Endpoints:
   as vLLM's endpoint answers it (the same request, response and error bodies, but that genscore's
   errors fill ``param``);
 * ``POST /v1/rerank`` (and ``/rerank``, ``/v2/rerank``): ``query``, ``documents``, ``top_n`` in;
-  ``results`` of ``index``, ``relevance_score`` and, with ``return_documents``, ``document`` out;
+  ``results`` of ``index``, ``relevance_score`` and, with ``return_documents``, ``document`` out,
+  with vLLM's ``usage`` and Cohere's ``meta``;
+* ``POST /rerank`` with ``texts``: TEI's dialect (:mod:`~genscore_core.server.tei`);
+  ``POST /v1/ranking``: NIM's (:mod:`~genscore_core.server.nim`); ``POST /score`` and ``/v1/score``:
+  vLLM's (:mod:`~genscore_core.server.vllm_score`). Each rerank and score route takes a request's
+  own ``instruction`` (:mod:`~genscore_core.server.served`);
 * ``GET /health``, ``GET /v1/models``, ``GET /stats`` (batching counters).
 
 Errors use the protocol's body ``{"error": {"message", "type", "param", "code"}}`` plus a top-level
@@ -325,7 +330,8 @@ def create_app(
     """The server application for one scorer.
 
     Args:
-        scorer: Scores the requests (its template, instruction and ``max_length`` apply to ``/v1/rerank``).
+        scorer: Scores the requests (its template and ``max_length`` apply to the rerank and score routes,
+            its instruction to those that do not send their own).
         limits: Request limits and batching settings.
         served_model_name: The model name answered in responses and ``/v1/models``; default the
             scorer's model.
