@@ -38,14 +38,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, MutableMapping
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
 try:
     from fastapi import FastAPI, Request, Response
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from fastapi.routing import APIRoute
-    from pydantic import Discriminator, Tag
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -89,14 +88,7 @@ from genscore_core.server.schemas import (
     rerank_request_type,
 )
 from genscore_core.server.served import Served, request_instruction
-from genscore_core.server.tei import (
-    COHERE_TAG,
-    TEI_TAG,
-    TeiRank,
-    TeiRerankRequest,
-    rerank_dialect,
-    tei_rerank,
-)
+from genscore_core.server.tei import TeiRank, TeiRerankRequest, rerank_body_type, tei_rerank
 from genscore_core.server.vllm_score import add_score_routes
 from genscore_core.waiting import within
 
@@ -454,10 +446,7 @@ def create_app(
     app.post("/v1/rerank", **reranking)(rerank_v1)
 
     # /rerank is both Cohere's path and TEI's: the body says which (tei.rerank_dialect).
-    either_body = Annotated[
-        Annotated[rerank_request, Tag(COHERE_TAG)] | Annotated[TeiRerankRequest, Tag(TEI_TAG)],
-        Discriminator(rerank_dialect),
-    ]
+    either_body = rerank_body_type(rerank_request)
 
     async def rerank(request: RerankRequest | TeiRerankRequest) -> RerankResponse | list[TeiRank]:
         if isinstance(request, TeiRerankRequest):

@@ -8,9 +8,9 @@ Continue, ragflow.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, StrictBool, StrictStr, Tag, model_validator
 
 from genscore_core.errors import InvalidRequestError
 from genscore_core.protocol import log_ignored_fields
@@ -32,6 +32,15 @@ def rerank_dialect(body: Any) -> str:
     if isinstance(body, dict) and "texts" in body and "documents" not in body:
         return TEI_TAG
     return COHERE_TAG
+
+
+def rerank_body_type(cohere: type[BaseModel]) -> Any:
+    """The body of ``/rerank``: ``cohere`` (the server's Cohere-shaped body) or TEI's, told apart by
+    :func:`rerank_dialect` before either is validated, so that an error names one body's fields."""
+    return Annotated[
+        Annotated[cohere, Tag(COHERE_TAG)] | Annotated[TeiRerankRequest, Tag(TEI_TAG)],
+        Discriminator(rerank_dialect),
+    ]
 
 
 class TeiRerankRequest(BaseModel):
