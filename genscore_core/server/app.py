@@ -87,7 +87,7 @@ from genscore_core.server.schemas import (
     error_body,
     rerank_request_type,
 )
-from genscore_core.server.served import Served, request_instruction
+from genscore_core.server.served import Served, refuse_protocol_instruction, request_instruction
 from genscore_core.server.tei import TeiRank, TeiRerankRequest, rerank_body_type, tei_rerank
 from genscore_core.server.vllm_score import add_score_routes
 from genscore_core.waiting import within
@@ -387,7 +387,10 @@ def create_app(
 
     @app.post("/generative_scoring", **scoring)
     @app.post("/generative_score", **scoring)
-    async def generative_scoring(request: GenerativeScoringRequest) -> GenerativeScoringResponse:
+    async def generative_scoring(
+        request: GenerativeScoringRequest, http_request: Request
+    ) -> GenerativeScoringResponse:
+        refuse_protocol_instruction(await http_request.json())
         served.check_model(request.model)
         served.check_items(len(request.items), "items")
         if request.model is None:

@@ -120,6 +120,21 @@ def request_instruction(instruction: str | None, instruct: str | None) -> str | 
     return instruction if instruction is not None else instruct
 
 
+def refuse_protocol_instruction(body: Any) -> None:
+    """A 400 for an instruction sent to the generative scoring protocol, rather than scores made
+    without it: the protocol scores raw prompts (query and item as sent), with no template to write
+    an instruction in."""
+    if isinstance(body, dict):
+        for key in ("instruction", "instruct"):
+            if key in body:
+                raise InvalidRequestError(
+                    f"{key}: the generative scoring protocol scores the prompts as sent, with no template "
+                    "to write an instruction in; put it in the query, or send the request to /v1/rerank "
+                    "or /score, which template it",
+                    param=key,
+                )
+
+
 def refuse_truncated(ranked: RankedResults, param: str, option: str) -> None:
     """A 400 naming the first document that had to be cut, for a request that asked for no cutting."""
     cut = sorted(result.index for result in ranked if result.truncated)

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.postprocessor.nvidia_rerank import NVIDIARerank
 from llama_index.postprocessor.tei_rerank import TextEmbeddingInference
@@ -141,6 +142,17 @@ def test_nim_body_options(client: httpx.Client, scorer: GenerativeScorer) -> Non
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "passages.1"
     unknown = client.post("/v1/ranking", json={**body, "model": "nvidia/other"})
     assert unknown.status_code == 404
+
+
+def test_the_logit_is_the_model_s_own(client: httpx.Client, scorer: GenerativeScorer) -> None:
+    """Under Qwen3-Reranker's two labels, NIM's logit is z_yes - z_no of the model's own forward."""
+    yes, no = scorer.label_token_ids
+    body = {"query": {"text": QUERY}, "passages": [{"text": t} for t in TEXTS]}
+    logits = {r["index"]: r["logit"] for r in client.post("/v1/ranking", json=body).json()["rankings"]}
+    for index, prompt in enumerate(scorer.encode(QUERY, TEXTS)):
+        with torch.no_grad():
+            last = scorer.model(torch.tensor([prompt.token_ids])).logits[0, -1].double()
+        assert logits[index] == pytest.approx(float(last[yes] - last[no]), abs=1e-4)
 
 
 # -- usage ------------------------------------------------------------------------------------------

@@ -98,3 +98,13 @@ def test_a_template_without_an_instruction_slot_refuses_one(scorer: GenerativeSc
                 error["param"] == "instruction" and "'no-slot' has no {instruction} slot" in error["message"]
             )
             assert http.post(path, json=body({})).status_code == 200
+
+
+def test_the_generative_scoring_protocol_refuses_an_instruction(client: httpx.Client) -> None:
+    # Its prompts are raw (query and item as sent): scoring them without the instruction asked for
+    # would answer other scores than the client meant, without a word.
+    body = {"query": QUERY, "items": TEXTS, "label_token_ids": [9454, 2753]}
+    assert client.post("/generative_scoring", json=body).status_code == 200
+    for field in ("instruction", "instruct"):
+        refused = client.post("/generative_scoring", json={**body, field: ASKED})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field
