@@ -20,7 +20,8 @@ from llama_index.postprocessor.nvidia_rerank import NVIDIARerank
 from llama_index.postprocessor.tei_rerank import TextEmbeddingInference
 
 from genscore_core import GenerativeScorer
-from tests.helpers.server import LiveServer
+from genscore_core.server import create_app
+from tests.helpers.server import TEST_LIMITS, LiveServer, serve_in_thread
 
 QUERY = "What is the capital of France?"
 TEXTS = [
@@ -153,6 +154,30 @@ def test_the_logit_is_the_model_s_own(client: httpx.Client, scorer: GenerativeSc
         with torch.no_grad():
             last = scorer.model(torch.tensor([prompt.token_ids])).logits[0, -1].double()
         assert logits[index] == pytest.approx(float(last[yes] - last[no]), abs=1e-4)
+
+
+def test_a_logit_mode_server_answers_its_logits(scorer: GenerativeScorer) -> None:
+    """Under --score-mode logit the score is already a logit: TEI's score with or without raw_scores,
+    and NIM's logit, are the scorer's own."""
+    logit_scorer = GenerativeScorer.from_model(
+        scorer.model,
+        scorer.front_end.tokenizer,
+        model=scorer.config.model,
+        max_length=512,
+        score_mode="logit",
+    )
+    want = _expected(logit_scorer, QUERY, TEXTS)
+    assert min(want.values()) < 0.0 or max(want.values()) > 1.0  # logits, not probabilities
+    with (
+        serve_in_thread(create_app(logit_scorer, TEST_LIMITS)) as live,
+        httpx.Client(base_url=live.url, timeout=60) as http,
+    ):
+        for raw in (False, True):
+            tei = http.post("/rerank", json={"query": QUERY, "texts": TEXTS, "raw_scores": raw}).json()
+            assert {r["index"]: r["score"] for r in tei} == pytest.approx(want, abs=1e-6)
+        body = {"query": {"text": QUERY}, "passages": [{"text": t} for t in TEXTS]}
+        nim = http.post("/v1/ranking", json=body).json()["rankings"]
+        assert {r["index"]: r["logit"] for r in nim} == pytest.approx(want, abs=1e-6)
 
 
 # -- usage ------------------------------------------------------------------------------------------
