@@ -14,10 +14,10 @@ import time
 import uuid
 from typing import Any, Literal
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
-from genscore_core.errors import InvalidRequestError
+from genscore_core.errors import InvalidRequestError, ServerHTTPError
 from genscore_core.protocol import ScoreData, UsageInfo, log_ignored_fields
 from genscore_core.results import RankedResults
 from genscore_core.server.served import Served, errors_renamed, request_instruction
@@ -78,6 +78,22 @@ def score_pairs(text_1: str | list[str], text_2: str | list[str]) -> list[tuple[
     return list(zip(queries, documents))
 
 
+async def refuse_sglang_body(request: Request) -> None:
+    """A 404 for SGLang's scoring request (``query``, ``items``, ``label_token_ids``), which SGLang takes
+    at this same path: not served here, and a client sending it has the wrong server kind set.
+
+    A dependency, so that it answers before the body is validated as vLLM's (a 422 naming ``text_1``
+    would not say what to fix). FastAPI has parsed the body already; the parse is cached."""
+    body = await request.json()
+    if isinstance(body, dict) and "items" in body and "text_1" not in body:
+        raise ServerHTTPError(
+            404,
+            f"{request.url.path} here is vLLM's score API (text_1, text_2); SGLang's scoring request "
+            "(query, items, label_token_ids) is not served: send it to /generative_scoring, the generative "
+            "scoring protocol (genscore's client: server_kind='genscore')",
+        )
+
+
 def add_score_routes(app: FastAPI, served: Served) -> None:
     async def score(request: ScoreRequest) -> ScoreResponse:
         served.check_model(request.model)
@@ -122,4 +138,9 @@ def add_score_routes(app: FastAPI, served: Served) -> None:
         )
 
     for path in ("/score", "/v1/score"):
-        app.post(path, response_model=ScoreResponse, responses=served.errors)(score)
+        app.post(
+            path,
+            response_model=ScoreResponse,
+            responses=served.errors,
+            dependencies=[Depends(refuse_sglang_body)],
+        )(score)

@@ -251,5 +251,8 @@ def test_vllm_score_refusals(client: httpx.Client, scorer: GenerativeScorer) -> 
     )
     # N:N errors name the pair by its place in text_2.
     assert refused({"text_1": [QUERY, "q"], "text_2": ["fine", "bad \ud800"]}) == "text_2.1"
+    # SGLang's scoring request, which SGLang takes at /v1/score, is not vLLM's: a 404 saying where it goes.
+    sglang = client.post("/v1/score", json={"query": QUERY, "items": TEXTS, "label_token_ids": [9454, 2753]})
+    assert sglang.status_code == 404 and "/generative_scoring" in sglang.json()["detail"]
     ok = client.post("/v1/score", json={"text_1": QUERY, "text_2": TEXTS, "truncate_prompt_tokens": 512})
     assert ok.status_code == 200
