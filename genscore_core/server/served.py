@@ -49,7 +49,9 @@ class Served:
     name: str
     limits: ServerLimits
     errors: dict[int | str, dict[str, Any]]
-    _instructed: OrderedDict[str, GenerativeScorer] = field(default_factory=OrderedDict, init=False, repr=False)
+    _instructed: OrderedDict[str, GenerativeScorer] = field(
+        default_factory=OrderedDict, init=False, repr=False
+    )
 
     @property
     def score_mode(self) -> ScoreMode:
