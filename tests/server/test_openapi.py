@@ -57,7 +57,7 @@ def error_cases(path: str) -> dict[int, dict[str, Any]]:
     """One request per error status a POST endpoint can meet (keyword arguments of ``httpx.post``)."""
     good = _request(path)
     bad = BODIES[path][1]
-    oversized = json.dumps({**good, "model": "x" * (TEST_LIMITS.max_body_bytes + 10)})
+    oversized = json.dumps({**good, "query": "x" * (TEST_LIMITS.max_body_bytes + 10)})
     return {
         400: {"json": bad},
         404: {"json": {**good, "model": "no-such-model"}},
