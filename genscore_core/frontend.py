@@ -8,6 +8,7 @@ machine, from a server, or from ``genscore serve``'s batcher.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -100,6 +101,40 @@ class ScoringFrontEnd:
             builder.bos_ids + builder.prefix_ids + builder.suffix_ids,
             self.vocab_size,
         )
+
+    def with_instruction(self, instruction: str | None) -> ScoringFrontEnd:
+        """This front end writing ``instruction`` into its prompts instead of its own.
+
+        The copy shares the tokenizer (and its lock), template, labels, score mode and length budget;
+        only the prompt builder is new. ``None`` is the template's default instruction. A server uses
+        it for a request's own instruction (``genscore serve``'s ``instruction`` field).
+
+        Raises:
+            InvalidRequestError: The template has no ``{instruction}`` slot (``param="instruction"``),
+                or the instruction leaves no room for a document.
+        """
+        if instruction and not self.template.takes_instruction:
+            raise InvalidRequestError(
+                f"instruction: template {self.template.name!r} has no {{instruction}} slot, so it cannot "
+                "take an instruction; leave instruction out, or serve a template that takes one",
+                param="instruction",
+            )
+        other = copy.copy(self)
+        prompt = self.config.prompt.model_copy(update={"instruction": instruction})
+        other.config = self.config.model_copy(update={"prompt": prompt})
+        try:
+            other._builder = TemplatePromptBuilder(
+                self.tokenizer,
+                self.template,
+                max_length=self.max_length,
+                instruction=instruction,
+                query_share=self.config.prompt.query_share,
+                tokenizer_lock=self._tokenizer_lock,
+                vocab_size=self._vocab_size,
+            )
+        except ValueError as error:  # the instruction alone fills the prompt
+            raise InvalidRequestError(f"instruction: {error}", param="instruction") from error
+        return other
 
     @property
     def vocab_size(self) -> int:

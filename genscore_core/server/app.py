@@ -6,7 +6,12 @@ Endpoints:
   as vLLM's endpoint answers it (the same request, response and error bodies, but that genscore's
   errors fill ``param``);
 * ``POST /v1/rerank`` (and ``/rerank``, ``/v2/rerank``): ``query``, ``documents``, ``top_n`` in;
-  ``results`` of ``index``, ``relevance_score`` and, with ``return_documents``, ``document`` out;
+  ``results`` of ``index``, ``relevance_score`` and, with ``return_documents``, ``document`` out,
+  with vLLM's ``usage`` and Cohere's ``meta``;
+* ``POST /rerank`` with ``texts``: TEI's dialect (:mod:`~genscore_core.server.tei`);
+  ``POST /v1/ranking``: NIM's (:mod:`~genscore_core.server.nim`); ``POST /score`` and ``/v1/score``:
+  vLLM's (:mod:`~genscore_core.server.vllm_score`). Each rerank and score route takes a request's
+  own ``instruction`` (:mod:`~genscore_core.server.served`);
 * ``GET /health``, ``GET /v1/models``, ``GET /stats`` (batching counters), ``GET /metrics`` (the same
   and per-route counters in Prometheus' text format: :mod:`genscore_core.server.metrics`).
 
@@ -57,7 +62,6 @@ from genscore_core.errors import (
     ScoreRangeError,
     ServerBusyError,
     ServerHTTPError,
-    UnknownModelError,
 )
 from genscore_core.protocol import GenerativeScoringRequest, GenerativeScoringResponse
 from genscore_core.request_life import AbandonStats, RequestAbandoned
@@ -66,12 +70,17 @@ from genscore_core.server.batcher import RequestBatcher
 from genscore_core.server.connections import AbandonedRequestMiddleware
 from genscore_core.server.limits import ServerLimits
 from genscore_core.server.metrics import METRICS_CONTENT_TYPE, MetricsMiddleware, ServerMetrics, count_usage
+from genscore_core.server.nim import add_nim_routes
 from genscore_core.server.schemas import (
+    ApiVersion,
+    BilledUnits,
     ErrorResponse,
     HealthStatus,
+    MetaTokens,
     ModelCard,
     ModelList,
     RerankDocument,
+    RerankMeta,
     RerankRequest,
     RerankResponse,
     RerankResult,
@@ -80,6 +89,9 @@ from genscore_core.server.schemas import (
     error_body,
     rerank_request_type,
 )
+from genscore_core.server.served import Served, refuse_protocol_instruction, request_instruction
+from genscore_core.server.tei import TeiRank, TeiRerankRequest, rerank_body_type, tei_rerank
+from genscore_core.server.vllm_score import add_score_routes
 from genscore_core.waiting import within
 
 logger = logging.getLogger(__name__)
@@ -312,7 +324,8 @@ def create_app(
     """The server application for one scorer.
 
     Args:
-        scorer: Scores the requests (its template, instruction and ``max_length`` apply to ``/v1/rerank``).
+        scorer: Scores the requests (its template and ``max_length`` apply to the rerank and score routes,
+            its instruction to those that do not send their own).
         limits: Request limits and batching settings.
         served_model_name: The model name answered in responses and ``/v1/models``; default the
             scorer's model.
@@ -370,32 +383,24 @@ def create_app(
     _add_error_handlers(app)
     auth_errors = AUTH_ERRORS if api_key is not None else {}
 
-    def check_items(count: int, param: str) -> None:
-        if count > limits.max_items_per_request:
-            raise InvalidRequestError(
-                f"{param} has {count} entries; this server accepts at most "
-                f"{limits.max_items_per_request} per request (--max-items); split the request",
-                param=param,
-            )
-
-    def check_model(requested: str | None) -> None:
-        # As vLLM: a request may leave the model out, but one it names must be the one served.
-        if requested is not None and requested != name:
-            raise UnknownModelError(requested, name)
-
     errors = {
         **SCORING_ERRORS,
         **auth_errors,
         **(GATEWAY_ERRORS if scorer.config.server is not None else {}),
     }
+    served = Served(serving, name, limits, errors)
+    app.state.served = served
     scoring: dict[str, Any] = {"response_model": GenerativeScoringResponse, "responses": errors}
 
     @app.post("/generative_scoring", **scoring)
     @app.post("/generative_score", **scoring)
-    async def generative_scoring(request: GenerativeScoringRequest) -> GenerativeScoringResponse:
+    async def generative_scoring(
+        request: GenerativeScoringRequest, http_request: Request
+    ) -> GenerativeScoringResponse:
         count_usage(pairs=len(request.items))
-        check_model(request.model)
-        check_items(len(request.items), "items")
+        refuse_protocol_instruction(await http_request.json())
+        served.check_model(request.model)
+        served.check_items(len(request.items), "items")
         if request.model is None:
             request = request.model_copy(update={"model": name})
         response = await serving.ascore(request)
@@ -407,23 +412,21 @@ def create_app(
         "response_model_exclude_none": True,
         "responses": errors,
     }
+    # The body's type carries the range of score_threshold, a score of the server's mode: a
+    # logit-mode server takes any finite logit, and its OpenAPI schema says so.
+    rerank_request = rerank_request_type(serving.score_mode)
 
-    async def rerank(request: RerankRequest) -> RerankResponse:
-        check_model(request.model)
-        documents = request.texts()
-        count_usage(pairs=len(documents))
-        check_items(len(documents), "documents")
-        ranked = await serving.arerank(
+    async def cohere_rerank(request: RerankRequest, api_version: str) -> RerankResponse:
+        served.check_model(request.model)
+        ranked = await served.rerank(
             request.query,
-            documents,
+            request.texts(),
+            instruction=request_instruction(request.instruction, request.instruct),
             top_n=request.top_n or None,
             score_threshold=request.score_threshold,
             max_tokens_per_doc=request.max_tokens_per_doc,
-            # Chunk mode: a huge document is refused before it is tokenized, not after.
-            max_prompt_tokens=limits.max_prompt_tokens_per_request,
         )
         tokens = ranked.prompt_tokens
-        count_usage(prompt_tokens=tokens)
         results = [
             RerankResult(
                 index=result.index,
@@ -437,14 +440,42 @@ def create_app(
             model=request.model or name,
             results=results,
             usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens),
+            meta=RerankMeta(
+                api_version=ApiVersion(version=api_version),
+                billed_units=BilledUnits(search_units=1),
+                tokens=MetaTokens(input_tokens=tokens),
+            ),
             score_mode=serving.score_mode,
         )
 
-    # The body's type carries the range of score_threshold, a score of the server's mode: a
-    # logit-mode server takes any finite logit, and its OpenAPI schema says so.
-    rerank.__annotations__["request"] = rerank_request_type(serving.score_mode)
-    for path in ("/rerank", "/v2/rerank", "/v1/rerank"):
-        app.post(path, **reranking)(rerank)
+    async def rerank_v1(request: RerankRequest) -> RerankResponse:
+        return await cohere_rerank(request, "1")
+
+    async def rerank_v2(request: RerankRequest) -> RerankResponse:
+        return await cohere_rerank(request, "2")
+
+    rerank_v1.__annotations__["request"] = rerank_v2.__annotations__["request"] = rerank_request
+    app.post("/v2/rerank", **reranking)(rerank_v2)
+    app.post("/v1/rerank", **reranking)(rerank_v1)
+
+    # /rerank is both Cohere's path and TEI's: the body says which (tei.rerank_dialect).
+    either_body = rerank_body_type(rerank_request)
+
+    async def rerank(request: RerankRequest | TeiRerankRequest) -> RerankResponse | list[TeiRank]:
+        if isinstance(request, TeiRerankRequest):
+            return await tei_rerank(served, request)
+        return await cohere_rerank(request, "1")
+
+    rerank.__annotations__["request"] = either_body
+    app.post(
+        "/rerank",
+        response_model=RerankResponse | list[TeiRank],
+        response_model_exclude_none=True,
+        responses=errors,
+    )(rerank)
+
+    add_nim_routes(app, served)
+    add_score_routes(app, served)
 
     @app.get(
         "/health",
@@ -641,7 +672,7 @@ def _describe_validation(error: RequestValidationError) -> str:
 
 # The request fields whose entries an error's ``index`` counts; for another field (``query``) the
 # index is the document or item that field left no room for, not an entry of the field.
-_LISTED_FIELDS = frozenset({"items", "documents", "label_token_ids"})
+_LISTED_FIELDS = frozenset({"items", "documents", "label_token_ids", "texts", "passages", "text_2"})
 
 
 def _request_param(error: InvalidRequestError) -> str | None:

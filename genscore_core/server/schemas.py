@@ -6,7 +6,16 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 from genscore_core.protocol import log_ignored_fields
 from genscore_core.templates import ScoreMode
@@ -106,6 +115,11 @@ class RerankRequest(BaseModel):
     [0, 1] here; a server in ``logit`` mode takes any finite logit (:class:`LogitRerankRequest`)."""
     max_tokens_per_doc: StrictInt | None = Field(default=None, gt=0)
     """Cut each document after this many of its own tokens before templating (Cohere, vLLM)."""
+    instruction: StrictStr | None = None
+    """This request's task instruction, written into the template instead of the server's
+    (``--instruction``); refused (400) by a template without an ``{instruction}`` slot."""
+    instruct: StrictStr | None = None
+    """SGLang's name for ``instruction``."""
 
     @model_validator(mode="before")
     @classmethod
@@ -146,12 +160,42 @@ class RerankUsage(BaseModel):
     total_tokens: int
 
 
+class ApiVersion(BaseModel):
+    version: str
+    """``"2"`` on ``/v2/rerank``, ``"1"`` on ``/v1/rerank`` and ``/rerank``."""
+    is_experimental: bool = False
+
+
+class BilledUnits(BaseModel):
+    search_units: int
+    """1 per request: Cohere bills one search unit per query (with up to 100 documents, where its
+    hosted models count each ~500-token chunk of a longer document as one); genscore scores each
+    document as one prompt and answers one query per request."""
+
+
+class MetaTokens(BaseModel):
+    input_tokens: int
+    """Prompt tokens scored (the same count as ``usage.prompt_tokens``)."""
+    output_tokens: int = 0
+
+
+class RerankMeta(BaseModel):
+    """Cohere's ``meta``: where Cohere's clients and litellm read the usage of a rerank call."""
+
+    api_version: ApiVersion
+    billed_units: BilledUnits
+    tokens: MetaTokens
+
+
 class RerankResponse(BaseModel):
     id: str = Field(default_factory=lambda: f"rerank-{uuid.uuid4().hex[:16]}")
     model: str
     results: list[RerankResult]
     """Best first; ties keep request order."""
     usage: RerankUsage
+    """vLLM's and Jina's usage."""
+    meta: RerankMeta | None = None
+    """Cohere's usage."""
     score_mode: ScoreMode | None = None
     """The server's score mode, which made ``relevance_score`` (a genscore extension): genscore's
     clients refuse an answer of a mode other than theirs."""

@@ -12,9 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.routing import APIRoute
 
 from genscore_core import GenerativeScorer
 from genscore_core.server import create_app
+from genscore_core.server.app import OPEN_PATHS
 from tests.helpers.server import (
     SEED_TEXT_REQUEST,
     TEST_LIMITS,
@@ -25,22 +27,36 @@ from tests.helpers.server import (
 
 SCORING_PATHS = ["/generative_scoring", "/generative_score"]
 RERANK_PATHS = ["/v1/rerank", "/v2/rerank", "/rerank"]
+# The other servers' dialects (test_dialects.py): NIM's ranking and vLLM's score.
+DIALECT_PATHS = ["/v1/ranking", "/score", "/v1/score"]
 RERANK_REQUEST: dict[str, Any] = {"query": "capital of France", "documents": ["Paris is in France.", "Rome."]}
+TOO_MANY = TEST_LIMITS.max_items_per_request + 1
+# Per path: a good body, and one over --max-items (or, for the protocol, its own 400).
+BODIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    **{path: (SEED_TEXT_REQUEST, {**SEED_TEXT_REQUEST, "items": []}) for path in SCORING_PATHS},
+    **{path: (RERANK_REQUEST, {**RERANK_REQUEST, "documents": ["d"] * TOO_MANY}) for path in RERANK_PATHS},
+    "/v1/ranking": (
+        {"query": {"text": "capital of France"}, "passages": [{"text": "Paris."}, {"text": "Rome."}]},
+        {"query": {"text": "capital of France"}, "passages": [{"text": "d"}] * TOO_MANY},
+    ),
+    **{
+        path: (
+            {"text_1": "capital of France", "text_2": ["Paris.", "Rome."]},
+            {"text_1": "capital of France", "text_2": ["d"] * TOO_MANY},
+        )
+        for path in ("/score", "/v1/score")
+    },
+}
 
 
 def _request(path: str) -> dict[str, Any]:
-    return dict(SEED_TEXT_REQUEST if path in SCORING_PATHS else RERANK_REQUEST)
+    return dict(BODIES[path][0])
 
 
 def error_cases(path: str) -> dict[int, dict[str, Any]]:
     """One request per error status a POST endpoint can meet (keyword arguments of ``httpx.post``)."""
     good = _request(path)
-    too_many = TEST_LIMITS.max_items_per_request + 1
-    bad = (
-        {**good, "items": []}  # the protocol's own 400
-        if path in SCORING_PATHS
-        else {**good, "documents": ["d"] * too_many}  # over --max-items
-    )
+    bad = BODIES[path][1]
     oversized = json.dumps({**good, "query": "x" * (TEST_LIMITS.max_body_bytes + 10)})
     return {
         400: {"json": bad},
@@ -56,7 +72,7 @@ def spec(live_server: LiveServer) -> dict[str, Any]:
     return document
 
 
-@pytest.mark.parametrize("path", SCORING_PATHS + RERANK_PATHS)
+@pytest.mark.parametrize("path", SCORING_PATHS + RERANK_PATHS + DIALECT_PATHS)
 def test_every_error_the_endpoint_answers_is_listed_with_its_real_body(
     spec: dict[str, Any], client: httpx.Client, path: str
 ) -> None:
@@ -125,3 +141,35 @@ def test_a_served_model_name_replaces_the_folder_name(scorer: GenerativeScorer) 
         assert named.status_code == 200 and named.json()["model"] == "my-reranker"
         folder = http.post("/v1/rerank", json={**RERANK_REQUEST, "model": scorer.config.model})
         assert folder.status_code == 404 and "`my-reranker`" in folder.json()["detail"]
+
+
+def test_tei_bodies_on_rerank_answer_what_rerank_lists(spec: dict[str, Any], client: httpx.Client) -> None:
+    good = {"query": "capital of France", "texts": ["Paris is in France.", "Rome."]}
+    cases = {
+        200: good,
+        400: {**good, "truncation_direction": "Left"},
+        422: {**good, "raw_scores": "yes"},
+    }
+    for code, body in cases.items():
+        response = client.post("/rerank", json=body)
+        assert response.status_code == code, response.text
+        check_against_spec(spec, "post", "/rerank", response)
+
+
+def test_every_route_lists_its_statuses(scorer: GenerativeScorer) -> None:
+    """Walk the app's routes: each is in the document, each scoring route lists the errors every
+    scoring route can answer, and on a server with an API key every route but the open ones lists 401."""
+    app = create_app(scorer, TEST_LIMITS, api_key="secret-key")
+    with serve_in_thread(app) as live:
+        spec = httpx.get(f"{live.url}/openapi.json", timeout=30).json()
+    routes = [route for route in app.routes if isinstance(route, APIRoute) and route.include_in_schema]
+    assert {route.path for route in routes} == set(spec["paths"])
+    posted = set()
+    for route in routes:
+        for method in route.methods:
+            listed = {int(code) for code in spec["paths"][route.path][method.lower()]["responses"]}
+            assert (401 in listed) == (route.path not in OPEN_PATHS), (method, route.path)
+            if method == "POST":
+                posted.add(route.path)
+                assert listed == {200, 400, 401, 404, 408, 413, 422, 500, 503}, route.path
+    assert posted == set(SCORING_PATHS + RERANK_PATHS + DIALECT_PATHS)
