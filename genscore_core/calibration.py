@@ -75,23 +75,28 @@ class Calibration:
                 setting="calibration",
             ) from None
         except ValueError as error:
-            raise ConfigurationError(f"calibration {path}: not JSON ({error})", setting="calibration") from None
+            raise ConfigurationError(
+                f"calibration {path}: not JSON ({error})", setting="calibration"
+            ) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ConfigurationError(
-                f"calibration {path}: not a genscore calibration (expected \"format\": {FORMAT!r})",
+                f'calibration {path}: not a genscore calibration (expected "format": {FORMAT!r})',
                 setting="calibration",
             )
         mode, slope, intercept = data.get("score_mode"), data.get("slope"), data.get("intercept")
         if mode not in SCORE_MODES:
             raise ConfigurationError(
-                f"calibration {path}: score_mode {mode!r} is none of {list(SCORE_MODES)}", setting="calibration"
+                f"calibration {path}: score_mode {mode!r} is none of {list(SCORE_MODES)}",
+                setting="calibration",
             )
+        numbers = []
         for name, value in (("slope", slope), ("intercept", intercept)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigurationError(
                     f"calibration {path}: {name} {value!r} is not a finite number", setting="calibration"
                 )
-        return cls(mode, float(slope), float(intercept), data.get("model"), data.get("fitted_on"))
+            numbers.append(float(value))
+        return cls(mode, numbers[0], numbers[1], data.get("model"), data.get("fitted_on"))
 
 
 def calibration_path(model: str, setting: str | None) -> Path:

@@ -82,7 +82,9 @@ class ScoringFrontEnd:
         if mode == "calibrated":
             self.calibration = Calibration.load(calibration_path(config.model, config.prompt.calibration))
             mode = self.calibration.score_mode
-        self.score_mode: ScoreMode = resolve_score_mode(mode, self.template.score_mode, len(self.label_token_ids))
+        self.score_mode: ScoreMode = resolve_score_mode(
+            mode, self.template.score_mode, len(self.label_token_ids)
+        )
         if config.prompt.max_length is None and self.recipe.max_length is not None:
             max_length = min(max_length, self.recipe.max_length)
         self.max_length = max_length

@@ -79,7 +79,12 @@ def test_calibrated_score_mode_maps_the_recipe_probability(tiny_model_dir: Path,
     path = tmp_path / "calibration.json"
     Calibration("label-softmax", 3.0, -0.5, model="tiny").save(path)
     scorer = GenerativeScorer(
-        str(tiny_model_dir), device="cpu", dtype="float32", max_length=512, score_mode="calibrated", calibration=str(path)
+        str(tiny_model_dir),
+        device="cpu",
+        dtype="float32",
+        max_length=512,
+        score_mode="calibrated",
+        calibration=str(path),
     )
     expected = _mapped(RecipeReference(tiny_model_dir).scores(RIVER_QUERY, RIVER_TEXTS), 3.0, -0.5)
     assert scorer.score_documents(RIVER_QUERY, RIVER_TEXTS) == pytest.approx(expected, abs=1e-5)
@@ -93,26 +98,36 @@ def test_calibrated_score_mode_maps_the_recipe_probability(tiny_model_dir: Path,
     plain = GenerativeScorer(str(tiny_model_dir), device="cpu", dtype="float32", max_length=512)
     with serve_in_thread(create_app(plain, TEST_LIMITS)) as live:
         remote = GenerativeScorer(
-            str(tiny_model_dir), server_url=live.url, max_length=512, score_mode="calibrated", calibration=str(path)
+            str(tiny_model_dir),
+            server_url=live.url,
+            max_length=512,
+            score_mode="calibrated",
+            calibration=str(path),
         )
-        assert remote.score_pairs([(RIVER_QUERY, t) for t in RIVER_TEXTS]) == pytest.approx(expected, abs=1e-5)
+        assert remote.score_pairs([(RIVER_QUERY, t) for t in RIVER_TEXTS]) == pytest.approx(
+            expected, abs=1e-5
+        )
         # ... and a server that calibrates answers calibrated scores on /v1/rerank.
     with serve_in_thread(create_app(scorer, TEST_LIMITS)) as live:
         import httpx
 
-        body = httpx.post(f"{live.url}/v1/rerank", json={"query": RIVER_QUERY, "documents": RIVER_TEXTS}).json()
+        body = httpx.post(
+            f"{live.url}/v1/rerank", json={"query": RIVER_QUERY, "documents": RIVER_TEXTS}
+        ).json()
         got = {item["index"]: item["relevance_score"] for item in body["results"]}
         assert [got[i] for i in range(len(RIVER_TEXTS))] == pytest.approx(expected, abs=1e-5)
 
 
 def test_calibration_files_are_checked(tmp_path: Path) -> None:
     assert calibration_path(str(tmp_path), None) == tmp_path / CALIBRATION_FILE
-    with pytest.raises(ConfigurationError, match="not a folder to find genscore_calibration.json"):
+    with pytest.raises(ConfigurationError, match=r"not a folder to find genscore_calibration\.json"):
         calibration_path("org/not-a-folder", None)
     with pytest.raises(ConfigurationError, match="cannot read it"):
         Calibration.load(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"format": "genscore-calibration/1", "score_mode": "logit", "slope": "2", "intercept": 0}))
+    bad.write_text(
+        json.dumps({"format": "genscore-calibration/1", "score_mode": "logit", "slope": "2", "intercept": 0})
+    )
     with pytest.raises(ConfigurationError, match="slope '2' is not a finite number"):
         Calibration.load(bad)
     bad.write_text(json.dumps({"score_mode": "logit"}))
@@ -142,7 +157,10 @@ def test_calibrate_command_writes_what_the_scorer_reads(
     before, after = (json.loads(line) for line in printed.splitlines())
     assert before["scores"] == "raw (label-softmax)" and after["scores"] == "calibrated"
     saved = Calibration.load(out)
-    assert saved.fitted_on is not None and saved.fitted_on["after"] == {"ece": after["ece"], "brier": after["brier"]}
+    assert saved.fitted_on is not None and saved.fitted_on["after"] == {
+        "ece": after["ece"],
+        "brier": after["brier"],
+    }
     assert saved.fitted_on["fit_pairs"] + saved.fitted_on["held_out_pairs"] == 6 * 5
     code = main(["calibrate", str(data), "--model", "org/hub-model", "--no-progress"])
     assert code == 2 and "pass --output PATH" in capsys.readouterr().err

@@ -44,12 +44,19 @@ def _judged_set(folder: Path) -> Path:
     (folder / "corpus.jsonl").write_text(
         "".join(json.dumps({"_id": d, "title": "", "text": t}) + "\n" for d, t in CORPUS.items())
     )
-    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in QUERIES.items()))
+    (folder / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in QUERIES.items())
+    )
     (folder / "qrels" / "test.tsv").write_text(
-        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{r}\n" for q, j in QRELS.items() for d, r in j.items())
+        "query-id\tcorpus-id\tscore\n"
+        + "".join(f"{q}\t{d}\t{r}\n" for q, j in QRELS.items() for d, r in j.items())
     )
     (folder / "run.trec").write_text(
-        "".join(f"{q} Q0 {d} {i} {s} bm25\n" for q, docs in RUN.items() for i, (d, s) in enumerate(docs.items(), 1))
+        "".join(
+            f"{q} Q0 {d} {i} {s} bm25\n"
+            for q, docs in RUN.items()
+            for i, (d, s) in enumerate(docs.items(), 1)
+        )
     )
     return folder
 
@@ -88,10 +95,15 @@ def _check_rows(rows: list[dict[str, Any]], model_dir: Path, runs: Path) -> None
     first, model = rows
     assert first["system"] == "first-stage"
     truncated = {q: {d: RUN[q][d] for d in _top(docs, DEPTH)} for q, docs in RUN.items()}
-    assert {k: first[k] for k in _reference_metrics(truncated)} == pytest.approx(_reference_metrics(truncated))
+    assert {k: first[k] for k in _reference_metrics(truncated)} == pytest.approx(
+        _reference_metrics(truncated)
+    )
     # The model's scores are the recipe's; the measures of the run it wrote are ir-measures'.
     recipe = _recipe_run(model_dir)
-    written = {q: {d: float(s) for _, d, s in group} for q, group in _trec_groups(runs / f"{model['system']}.run").items()}
+    written = {
+        q: {d: float(s) for _, d, s in group}
+        for q, group in _trec_groups(runs / f"{model['system']}.run").items()
+    }
     for query, scores in recipe.items():
         assert written[query] == pytest.approx(scores, abs=1e-5)
     assert {k: model[k] for k in _reference_metrics(written)} == pytest.approx(_reference_metrics(written))
@@ -141,7 +153,17 @@ def test_eval_resumes_and_refuses_other_settings(
 ) -> None:
     data = _judged_set(tmp_path / "set")
     results = tmp_path / "results"
-    args = [str(data), "--model", str(tiny_model_dir), "--top-k", "3", "--format", "json", "--results-dir", str(results)]
+    args = [
+        str(data),
+        "--model",
+        str(tiny_model_dir),
+        "--top-k",
+        "3",
+        "--format",
+        "json",
+        "--results-dir",
+        str(results),
+    ]
     code, first, err = _eval(capsys, *args, *SETTINGS)  # BM25 as first stage, progress bar on
     assert code == 0, err
     assert "tiny" in err and "pair" in err  # the bar names the system and counts pairs
@@ -157,5 +179,7 @@ def test_eval_resumes_and_refuses_other_settings(
     kept = saved.read_text().splitlines()
     assert kept[:3] == lines[:3]  # the queries done were not scored again (same timings)
     assert json.loads(kept[3])["query"] == json.loads(lines[3])["query"] and len(kept) == len(lines)
-    code, _, err = _eval(capsys, *args, "--no-progress", "--device", "cpu", "--dtype", "float32", "--max-length", "256")
+    code, _, err = _eval(
+        capsys, *args, "--no-progress", "--device", "cpu", "--dtype", "float32", "--max-length", "256"
+    )
     assert code == 2 and "other settings (max_length)" in err and "--restart" in err

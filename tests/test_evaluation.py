@@ -45,12 +45,19 @@ def test_metrics_equal_ir_measures(seed: int, tmp_path: Path) -> None:
     # nDCG, AP and R come from pytrec_eval (trec_eval's code), ties broken as trec_eval does.
     reference = ir_measures.calc_aggregate([nDCG @ 10, AP @ 100, R @ depth], qrels, run)
     assert {key: ours[key] for key in ("ndcg@10", "map@100", f"recall@{depth}")} == pytest.approx(
-        {"ndcg@10": reference[nDCG @ 10], "map@100": reference[AP @ 100], f"recall@{depth}": reference[R @ depth]},
+        {
+            "ndcg@10": reference[nDCG @ 10],
+            "map@100": reference[AP @ 100],
+            f"recall@{depth}": reference[R @ depth],
+        },
         abs=1e-9,
     )
     # RR@10 comes from MS MARCO's script, which breaks ties its own way: compared on a run without
     # ties; the tie order of the reciprocal rank is checked against trec_eval's recip_rank below.
-    untied = {q: {doc: score + rank * 1e-6 for rank, (doc, score) in enumerate(docs.items())} for q, docs in run.items()}
+    untied = {
+        q: {doc: score + rank * 1e-6 for rank, (doc, score) in enumerate(docs.items())}
+        for q, docs in run.items()
+    }
     mrr = ir_measures.calc_aggregate([RR @ 10], qrels, untied)[RR @ 10]
     assert evaluate(untied, qrels, recall_depth=depth)["mrr@10"] == pytest.approx(mrr, abs=1e-9)
     # The same numbers from the run as written to a TREC file and read back.
@@ -142,14 +149,18 @@ def test_beir_folder_is_read(tmp_path: Path) -> None:
     ],
 )  # fmt: skip
 def test_bad_files_are_named_with_their_line(tmp_path: Path, file: str, content: str, message: str) -> None:
-    folder = _beir(tmp_path / "set", '{"_id": "d1", "text": "a"}\n', '{"_id": "q1", "text": "a"}\n', "q1\td1\t1\n")
+    folder = _beir(
+        tmp_path / "set", '{"_id": "d1", "text": "a"}\n', '{"_id": "q1", "text": "a"}\n', "q1\td1\t1\n"
+    )
     (folder / file).write_text(content, encoding="utf-8")
     with pytest.raises(InputError, match=message):
         read_judged_data(folder)
 
 
 def test_a_run_naming_an_unknown_document_is_refused(tmp_path: Path) -> None:
-    folder = _beir(tmp_path / "set", '{"_id": "d1", "text": "a"}\n', '{"_id": "q1", "text": "a"}\n', "q1\td1\t1\n")
+    folder = _beir(
+        tmp_path / "set", '{"_id": "d1", "text": "a"}\n', '{"_id": "q1", "text": "a"}\n', "q1\td1\t1\n"
+    )
     (tmp_path / "run").write_text("q1 Q0 d1 1 2.0 x\nq1 Q0 d7 2 1.0 x\n")
     with pytest.raises(InputError, match=r"run: document 'd7' \(query 'q1'\) is not in"):
         read_judged_data(folder, run=tmp_path / "run")

@@ -31,12 +31,14 @@ from genscore_core.templates import ScoreMode
 if TYPE_CHECKING:
     from genscore_core.scorer import GenerativeScorer
 
-__all__ = ["CALIBRATION_FILE", "brier_score", "expected_calibration_error", "fit_platt", "calibrate_on"]
+__all__ = ["CALIBRATION_FILE", "brier_score", "calibrate_on", "expected_calibration_error", "fit_platt"]
 
 ECE_BINS = 10
 
 
-def fit_platt(logits: Sequence[float], labels: Sequence[int], *, iterations: int = 100) -> tuple[float, float]:
+def fit_platt(
+    logits: Sequence[float], labels: Sequence[int], *, iterations: int = 100
+) -> tuple[float, float]:
     """``(slope, intercept)`` of Platt scaling of ``logits`` to ``labels`` (1 relevant, 0 not)."""
     positives = sum(1 for label in labels if label)
     negatives = len(labels) - positives
@@ -133,13 +135,17 @@ class CalibrationReport:
 def split_queries(queries: Sequence[str], held_out: float) -> tuple[list[str], list[str]]:
     """(fit, held-out) queries: the same split on every run and machine (by a CRC of each id)."""
     if len(queries) < 2:
-        raise InputError(f"calibration needs at least 2 judged queries (one to fit, one to test); got {len(queries)}")
+        raise InputError(
+            f"calibration needs at least 2 judged queries (one to fit, one to test); got {len(queries)}"
+        )
     ordered = sorted(queries, key=lambda query: (zlib.crc32(query.encode("utf-8")), query))
     count = min(max(1, round(held_out * len(ordered))), len(ordered) - 1)
     return ordered[count:], ordered[:count]
 
 
-def judged_pairs(data: JudgedData, candidates: Mapping[str, Mapping[str, float]], query: str) -> list[tuple[str, int]]:
+def judged_pairs(
+    data: JudgedData, candidates: Mapping[str, Mapping[str, float]], query: str
+) -> list[tuple[str, int]]:
     """(doc, label) of one query: its candidates and its judged documents in the corpus, relevant
     when judged ``>= 1`` (an unjudged candidate counts as not relevant, as the metrics count it)."""
     judged = data.qrels.get(query, {})
@@ -163,10 +169,16 @@ def calibrate_on(
     pairs = {query: judged_pairs(data, candidates, query) for query in fit + test}
     scores: dict[str, list[float]] = {}
     with tqdm(
-        total=sum(len(p) for p in pairs.values()), disable=not progress, file=sys.stderr, desc="scoring", unit="pair"
+        total=sum(len(p) for p in pairs.values()),
+        disable=not progress,
+        file=sys.stderr,
+        desc="scoring",
+        unit="pair",
     ) as bar:
         for query, query_pairs in pairs.items():
-            scores[query] = scorer.score_documents(data.queries[query], [data.corpus[doc] for doc, _ in query_pairs])
+            scores[query] = scorer.score_documents(
+                data.queries[query], [data.corpus[doc] for doc, _ in query_pairs]
+            )
             bar.update(len(query_pairs))
     mode = scorer.score_mode
     probe = Calibration(mode, 1.0, 0.0)
@@ -201,5 +213,7 @@ def calibrate_on(
 def default_calibration_path(model: str) -> Path:
     """Where ``genscore calibrate`` writes without ``--output``: the model folder's calibration file."""
     if not Path(model).is_dir():
-        raise InputError(f"--model {model} is not a folder to write {CALIBRATION_FILE} into; pass --output PATH")
+        raise InputError(
+            f"--model {model} is not a folder to write {CALIBRATION_FILE} into; pass --output PATH"
+        )
     return Path(model) / CALIBRATION_FILE

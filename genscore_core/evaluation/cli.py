@@ -22,7 +22,9 @@ def _add_data_arguments(parser: argparse.ArgumentParser, model_help: str) -> Non
         type=Path,
         help="BEIR folder: corpus.jsonl, queries.jsonl and qrels/SPLIT.tsv (docs/evaluation.md)",
     )
-    parser.add_argument("--split", default="test", help="the qrels file read: qrels/SPLIT.tsv (default %(default)s)")
+    parser.add_argument(
+        "--split", default="test", help="the qrels file read: qrels/SPLIT.tsv (default %(default)s)"
+    )
     parser.add_argument("--qrels", type=Path, help="judgements to use instead: BEIR .tsv or TREC qrels")
     parser.add_argument(
         "--run",
@@ -65,8 +67,12 @@ def add_eval_commands(commands: Any) -> None:
         help="keep each query's scores in DIR/SYSTEM.jsonl as they come: rerun the same command after "
         "an interruption and only the missing queries are scored",
     )
-    evaluate.add_argument("--restart", action="store_true", help="score every query again (with --results-dir)")
-    evaluate.add_argument("--runs-dir", type=Path, help="also write each system's ranking as a TREC run into DIR")
+    evaluate.add_argument(
+        "--restart", action="store_true", help="score every query again (with --results-dir)"
+    )
+    evaluate.add_argument(
+        "--runs-dir", type=Path, help="also write each system's ranking as a TREC run into DIR"
+    )
     evaluate.set_defaults(handler=run_eval)
 
     from genscore_core.evaluation.calibration import CALIBRATION_FILE
@@ -162,7 +168,10 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
     lines = [columns, *cells]
     return "".join(
-        "  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in enumerate(zip(line, widths))).rstrip()
+        "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(line, widths))
+        ).rstrip()
         + "\n"
         for line in lines
     )
@@ -186,9 +195,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if len(args.model) != 1:
         raise InputError("genscore calibrate fits one model at a time: give --model once")
     if not 0.0 < args.held_out < 1.0:
-        raise InputError(f"--held-out is a share of the queries, strictly between 0 and 1, got {args.held_out}")
+        raise InputError(
+            f"--held-out is a share of the queries, strictly between 0 and 1, got {args.held_out}"
+        )
     if getattr(args, "score_mode", None) == "calibrated":
-        raise InputError("--score-mode calibrated is what calibrate fits; give the mode to calibrate (or none)")
+        raise InputError(
+            "--score-mode calibrated is what calibrate fits; give the mode to calibrate (or none)"
+        )
     model = args.model[0]
     output = args.output if args.output is not None else default_calibration_path(model)
     data = _data(args)
@@ -197,7 +210,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     with _loaded_scorer(GenerativeScorer, _scorer_settings(args, model)) as scorer:
         report = calibrate_on(scorer, data, candidates, held_out=args.held_out, progress=not args.no_progress)
     report.calibration.save(output)
-    print(f"genscore: wrote {output}; use it with --score-mode calibrated --calibration {output}", file=sys.stderr)
+    print(
+        f"genscore: wrote {output}; use it with --score-mode calibrated --calibration {output}",
+        file=sys.stderr,
+    )
     rows = report.rows()
     print(_json_lines(rows) if args.format == "json" else format_table(rows), end="")
     return 0

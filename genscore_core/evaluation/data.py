@@ -196,7 +196,9 @@ def read_judged_data(
         for query, retrieved in data.run.items():
             unknown = next((doc for doc in retrieved if doc not in data.corpus), None)
             if unknown is not None:
-                raise InputError(f"{run}: document {unknown!r} (query {query!r}) is not in {sources['corpus']}")
+                raise InputError(
+                    f"{run}: document {unknown!r} (query {query!r}) is not in {sources['corpus']}"
+                )
     return data
 
 

@@ -101,7 +101,9 @@ class _Results:
             header = strict_json.loads(lines[0]) if lines else None
             saved = header["settings"]  # type: ignore[index]
         except (ValueError, TypeError, KeyError):
-            raise InputError(f"{self.path}: not a genscore eval results file; remove it or pass --restart") from None
+            raise InputError(
+                f"{self.path}: not a genscore eval results file; remove it or pass --restart"
+            ) from None
         differing = scorer.differing_settings(saved)
         if differing:
             raise InputError(
@@ -143,8 +145,8 @@ def rerank_run(
     run: Run = {}
     report = SystemReport(system, {})
     todo: list[tuple[str, list[str]]] = []
-    for query, scores in candidates.items():
-        docs = [doc for doc, _ in ranked(scores)]
+    for query, first in candidates.items():
+        docs = [doc for doc, _ in ranked(first)]
         kept = results.done.get(query) if results is not None else None
         if kept is not None and kept.get("docs") == docs:
             _count(report, run, query, docs, kept["scores"], kept["seconds"])

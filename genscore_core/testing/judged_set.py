@@ -43,7 +43,9 @@ def make_judged_set(out: str | Path, *, queries: int = 30, candidates: int = 20,
     from genscore_core.testing.tiny_model import qwen3_tokenizer_dir
 
     if candidates < 4:
-        raise ValueError(f"candidates must be at least 4 (judged documents and a distractor), got {candidates}")
+        raise ValueError(
+            f"candidates must be at least 4 (judged documents and a distractor), got {candidates}"
+        )
     tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir())
     unseen = set(held_out_words(tokenizer))
     words = [word for word in content_words(tokenizer) if word not in unseen]
@@ -60,23 +62,20 @@ def make_judged_set(out: str | Path, *, queries: int = 30, candidates: int = 20,
         asked = rng.sample(words, size)
         query_lines.append({"_id": query_id, "text": _sentence(rng, rng.choice(_QUESTION_WORDS), asked, "?")})
         others = [word for word in rng.sample(words, candidates * (size + 2) + size) if word not in asked]
+        # The fully relevant document, one or two partly relevant ones, then unjudged distractors.
+        held: list[tuple[list[str], int | None]] = [(list(asked), 2)]
+        held += [(rng.sample(asked, size - 1), 1) for _ in range(rng.randint(1, 2))]
+        held += [([], None)] * (candidates - len(held))
         pool: list[str] = []
-
-        def document(held: list[str], grade: int | None) -> None:
+        for words_held, grade in held:
             doc_id = f"d{len(corpus)}"
             # Every document of a query holds as many content words: length says nothing of relevance.
-            picked = held + [others.pop() for _ in range(size + 2 - len(held))]
+            picked = words_held + [others.pop() for _ in range(size + 2 - len(words_held))]
             rng.shuffle(picked)
             corpus.append({"_id": doc_id, "title": "", "text": _sentence(rng, "The", picked, ".")})
             pool.append(doc_id)
             if grade is not None:
                 qrels.append((query_id, doc_id, grade))
-
-        document(list(asked), 2)
-        for _ in range(rng.randint(1, 2)):
-            document(rng.sample(asked, size - 1), 1)
-        while len(pool) < candidates:
-            document([], None)
         rng.shuffle(pool)
         run.append((query_id, pool))
     _write_jsonl(folder / "corpus.jsonl", corpus)
