@@ -118,6 +118,23 @@ def test_calibrated_score_mode_maps_the_recipe_probability(tiny_model_dir: Path,
         assert [got[i] for i in range(len(RIVER_TEXTS))] == pytest.approx(expected, abs=1e-5)
 
 
+def test_an_adapter_takes_the_calibrated_mode(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from langchain_core.documents import Document
+
+    from genscore_integrations.langchain import GenerativeReranker
+
+    path = tmp_path / "calibration.json"
+    Calibration("label-softmax", 0.5, 1.0).save(path)
+    reranker = GenerativeReranker(
+        model=str(tiny_model_dir), device="cpu", dtype="float32", max_length=512, top_n=None,
+        score_mode="calibrated", calibration=str(path), score_threshold=0.0,
+    )  # fmt: skip
+    kept = reranker.compress_documents([Document(page_content=t) for t in RIVER_TEXTS], RIVER_QUERY)
+    expected = _mapped(RecipeReference(tiny_model_dir).scores(RIVER_QUERY, RIVER_TEXTS), 0.5, 1.0)
+    got = {doc.page_content: doc.metadata["relevance_score"] for doc in kept}
+    assert [got[t] for t in RIVER_TEXTS] == pytest.approx(expected, abs=1e-5)
+
+
 def test_calibration_files_are_checked(tmp_path: Path) -> None:
     assert calibration_path(str(tmp_path), None) == tmp_path / CALIBRATION_FILE
     with pytest.raises(ConfigurationError, match=r"not a folder to find genscore_calibration\.json"):

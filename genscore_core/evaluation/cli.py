@@ -164,7 +164,7 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     columns: list[str] = []
     for row in rows:
         columns.extend(key for key in row if key not in columns)
-    cells = [[_cell(row.get(column)) for column in columns] for row in rows]
+    cells = [[_cell(column, row.get(column)) for column in columns] for row in rows]
     widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
     lines = [columns, *cells]
     return "".join(
@@ -177,11 +177,12 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _cell(value: Any) -> str:
+def _cell(column: str, value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+        # Measures and calibration errors to 4 places; rates and milliseconds to one.
+        return f"{value:.4f}" if "@" in column or column in ("ece", "brier") else f"{value:.1f}"
     return str(value)
 
 
