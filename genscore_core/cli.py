@@ -36,6 +36,7 @@ from genscore_core.cli_args import (
 )
 from genscore_core.config import ScorerConfig
 from genscore_core.errors import GenScoreError, InputError, InvalidRequestError, RemoteScoringError
+from genscore_core.evaluation.cli import add_eval_commands
 from genscore_core.jobs.cli import add_score_command
 from genscore_core.protocol import check_text
 from genscore_core.server.cli import add_serve_command
@@ -719,6 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_command(commands, scorer_flag_aliases=SCORER_FLAG_ALIASES)
     add_score_command(commands, scorer_flag_aliases=SCORER_FLAG_ALIASES)
+    add_eval_commands(commands)
     return parser
 
 

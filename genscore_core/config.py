@@ -72,12 +72,13 @@ class PromptSettings(_Settings):
     """Preset name (``"qwen3-reranker"``, ``"mxbai-rerank-v2"``, ``"bge-reranker-v2-gemma"``), a template, or
     ``"auto"``: the folder's sentence-transformers CrossEncoder configuration, else a preset the model's
     name points at, else qwen3-reranker (docs/models.md; ``scorer.recipe`` says which)."""
-    score_mode: Literal["auto", ScoreMode] = "auto"
+    score_mode: Literal["auto", ScoreMode, "calibrated"] = "auto"
     """How next-token logits become a score: ``"label-softmax"`` (softmax over the label tokens: the
     two-label probability), ``"vocab-softmax"`` (the first label's full-vocabulary probability),
     ``"logit"`` (the first label's raw logit, for single-token models; unbounded), ``"logit-sigmoid"``
     (its sigmoid, in [0, 1]); ``"auto"``: the template's own (label-softmax for two labels,
-    logit-sigmoid for one). See docs/models.md."""
+    logit-sigmoid for one); ``"calibrated"``: the probability of relevance fitted by ``genscore
+    calibrate`` (``calibration``). See docs/models.md and docs/evaluation.md."""
     instruction: str | None = None
     """Task instruction written into templates that take one; ``None`` uses the template's default."""
     max_length: int | None = Field(default=None, gt=0)
@@ -94,6 +95,9 @@ class PromptSettings(_Settings):
     last window's."""
     query_share: float = Field(default=0.75, gt=0.0, lt=1.0)
     """Share of the body budget the query may keep when a prompt has to be shortened."""
+    calibration: str | None = None
+    """With ``score_mode="calibrated"``: the file ``genscore calibrate`` wrote; ``None`` reads
+    ``genscore_calibration.json`` in the model's folder. See docs/evaluation.md."""
 
 
 class LocalSettings(_Settings):

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from genscore_core.backend import JobPart, JobTexts, ScoringJob, StreamedJob
+from genscore_core.calibration import Calibration, calibration_path
 from genscore_core.config import ScorerConfig
 from genscore_core.errors import InvalidRequestError, PromptTooLongError
 from genscore_core.loading import check_label_ids, check_template_ids, load_tokenizer
@@ -76,8 +77,14 @@ class ScoringFrontEnd:
             self.vocab_size,
             by_id=bool(self.template.label_token_ids),
         )
+        self.calibration: Calibration | None = None
+        """With ``score_mode="calibrated"``: what maps the scores of :attr:`score_mode` to probabilities."""
+        mode = config.prompt.score_mode
+        if mode == "calibrated":
+            self.calibration = Calibration.load(calibration_path(config.model, config.prompt.calibration))
+            mode = self.calibration.score_mode
         self.score_mode: ScoreMode = resolve_score_mode(
-            config.prompt.score_mode, self.template.score_mode, len(self.label_token_ids)
+            mode, self.template.score_mode, len(self.label_token_ids)
         )
         if config.prompt.max_length is None and self.recipe.max_length is not None:
             max_length = min(max_length, self.recipe.max_length)
@@ -378,7 +385,9 @@ class ScoringFrontEnd:
             )
             for query, positions in by_query.items()
         ]
-        return PreparedPairs(positions=list(by_query.values()), prompts=list(prompts), jobs=jobs)
+        return PreparedPairs(
+            positions=list(by_query.values()), prompts=list(prompts), jobs=jobs, calibration=self.calibration
+        )
 
     def _prepare_whole(
         self, pairs: Sequence[tuple[str, str]], owners: Sequence[int] | None = None
@@ -408,6 +417,7 @@ class ScoringFrontEnd:
             positions=list(by_query.values()),
             prompts=[encoded[position] for position in range(len(pairs))],
             jobs=jobs,
+            calibration=self.calibration,
         )
 
     def stream_pairs(
@@ -513,6 +523,9 @@ class PairStream:
         prompts = [prompt for prompt in self.prompts if prompt is not None]
         if len(prompts) != len(self.prompts):
             raise RuntimeError("the pair stream was not taken to its end")
+        calibration = self._front_end.calibration
+        if calibration is not None:
+            scores = [calibration.apply(job_scores) for job_scores in scores]
         return scores_in_input_order(self.positions, prompts, scores)
 
 

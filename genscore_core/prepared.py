@@ -7,10 +7,11 @@ score their jobs together in one engine call.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from genscore_core.backend import ScoringJob
+from genscore_core.calibration import Calibration
 from genscore_core.prompts import EncodedPrompt
 from genscore_core.protocol import GenerativeScoringResponse, ScoreData, UsageInfo
 
@@ -62,9 +63,14 @@ class PreparedPairs:
     prompts: list[EncodedPrompt]
     """The prompt of each pair, in input order."""
     jobs: list[ScoringJob]
+    calibration: Calibration | None = field(default=None, kw_only=True)
+    """Maps the jobs' scores to probabilities of relevance (``score_mode="calibrated"``)."""
 
     def assemble(self, scores: list[list[float]]) -> list[tuple[float, EncodedPrompt]]:
-        """(score, prompt) of each pair in input order, from the scores of :attr:`jobs`."""
+        """(score, prompt) of each pair in input order, from the scores of :attr:`jobs` (calibrated
+        where :attr:`calibration` is set)."""
+        if self.calibration is not None:
+            scores = [self.calibration.apply(job_scores) for job_scores in scores]
         return scores_in_input_order(self.positions, self.prompts, scores)
 
     @property

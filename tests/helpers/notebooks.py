@@ -19,7 +19,11 @@ import nbformat
 from nbclient import NotebookClient
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-NOTEBOOKS = ("langchain_rag_reranking.ipynb", "llama_index_query_engine.ipynb")
+NOTEBOOKS = (
+    "langchain_rag_reranking.ipynb",
+    "llama_index_query_engine.ipynb",
+    "evaluate_and_calibrate.ipynb",
+)
 # The folder the notebooks (and the README) write the demo model to, relative to where they run.
 DEMO_FOLDER = "demo-qwen3"
 
