@@ -7,7 +7,8 @@
     python benchmarks/bench_text.py --dry-run            # the same code on the CPU with a tiny model
 
 W1: ``rerank`` of 1 query x 256 documents (128 x 1 for the 4B and 8B shapes); W2: ``score_pairs`` of
-16 queries x 64 documents (``--w2-large``: 64 x 100 too); W3: W1 with ``score_mode="vocab-softmax"``
+16 queries x 64 documents (4 x 64 for 4B and 8B; ``--w2-large``: 64 x 100 too) and of 1,024 distinct
+queries of one document each (256 for 4B and 8B), new pairs every call; W3: W1 with ``score_mode="vocab-softmax"``
 (the full-vocabulary normaliser); W4: ``rerank`` of 1 x 20, milliseconds a call. Documents are
 128-512 one-token words, queries 20 words (``common.Texts``). Beside them: the Qwen3-Reranker model
 card's transformers recipe (left-padded batches of 32, SDPA, bf16), and W1's accuracy against that
@@ -169,14 +170,18 @@ def run(args: argparse.Namespace, report: Report) -> None:
                    note=f"{rate / ceiling:.0%} of the bf16 matmul rate measured here ({ceiling:.0f} TFLOP/s)")  # fmt: skip
 
     # W2: many queries in one call.
-    for n_q, n_d in [(4, 8) if dry else (16, 64)] + ([(64, 100)] if args.w2_large else []):
+    large = shape in ("4b", "8b")  # W2 scaled down with W1, so that a run stays within minutes
+    w2 = (4, 8) if dry else (4, 64) if large else (16, 64)
+    for n_q, n_d in [w2] + ([(64, 100)] if args.w2_large else []):
         pairs = [(texts.query(), d) for _ in range(n_q) for d in texts.documents(n_d)]
         scorer.score_pairs(pairs), scorer.score_pairs(pairs)
         t2 = median(call_times([lambda p=pairs: scorer.score_pairs(p)] * (2 if dry else 5)))
         report.add(f"W2 {n_q}x{n_d}", "pairs/s, score_pairs", len(pairs) / t2, "pairs/s",
                    note=f"{len(pairs) / t2 / (w1_docs / w1_s):.0%} of W1")  # fmt: skip
 
-    distinct_queries(report, scorer, texts, 64 if dry else 1024, 2 if dry else 5)
+    distinct_queries(
+        report, scorer, texts, 64 if dry else 256 if large else 1024, 2 if dry else 3 if large else 5
+    )
 
     # W3: the full-vocabulary normaliser (a second scorer on the same model).
     try:
