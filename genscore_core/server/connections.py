@@ -131,6 +131,12 @@ def _busy_answer(max_connections: int) -> tuple[list[tuple[bytes, bytes]], bytes
     return headers, body
 
 
+def _is_idle(connection: H11Protocol) -> bool:
+    """No request in progress and none begun: a fresh connection, or a kept-alive one between requests."""
+    cycle = connection.cycle
+    return (cycle is None or cycle.response_complete) and not connection.conn.trailing_data[0]
+
+
 def header_timeout_protocol(seconds: float, max_connections: int | None = None) -> type[H11Protocol]:
     """uvicorn's h11 protocol, closing a connection whose request head is not complete in ``seconds``
     and, with ``max_connections``, serving that many requests at once and answering 503 to the excess
@@ -170,19 +176,12 @@ def header_timeout_protocol(seconds: float, max_connections: int | None = None) 
             if self in opened_at:
                 opened_at[self] = self.loop.time()
 
-        def _idle(self) -> bool:
-            # No request head begun: a fresh connection, or a kept-alive one between requests.
-            return (self.cycle is None or self.cycle.response_complete) and not self._has_partial_head()
-
-        def _has_partial_head(self) -> bool:
-            return bool(getattr(self.conn, "trailing_data", (b"",))[0])
-
         def _make_room(self, limit: int) -> None:
             now = self.loop.time()
             idle = [
                 (since, other)
                 for other, since in opened_at.items()
-                if other is not self and now - since >= IDLE_GRACE_S and other._idle()
+                if other is not self and now - since >= IDLE_GRACE_S and _is_idle(other)
             ]
             if idle:
                 # Never-used connections first (an idle socket held open), then the longest idle.
