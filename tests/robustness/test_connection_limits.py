@@ -102,7 +102,7 @@ def test_the_first_requests_are_served_and_only_the_excess_is_refused(
 def test_idle_sockets_cannot_starve_active_clients(live: LiveServer) -> None:
     """Three times the limit of sockets opened and left idle: the ones past the cap of open connections
     (twice the limit) are answered 503 and closed at once, and active clients arriving later are all
-    served, each closing one idle socket to make room."""
+    served, closing idle sockets to make room."""
     idle = [_connect(live) for _ in range(3 * LIMIT)]
     try:
         for sock in idle[2 * LIMIT :]:  # beyond the cap, with no connection idle long enough to close
@@ -116,9 +116,9 @@ def test_idle_sockets_cannot_starve_active_clients(live: LiveServer) -> None:
                 )
             )
         assert [answer.status_code for answer in answers] == [200] * LIMIT, [a.text for a in answers]
-        # The idle sockets closed to make room are the oldest, closed without an answer.
-        closed = [sock for sock in idle[: 2 * LIMIT] if _closed_by_server(sock)]
-        assert len(closed) >= LIMIT - 1, len(closed)
+        # Room was made by closing idle sockets (at least the first client's; a later one finds room
+        # again once an earlier one has left), without an answer: they never asked anything.
+        assert any(_closed_by_server(sock) for sock in idle[: 2 * LIMIT])
     finally:
         for sock in idle:
             sock.close()
