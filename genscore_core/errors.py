@@ -6,6 +6,8 @@
   setting will.
 * :class:`NotARerankerError`: the model or tokenizer cannot give meaningful scores (an encoder, a
   checkpoint missing weights, label words the tokenizer does not have).
+* :class:`ModelFolderError`: a file of the model folder is broken or hostile (a chat template that
+  does not compile or render in time, a weight of the wrong shape, a pickle, a bad token id).
 * :class:`RemoteScoringError`: a scoring server could not be reached or kept failing (exit code 3).
 * :class:`ServerBusyError`: ``genscore serve`` has no room for the request now (HTTP 503).
 
@@ -59,6 +61,23 @@ class NotARerankerError(GenScoreError, ValueError):
     Raised when the scorer is built, before anything is scored: unlike a setting pointing nowhere, the
     model itself is the problem, so another model (or its own tokenizer) is the fix.
     """
+
+
+class ModelFolderError(ConfigurationError, ValueError):
+    """A file of a model folder cannot be used as it is: a chat template that is not valid Jinja, does
+    something the sandbox forbids or does not finish rendering within the time and memory allowed; a
+    weight whose shape the configuration does not give; weights stored as a pickle that the safe loader
+    refuses; a token id that is not one of the vocabulary's.
+
+    ``folder`` is the model (folder or hub id) and ``file`` the offending file within it; the message,
+    one line, names both. Nothing the folder ships is run to find this out: templates render in
+    jinja's sandbox in a child process, pickles are never loaded unsafely.
+    """
+
+    def __init__(self, message: str, *, folder: str, file: str) -> None:
+        super().__init__(message, setting="model")
+        self.folder = folder
+        self.file = file
 
 
 class ModelNotFoundError(ConfigurationError):

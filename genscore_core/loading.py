@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import pickle
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 
 from genscore_core.errors import ConfigurationError, ModelNotFoundError, NotARerankerError
+from genscore_core.folder_checks import check_special_token_ids, refused_pickle_error, wrong_shapes_error
 
 logger = logging.getLogger(__name__)
 
@@ -484,6 +486,7 @@ def load_causal_lm(
             name_or_path, trust_remote_code=trust_remote_code, local_files_only=from_cache_only(name_or_path)
         )
     check_causal_lm_config(config, name_or_path)
+    check_special_token_ids(config, name_or_path)
     placement: dict[str, Any] = {}
     if device.type == "cuda" and _accelerate_available():
         # Each tensor goes from the file straight to the GPU in ``dtype``: no whole copy of the
@@ -491,24 +494,31 @@ def load_causal_lm(
         # model is loaded on the CPU and moved).
         index = device.index if device.index is not None else torch.cuda.current_device()
         placement["device_map"] = {"": torch.device("cuda", index)}
-    with (
-        transformers_progress_bars(show_progress),
-        loading_failures(name_or_path, "weights", trust_remote_code=trust_remote_code),
-    ):
-        cache_only = from_cache_only(name_or_path)
-        # With peft installed, transformers looks for an adapter_config.json before the weights and
-        # does not pass local_files_only on to that lookup (transformers 5.24): a hub that does not
-        # answer was asked again, with retries (30 s for a model wholly in the cache).
-        adapter = {"adapter_kwargs": {"local_files_only": True}} if cache_only else {}
-        loaded: Any = AutoModelForCausalLM.from_pretrained(
-            name_or_path,
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-            output_loading_info=True,
-            local_files_only=cache_only,
-            **placement,
-            **adapter,
-        )
+    try:
+        with (
+            transformers_progress_bars(show_progress),
+            loading_failures(name_or_path, "weights", trust_remote_code=trust_remote_code),
+        ):
+            cache_only = from_cache_only(name_or_path)
+            # With peft installed, transformers looks for an adapter_config.json before the weights and
+            # does not pass local_files_only on to that lookup (transformers 5.24): a hub that does not
+            # answer was asked again, with retries (30 s for a model wholly in the cache).
+            adapter = {"adapter_kwargs": {"local_files_only": True}} if cache_only else {}
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
+                name_or_path,
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+                local_files_only=cache_only,
+                **placement,
+                **adapter,
+            )
+    except pickle.UnpicklingError as error:  # never retried with weights_only=False
+        raise refused_pickle_error(name_or_path, error) from error
+    except RuntimeError as error:
+        if "ignore_mismatched_sizes" not in str(error):
+            raise
+        raise wrong_shapes_error(name_or_path, config, trust_remote_code=trust_remote_code) from error
     model, info = loaded
     check_loaded_causal_lm(model, list(info.get("missing_keys") or []), name_or_path)
     return model.to(device).eval()

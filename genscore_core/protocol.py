@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from genscore_core.errors import InvalidRequestError
 
@@ -58,11 +58,14 @@ class GenerativeScoringRequest(BaseModel):
     """One prompt per item: all texts or all token-id lists."""
     label_token_ids: TokenIds
     """Token ids whose next-token probabilities are read; the score is that of the first."""
-    apply_softmax: bool = True
+    # Strict booleans: lax parsing reads ``"false"``, ``"no"``, ``"off"``, ``0`` and ``"0"`` as False and
+    # their opposites as True, so a client's typo or a string-typed config changes the scores asked
+    # for without a word; JSON ``true`` and ``false`` only.
+    apply_softmax: StrictBool = True
     """True: normalise over the label tokens only. False: the full-vocabulary probability."""
-    item_first: bool = False
+    item_first: StrictBool = False
     """Prompt is item + query instead of query + item."""
-    add_special_tokens: bool = True
+    add_special_tokens: StrictBool = True
     """Applied when encoding a text query; items never get special tokens."""
 
 

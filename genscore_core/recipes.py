@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from genscore_core.errors import ModelFolderError
 from genscore_core.loading import optional_files_from_cache_only
+from genscore_core.template_sandbox import chat_template_file, render_chat_templates
 from genscore_core.templates import (
     QWEN3_RERANKER,
     PromptTemplate,
@@ -183,11 +185,19 @@ def sentence_transformers_recipe(model: str, tokenizer: Any) -> Recipe | None:
     task = transformer.get("transformer_task")
     if task != "text-generation":
         raise ValueError(f"{model}: the Transformer module's task is {task!r}, not 'text-generation'")
-    head = _read_json(model, _join(by_kind["LogitScore"].get("path", ""), "config.json"))
-    if not isinstance(head, dict) or not isinstance(head.get("true_token_id"), int):
-        raise ValueError(f"{model}: the LogitScore module's config.json names no true_token_id")
-    false_id = head.get("false_token_id")
-    label_ids = (head["true_token_id"],) if false_id is None else (head["true_token_id"], int(false_id))
+    head_file = _join(by_kind["LogitScore"].get("path", ""), "config.json")
+    head = _read_json(model, head_file)
+    if not isinstance(head, dict) or "true_token_id" not in head:
+        raise ModelFolderError(
+            f"model {model!r}: {head_file}: the LogitScore module's configuration names no true_token_id",
+            folder=model,
+            file=head_file,
+        )
+    label_ids = tuple(
+        _token_id(model, head_file, key, head[key])
+        for key in ("true_token_id", "false_token_id")
+        if key == "true_token_id" or head.get(key) is not None
+    )
     settings = _read_json(model, "config_sentence_transformers.json")
     if isinstance(settings, dict) and settings.get("default_prompt_name"):
         raise ValueError(
@@ -203,6 +213,7 @@ def sentence_transformers_recipe(model: str, tokenizer: Any) -> Recipe | None:
         label_token_ids=label_ids,
         structured=message.get("format") == "structured",
         chat_template_kwargs=kwargs,
+        model=model,
     )
     labels = "true/false token ids" if len(label_ids) == 2 else "one true token id"
     max_seq_length = transformer.get("max_seq_length")
@@ -213,6 +224,40 @@ def sentence_transformers_recipe(model: str, tokenizer: Any) -> Recipe | None:
     )
 
 
+def _long_text(tag: str, length: int) -> str:
+    """About ``length`` characters of distinct words and lines, with markers at the start, middle and
+    end: a template that keeps a prefix, drops the middle or rewrites long texts shows in them."""
+    marks = [f"\ue002{tag}-{length}-{part}\ue003" for part in ("start", "middle", "end")]
+    words: list[str] = []
+    size = 0
+    while size < max(length - 60, 0) // 2:
+        word = f"{tag}{len(words)}" + ("\n" if len(words) % 12 == 11 else " ")
+        words.append(word)
+        size += len(word)
+    half = "".join(words)
+    return f"{marks[0]} {half}{marks[1]} {half}{marks[2]}"
+
+
+# (query, document) lengths of the long probes: past 2,000 characters, and at several lengths, so that
+# a template that cuts texts (keeps the first 200 characters) or branches on a length is caught. A
+# template that kept 200 characters passed the short probes, and a 640-character document scored
+# 0.62171 against CrossEncoder.predict's 0.34747.
+_LONG_PROBES = ((700, 700), (2_600, 2_600), (300, 9_000), (9_000, 300))
+
+
+def _token_id(model: str, file: str, key: str, value: Any) -> int:
+    """``value`` as a token id: a JSON integer, not ``"no"`` (which int() refused with "invalid
+    literal") nor ``2152.9`` (which int() cut to 2152, scoring another token without a word)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ModelFolderError(
+        f"model {model!r}: {file}: the LogitScore module's {key} is {json.dumps(value)}, not a token id "
+        "(a whole number of at least 0); write the id the tokenizer gives the label word",
+        folder=model,
+        file=file,
+    )
+
+
 def template_from_chat_template(
     tokenizer: Any,
     *,
@@ -220,72 +265,101 @@ def template_from_chat_template(
     label_token_ids: tuple[int, ...],
     structured: bool = False,
     chat_template_kwargs: dict[str, Any] | None = None,
+    model: str | None = None,
 ) -> PromptTemplate:
     """A whole-body template equal to the chat template rendering one ``"query"`` and one
     ``"document"`` message, as sentence-transformers renders a pair.
 
-    The template is rendered with marker strings in place of the texts and cut at the markers; a second
-    render with other markers checks that the texts land verbatim and that nothing else depends on them.
-    """
-    kwargs = chat_template_kwargs or {}
+    The template is rendered with marker strings in place of the texts and cut at the markers; renders
+    with other texts (short ones, ones padded with whitespace and characters a template may escape, and
+    long ones with markers at the start, middle and end) check that the texts land verbatim, whatever
+    their length, and that nothing else depends on them. The renders run in jinja's sandbox in a child
+    process bounded in time and memory (:mod:`genscore_core.template_sandbox`).
 
-    def render(query: str, document: str) -> str:
+    Raises:
+        ModelFolderError: The template does not render, or renders the texts other than verbatim.
+    """
+    where = model if model is not None else name
+    file = chat_template_file(where)
+
+    def refuse(problem: str) -> ModelFolderError:
+        return ModelFolderError(
+            f"model {where!r}: {file}: the chat template {problem}", folder=where, file=file
+        )
+
+    def conversation(query: str, document: str) -> list[dict[str, Any]]:
         def content(text: str) -> Any:
             return [{"type": "text", "text": text}] if structured else text
 
-        messages = [
+        return [
             {"role": "query", "content": content(query)},
             {"role": "document", "content": content(document)},
         ]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
-        return str(text)
 
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(f"{name}: the tokenizer has no chat template to render the query and document with")
-    rendered = render(_QUERY_MARK, _DOCUMENT_MARK)
+        raise refuse("is missing: the tokenizer has no chat template to render the query and document with")
+    # Whitespace around the texts and characters a template may escape: Llama 3's template trims every
+    # message, which plain markers cannot show, and untrimmed texts then scored up to 0.36 off
+    # CrossEncoder.predict on a tiny model.
+    padded_query, padded_document = (
+        f"{_PADDING}{probe}{_ESCAPABLE}{_PADDING}" for probe in (_PROBE_QUERY, _PROBE_DOCUMENT)
+    )
+    long_pairs = [
+        (f"{_PADDING}{_long_text('q', q)}{_PADDING}", f"{_PADDING}{_long_text('d', d)}{_PADDING}")
+        for q, d in _LONG_PROBES
+    ]
+    pairs = [(_QUERY_MARK, _DOCUMENT_MARK), (_PROBE_QUERY, _PROBE_DOCUMENT), (padded_query, padded_document)]
+    rendered, probed, actual, *long_renders = render_chat_templates(
+        tokenizer,
+        [conversation(q, d) for q, d in [*pairs, *long_pairs]],
+        model=where,
+        chat_template_kwargs=chat_template_kwargs,
+    )
     for mark, role in ((_QUERY_MARK, "query"), (_DOCUMENT_MARK, "document")):
         if rendered.count(mark) != 1:
-            raise ValueError(
-                f"{name}: the chat template renders the {role!r} message's text {rendered.count(mark)} times, "
+            raise refuse(
+                f"renders the {role!r} message's text {rendered.count(mark)} times, "
                 "not once, so it has no single place for it"
             )
 
     def filled(query: str, document: str) -> str:
         return rendered.replace(_QUERY_MARK, query).replace(_DOCUMENT_MARK, document)
 
-    if render(_PROBE_QUERY, _PROBE_DOCUMENT) != filled(_PROBE_QUERY, _PROBE_DOCUMENT):
-        raise ValueError(f"{name}: the chat template's output depends on the texts beyond inserting them")
-    # Whitespace around the texts and characters a template may escape: Llama 3's template trims every
-    # message, which plain markers cannot show, and untrimmed texts then scored up to 0.36 off
-    # CrossEncoder.predict on a tiny model.
-    query, document = (
-        f"{_PADDING}{probe}{_ESCAPABLE}{_PADDING}" for probe in (_PROBE_QUERY, _PROBE_DOCUMENT)
-    )
-    actual = render(query, document)
+    if probed != filled(_PROBE_QUERY, _PROBE_DOCUMENT):
+        raise refuse("output depends on the texts beyond inserting them")
     choices: tuple[tuple[Literal["query", "document"], ...], ...] = (
         (),
         ("query",),
         ("document",),
         ("query", "document"),
     )
+
+    def expected(strips: tuple[str, ...], query: str, document: str) -> str:
+        return filled(
+            query.strip() if "query" in strips else query,
+            document.strip() if "document" in strips else document,
+        )
+
     strip_texts = next(
-        (
-            strips
-            for strips in choices
-            if actual
-            == filled(
-                query.strip() if "query" in strips else query,
-                document.strip() if "document" in strips else document,
-            )
-        ),
-        None,
+        (strips for strips in choices if actual == expected(strips, padded_query, padded_document)), None
     )
     if strip_texts is None:
-        raise ValueError(
-            f"{name}: the chat template changes the query or document it inserts beyond trimming whitespace "
-            f"(given {query!r}, it does not render it verbatim or trimmed), so genscore cannot reproduce its "
-            "prompts; pass template= with a PromptTemplate written for this model"
+        raise refuse(
+            "changes the query or document it inserts beyond trimming whitespace "
+            f"(given {padded_query!r}, it does not render it verbatim or trimmed), so genscore cannot "
+            "reproduce its prompts; pass template= with a PromptTemplate written for this model"
         )
+    for (query, document), got in zip(long_pairs, long_renders, strict=True):
+        want = expected(strip_texts, query, document)
+        if got != want:
+            at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            raise refuse(
+                f"does not carry a {len(query)}-character query and a {len(document)}-character document "
+                f"whole: its output differs from them inserted verbatim from character {at} of {len(want)} "
+                "on (a template that cuts long texts, branches on their length or changes them), so one "
+                "template cannot reproduce its prompts; pass template= with a PromptTemplate written for "
+                "this model"
+            )
     body = rendered.replace("{", "{{").replace("}", "}}")
     body = body.replace(_QUERY_MARK, "{query}").replace(_DOCUMENT_MARK, "{document}")
     return PromptTemplate(

@@ -14,7 +14,7 @@ PUBLIC = {
         "BGE_RERANKER_V2_GEMMA", "DEFAULT_MODEL", "MXBAI_RERANK_V2", "QWEN3_RERANKER", "TEMPLATES",
         "ConfigurationError", "GenScoreError", "GenerativeScorer", "GenerativeScoringRequest",
         "GenerativeScoringResponse", "InvalidRequestError", "JobTexts", "KernelUnavailableError",
-        "ModelNotFoundError", "NotARerankerError", "PromptTemplate", "PromptTooLongError", "RankedResult", "RankedResults",
+        "ModelFolderError", "ModelNotFoundError", "NotARerankerError", "PromptTemplate", "PromptTooLongError", "RankedResult", "RankedResults",
         "RemoteConfigurationError", "RemoteScoringError", "ScoreData", "ScoreRangeError", "ScorerConfig",
         "ScoringBackend", "ScoringEngine", "ScoringFrontEnd", "ScoringJob", "ServerBusyError", "UsageInfo",
         "check_rank_options", "scorer_setting_names",

@@ -196,3 +196,83 @@ def test_a_template_that_escapes_the_texts_is_refused(tmp_path: Path) -> None:
         ValueError, match="changes the query or document it inserts beyond trimming whitespace"
     ):
         GenerativeScorer(str(folder), device="cpu", dtype="float32")
+
+
+def _long(tag: str, words: int) -> str:
+    """A text of ``words`` distinct words over many lines (a few thousand characters)."""
+    return " ".join(f"{tag}{i}" + ("\n" if i % 15 == 14 else "") for i in range(words)).strip()
+
+
+# Long texts, past 2,000 characters: the short probes did not show a template that cuts or branches on
+# length, and a 640-character document scored 0.62171 against CrossEncoder.predict's 0.34747.
+LONG_PAIRS = [
+    ("capital of France " + _long("q", 40), "Paris. " + _long("doc", 450)),
+    (_long("query", 300), "short document"),
+    ("rivers", _long("seine", 380) + " The end."),
+]
+
+
+@pytest.mark.slow
+def test_long_texts_score_as_cross_encoder_predict(st_folders: dict[str, Path]) -> None:
+    assert min(len(q) + len(d) for q, d in LONG_PAIRS) > 2_000
+    folder = str(st_folders["two"])
+    scorer = GenerativeScorer(folder, device="cpu", dtype="float32")
+    st = CrossEncoder(folder, device="cpu")
+    assert [p.token_ids for q, d in LONG_PAIRS for p in scorer.encode(q, [d])] == _st_prompt_ids(
+        st, LONG_PAIRS
+    )
+    assert scorer.score_pairs(LONG_PAIRS) == pytest.approx(st.predict(LONG_PAIRS).tolist(), abs=1e-5)
+
+
+def _with_template(source: Path, out: Path, template: str) -> Path:
+    """A copy of the folder ``source`` (its large files linked) whose chat template is ``template``."""
+    for path in source.rglob("*"):
+        target = out / path.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            target.mkdir(exist_ok=True)
+        elif path.name in ("model.safetensors", "tokenizer.json"):
+            target.symlink_to(path.resolve())
+        else:
+            target.write_bytes(path.read_bytes())
+    (out / "chat_template.jinja").write_text(template)
+    return out
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "m.content[:200]",  # keeps the first 200 characters
+        "(m.content if m.content | length < 1500 else m.content[:1500])",  # cuts texts past 1,500
+        "(m.content if m.content | length < 5000 else m.content | upper)",  # changes texts past 5,000
+    ],
+)
+def test_a_template_that_cuts_or_branches_on_length_is_refused(
+    st_folders: dict[str, Path], tmp_path: Path, change: str
+) -> None:
+    from genscore_core import ModelFolderError
+
+    cutting = CHAT_TEMPLATE.replace("Document:{{ m.content }}", "Document:{{ " + change + " }}")
+    assert cutting != CHAT_TEMPLATE
+    folder = _with_template(st_folders["two"], tmp_path / "cutting", cutting)
+    with pytest.raises(ModelFolderError) as caught:
+        GenerativeScorer(str(folder), device="cpu", dtype="float32")
+    message = str(caught.value)
+    assert message.startswith(
+        f"model {str(folder)!r}: chat_template.jinja: the chat template does not carry a "
+    )
+    assert "cuts long texts, branches on their length or changes them" in message
+    assert (caught.value.folder, caught.value.file) == (str(folder), "chat_template.jinja")
+
+
+@pytest.mark.slow
+def test_what_a_cutting_template_made_cross_encoder_score(
+    st_folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """Why it is refused: CrossEncoder.predict scores the prompt the template cut, not the document
+    given, so no prompt genscore builds from the whole document reproduces its score."""
+    cutting = CHAT_TEMPLATE.replace("Document:{{ m.content }}", "Document:{{ m.content[:200] }}")
+    st = CrossEncoder(str(_with_template(st_folders["two"], tmp_path / "cutting", cutting)), device="cpu")
+    pair = LONG_PAIRS[0]
+    prompt = st.tokenizer.decode(_st_prompt_ids(st, [pair])[0])
+    assert pair[1][:200] in prompt and pair[1][:201] not in prompt

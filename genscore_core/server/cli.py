@@ -80,7 +80,9 @@ _LIMIT_GROUPS: dict[str, dict[str, _LimitFlag]] = {
     },
     "connections": {
         "max_connections": _LimitFlag(
-            "max_connections", "open connections served at once; more get 503", positive_int
+            "max_connections",
+            "requests served at once (idle connections not counted); more get 503",
+            positive_int,
         ),
         "header_timeout": _LimitFlag(
             "header_timeout_s",

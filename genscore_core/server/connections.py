@@ -4,15 +4,26 @@
   the request's handler (so its job leaves the batcher's queue unscored) and marks the request
   abandoned (so it is not tokenized once it reaches the tokenizer: :mod:`genscore_core.request_life`).
 * :func:`uvicorn_options` turns :class:`~genscore_core.server.ServerLimits` into uvicorn's settings:
-  the connection limit (``limit_concurrency``), the keep-alive timeout and an HTTP protocol with a
-  header-read timeout, which uvicorn's h11 protocol lacks: a connection that has not sent a whole
-  request head within ``header_timeout_s`` of opening (or of the first byte of a later request) is
-  closed. An idle kept-alive connection is closed by the keep-alive timeout alone.
+  the keep-alive timeout and an HTTP protocol (:func:`header_timeout_protocol`) with what uvicorn's
+  h11 protocol lacks:
+
+  - a header-read timeout: a connection that has not sent a whole request head within
+    ``header_timeout_s`` of opening (or of the first byte of a later request) is closed. An idle
+    kept-alive connection is closed by the keep-alive timeout alone.
+  - a connection limit that sheds only the excess. uvicorn's ``limit_concurrency`` counts every open
+    connection, idle ones included, and refuses a request whenever the count is over: 1,000 clients
+    connecting at once all got 503, and 700 idle sockets made every request 503. Here the limit
+    counts requests in progress (one per connection in HTTP/1.1): the first ``max_connections`` are
+    served, later ones get 503 with ``Retry-After`` while they last. Open connections, idle ones
+    included, are capped at twice the limit (file descriptors); a connection opening at the cap
+    closes the connection idle longest (idle at least :data:`IDLE_GRACE_S`: never a client that just
+    connected and is sending its request), or, with none, is itself answered 503 and closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -20,6 +31,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from genscore_core.request_life import AbandonStats, RequestLife, living
 from genscore_core.server.limits import ServerLimits
+from genscore_core.server.schemas import error_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -91,8 +103,48 @@ class AbandonedRequestMiddleware:
                 self.stats.add("in_flight", -1)
 
 
-def header_timeout_protocol(seconds: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, closing a connection whose request head is not complete in ``seconds``."""
+# A connection idle for less than this is not closed to make room: a client that has just connected
+# (or just been answered) sends its request within milliseconds, and closing it would drop a request
+# that the limit lets in; an idle socket held open on purpose is older.
+IDLE_GRACE_S = 1.0
+
+_RETRY_AFTER_S = 1
+
+
+def _busy_message(max_connections: int) -> str:
+    return (
+        f"the server is serving its limit of {max_connections} requests at once (--max-connections); "
+        f"retry after {_RETRY_AFTER_S} s"
+    )
+
+
+def _busy_answer(max_connections: int) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """Headers and body of the 503 for a request beyond the limit: the protocol's error body, a
+    ``Retry-After``, and ``Connection: close`` so that a refused client holds no connection."""
+    body = json.dumps(error_body(_busy_message(max_connections), 503)).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(_RETRY_AFTER_S).encode()),
+        (b"connection", b"close"),
+    ]
+    return headers, body
+
+
+def _is_idle(connection: H11Protocol) -> bool:
+    """No request in progress and none begun: a fresh connection, or a kept-alive one between requests."""
+    cycle = connection.cycle
+    return (cycle is None or cycle.response_complete) and not connection.conn.trailing_data[0]
+
+
+def header_timeout_protocol(seconds: float, max_connections: int | None = None) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing a connection whose request head is not complete in ``seconds``
+    and, with ``max_connections``, serving that many requests at once and answering 503 to the excess
+    (see the module's docstring)."""
+
+    # Shared by the connections of one server (each call makes a class for one server).
+    in_progress = 0
+    opened_at: dict[H11Protocol, float] = {}  # connection -> when it opened or was last answered
 
     class HeaderTimeoutProtocol(H11Protocol):
         # True once an answer is complete: the next request head's clock starts at its first byte.
@@ -101,13 +153,47 @@ def header_timeout_protocol(seconds: float) -> type[H11Protocol]:
         # ``seconds`` whatever the keep-alive timeout says, under clients that may reuse them.
         _head_clock_pending = False
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if max_connections is not None:
+                self.app = _admitting(self.app, max_connections)
+
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm_header_timer()
+            if max_connections is not None:
+                opened_at[self] = self.loop.time()
+                if len(self.connections) > 2 * max_connections:
+                    self._make_room(max_connections)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            opened_at.pop(self, None)
+            super().connection_lost(exc)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._head_clock_pending = True
+            if self in opened_at:
+                opened_at[self] = self.loop.time()
+
+        def _make_room(self, limit: int) -> None:
+            now = self.loop.time()
+            idle = [
+                (since, other)
+                for other, since in opened_at.items()
+                if other is not self and now - since >= IDLE_GRACE_S and _is_idle(other)
+            ]
+            if idle:
+                # Never-used connections first (an idle socket held open), then the longest idle.
+                _, oldest = min(idle, key=lambda entry: (entry[1].cycle is not None, entry[0]))
+                oldest.transport.close()
+                return
+            headers, body = _busy_answer(limit)
+            head = b"HTTP/1.1 503 Service Unavailable\r\n" + b"".join(
+                k + b": " + v + b"\r\n" for k, v in headers
+            )
+            self.transport.write(head + b"\r\n" + body)
+            self.transport.close()
 
         def data_received(self, data: bytes) -> None:
             # A cycle still answering (a pipelined request) is not waiting for a head.
@@ -125,14 +211,34 @@ def header_timeout_protocol(seconds: float) -> type[H11Protocol]:
             if self.cycle is cycle_at_arming and not self.transport.is_closing():
                 self.transport.close()
 
+    def _admitting(app: Any, limit: int) -> Any:
+        """``app`` behind the request limit: a request beyond ``limit`` in progress gets a 503."""
+
+        async def admitted(scope: Scope, receive: Receive, send: Send) -> None:
+            nonlocal in_progress
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            if in_progress >= limit:
+                headers, body = _busy_answer(limit)
+                await send({"type": "http.response.start", "status": 503, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            in_progress += 1
+            try:
+                await app(scope, receive, send)
+            finally:
+                in_progress -= 1
+
+        return admitted
+
     return HeaderTimeoutProtocol
 
 
 def uvicorn_options(limits: ServerLimits) -> dict[str, Any]:
     """Keyword arguments of ``uvicorn.run`` / ``uvicorn.Config`` that enforce ``limits``."""
     return {
-        # uvicorn answers 503 once its open connections reach limit_concurrency, the new one included.
-        "limit_concurrency": limits.max_connections + 1,
+        # Not uvicorn's limit_concurrency: it counts idle connections and refuses everyone once over.
         "timeout_keep_alive": limits.keep_alive_timeout_s,
-        "http": header_timeout_protocol(limits.header_timeout_s),
+        "http": header_timeout_protocol(limits.header_timeout_s, limits.max_connections),
     }

@@ -41,8 +41,11 @@ class ServerLimits(BaseModel):
     max_queued_requests: int = Field(default=4096, gt=0)
     """Requests waiting to be scored; beyond this new ones get a 503 (with ``Retry-After``)."""
     max_connections: int = Field(default=512, gt=0)
-    """Open connections served at once; beyond this new requests get a 503. Keeps slow or idle clients
-    from holding every file descriptor the process has (commonly 1,024)."""
+    """Requests served at once (one per connection); a request beyond this gets a 503 with
+    ``Retry-After`` and its connection is closed, while the first ones are served. Idle connections do
+    not count, but open connections are capped at twice this: at the cap the connection idle longest
+    is closed (or, none idle, the new one is answered 503), so slow or idle clients neither hold every
+    file descriptor the process has (commonly 1,024) nor starve active ones."""
     header_timeout_s: float = Field(default=10.0, gt=0)
     """Seconds a connection may take to send a whole request head, from opening or from the first byte
     of a later request; slower ones are closed (a client trickling headers holds a connection

@@ -275,18 +275,6 @@ def test_an_idle_connection_is_closed_at_its_keep_alive(scorer: GenerativeScorer
             assert time.monotonic() - opened < 30.0  # at the keep-alive, not the header timeout (60 s)
 
 
-@pytest.mark.slow
-def test_connections_beyond_the_limit_get_503(limited: Served) -> None:
-    clients = [httpx.Client(base_url=limited.url, timeout=30) for _ in range(3)]
-    try:
-        assert [c.get("/health").status_code for c in clients[:2]] == [200, 200]  # both stay open
-        refused = clients[2].get("/health")
-        assert refused.status_code == 503
-    finally:
-        for client in clients:
-            client.close()
-
-
 def test_serve_flags_default_to_safe_limits() -> None:
     from genscore_core.cli import build_parser
 
@@ -294,7 +282,9 @@ def test_serve_flags_default_to_safe_limits() -> None:
     assert (args.max_connections, args.header_timeout, args.keep_alive_timeout) == (512, 10.0, 75)
     assert args.body_timeout == 30.0
     limits = ServerLimits(max_connections=args.max_connections, header_timeout_s=args.header_timeout)
-    assert uvicorn_options(limits)["limit_concurrency"] == 513
+    # genscore's own limit (tests/robustness/test_connection_limits.py), not uvicorn's, which counts
+    # idle connections and refuses every request once over.
+    assert "limit_concurrency" not in uvicorn_options(limits)
     # Idle connections outlive the pools of httpx (and so the OpenAI SDK): the client drops them first.
     default_pool_expiry = httpx.Limits().keepalive_expiry
     assert (

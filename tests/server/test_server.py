@@ -295,6 +295,45 @@ def test_rerank_options_of_the_wrong_type_are_422_naming_the_option(
     assert error["type"] == "UnprocessableEntityError"
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("apply_softmax", "true"),
+        ("apply_softmax", "false"),
+        ("apply_softmax", "no"),
+        ("apply_softmax", 0),
+        ("apply_softmax", 1.0),
+        ("item_first", "true"),
+        ("item_first", "yes"),
+        ("item_first", "1"),
+        ("item_first", 1),
+        ("add_special_tokens", "off"),
+        ("label_token_ids", [9454, "2753"]),
+        ("label_token_ids", [9454, 2753.0]),
+    ],
+)
+def test_protocol_options_of_the_wrong_type_are_422_naming_the_option(
+    client: httpx.Client, option: str, value: object
+) -> None:
+    """Lax parsing read ``"false"``, ``"no"`` and ``0`` as False and ``"true"``, ``"yes"``, ``"1"`` and
+    ``1`` as True: a string-typed client config changed the scores asked for (full vocabulary instead
+    of the labels, the item before the query) with a 200. Booleans and token ids are JSON's own."""
+    response = client.post("/generative_scoring", json={**SEED_TEXT_REQUEST, option: value})
+    # A list's bad entry is named by its position: label_token_ids.1.
+    where = f"{option}.1" if isinstance(value, list) else option
+    error = _assert_error(response, 422, f"{where}: Input should be a valid", param=where)
+    assert error["type"] == "UnprocessableEntityError"
+
+
+def test_protocol_booleans_given_as_json_booleans_still_apply(client: httpx.Client) -> None:
+    plain = _scores(client.post("/generative_scoring", json=SEED_TEXT_REQUEST).json())
+    for option in ("apply_softmax", "item_first"):
+        flipped = {**SEED_TEXT_REQUEST, option: not SEED_TEXT_REQUEST.get(option, option == "apply_softmax")}
+        response = client.post("/generative_scoring", json=flipped)
+        assert response.status_code == 200, response.text
+        assert _scores(response.json()) != plain, option
+
+
 def test_rerank_options_of_the_right_type_still_apply(client: httpx.Client) -> None:
     request: dict[str, Any] = {"query": "q", "documents": DOCUMENTS}
     everything = client.post("/v1/rerank", json={**request, "score_threshold": 0}).json()["results"]
