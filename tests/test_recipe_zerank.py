@@ -20,8 +20,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from genscore_core import GenerativeScorer
+from genscore_core.recipes import resolve_recipe
 from genscore_core.templates import ZERANK
-from genscore_core.testing.tiny_model import make_tiny_model
+from tests.helpers.tiny_models import linked_model
 
 PAIRS = [
     ("What is 2+2?", "4"),
@@ -30,7 +31,7 @@ PAIRS = [
     ("who wrote {Hamlet}?", "Shakespeare wrote it around 1600 ... {json: true}"),
     ("rivers", "The Seine flows through Paris;\n\nthe Thames through London!"),
     ("x" * 2100 + " tail", "short"),  # a query past the reference's 2,000 characters
-    ("long", "a b c d " * 1300 + "END"),  # a document past its 10,000 characters
+    ("long", "information retrieval " * 460 + "END"),  # a document past its 10,000 characters
 ]
 
 
@@ -57,8 +58,8 @@ def reference_zerank(
 
 
 @pytest.fixture(scope="module")
-def zerank_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("zerank") / "zerank-2-tiny", seed=5)
+def zerank_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return linked_model(tiny_model_dir, tmp_path_factory.mktemp("zerank") / "zerank-2-tiny")
 
 
 def test_zerank_matches_zeroentropys_reference(zerank_dir: Path) -> None:
@@ -91,27 +92,24 @@ def test_zerank_matches_zeroentropys_reference(zerank_dir: Path) -> None:
 
 
 def test_zerank_is_detected_where_the_folder_says_so(
-    zerank_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """By its path, by the ``_name_or_path`` transformers 4 saved, and by its model card's base_model."""
-    tmp_path = tmp_path_factory.mktemp("detect")  # a path that names no family
-    tokenizer = AutoTokenizer.from_pretrained(str(zerank_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(zerank_dir), dtype=torch.float32)
+    """By the ``_name_or_path`` transformers 4 saved, and by its model card's base_model (its path,
+    above, names it too)."""
+    root = tmp_path_factory.mktemp("detect")  # a path that names no family
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
 
-    by_config = tmp_path / "finetuned"
-    model.save_pretrained(str(by_config))
-    tokenizer.save_pretrained(str(by_config))
-    config = json.loads((by_config / "config.json").read_text())
+    by_config = linked_model(tiny_model_dir, root / "finetuned")
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    (by_config / "config.json").unlink()
     (by_config / "config.json").write_text(json.dumps({**config, "_name_or_path": "zeroentropy/zerank-1"}))
-    scorer = GenerativeScorer(str(by_config), device="cpu", dtype="float32")
-    assert scorer.template is ZERANK
-    assert scorer.recipe.source == "preset 'zerank' from the name in config.json"
+    recipe = resolve_recipe("auto", str(by_config), tokenizer)
+    assert recipe.template is ZERANK
+    assert recipe.source == "preset 'zerank' from the name in config.json"
 
-    by_card = tmp_path / "my-reranker"
-    model.save_pretrained(str(by_card))
-    tokenizer.save_pretrained(str(by_card))
+    by_card = linked_model(tiny_model_dir, root / "my-reranker")
     (by_card / "README.md").write_text("---\nbase_model:\n- zeroentropy/zerank-1-small\n---\n# fine-tune\n")
-    scorer = GenerativeScorer(str(by_card), device="cpu", dtype="float32")
-    assert scorer.template is ZERANK
-    assert scorer.recipe.source == "preset 'zerank' from the model card's base_model"
-    assert scorer.template.logit_temperature == 5.0
+    recipe = resolve_recipe("auto", str(by_card), tokenizer)
+    assert recipe.template is ZERANK
+    assert recipe.source == "preset 'zerank' from the model card's base_model"
+    assert recipe.template.logit_temperature == 5.0
