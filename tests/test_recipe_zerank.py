@@ -113,3 +113,41 @@ def test_zerank_is_detected_where_the_folder_says_so(
     assert recipe.template is ZERANK
     assert recipe.source == "preset 'zerank' from the model card's base_model"
     assert recipe.template.logit_temperature == 5.0
+
+
+# zerank-2's sentence-transformers integration renders the "query" message as the system turn and the
+# "document" message as the user turn; this template does the same in Qwen3's chat markup.
+ST_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'query' %}<|im_start|>system\n{{ m.content }}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% for m in messages %}{% if m.role == 'document' %}<|im_start|>user\n"
+    "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}<|im_start|>assistant\n"
+)
+
+
+@pytest.mark.slow
+def test_a_sentence_transformers_zerank_fine_tune_keeps_zeranks_scale(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A folder saved for sentence-transformers (one true token, "Yes") in a path that names no family:
+    read as such, and scored on zerank's scale where its model card names zerank as its base."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.cross_encoder.modules import LogitScore
+
+    folder = tmp_path_factory.mktemp("st") / "my-reranker"
+    transformer = Transformer(str(tiny_model_dir), transformer_task="text-generation")
+    transformer.tokenizer.chat_template = ST_TEMPLATE
+    CrossEncoder(modules=[transformer, LogitScore(true_token_id=9454)]).save(str(folder))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    plain = resolve_recipe("auto", str(folder), tokenizer)
+    assert plain.source.startswith("sentence-transformers CrossEncoder configuration")
+    assert plain.template.logit_temperature == 1.0
+
+    (folder / "README.md").write_text("---\nbase_model: zeroentropy/zerank-2\n---\n# a zerank fine-tune\n")
+    scorer = GenerativeScorer(str(folder), device="cpu", dtype="float32")
+    assert scorer.recipe.source.startswith("sentence-transformers CrossEncoder configuration")
+    assert "divided by 5 as 'zerank''s" in scorer.recipe.source
+    pairs = PAIRS[:5]
+    raw = CrossEncoder(str(folder)).predict(pairs, activation_fn=torch.nn.Identity()).tolist()
+    assert max(raw) - min(raw) > 0.5
+    assert scorer.score_pairs(pairs) == pytest.approx([1 / (1 + math.exp(-x / 5)) for x in raw], abs=1e-5)
