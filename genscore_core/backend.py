@@ -67,6 +67,9 @@ class ScoringJob:
     ``None`` for raw protocol requests, which exist only as token ids."""
     score_mode: ScoreMode | None = None
     """A score mode that overrides ``apply_softmax`` (templated jobs set it; see :attr:`mode`)."""
+    logit_temperature: float = 1.0
+    """What the label logits are divided by before the mode makes a score of them (the template's
+    ``logit_temperature``: zerank's 5); the raw ``logit`` and ``vocab-softmax`` modes ignore it."""
 
     @property
     def mode(self) -> ScoreMode:
@@ -83,6 +86,8 @@ class StreamedJob:
     size: int
     label_ids: list[int]
     mode: ScoreMode = "label-softmax"
+    logit_temperature: float = 1.0
+    """As :attr:`ScoringJob.logit_temperature`."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,7 @@ class StreamLayout:
 def streamed(jobs: Sequence[ScoringJob]) -> tuple[list[StreamedJob], list[JobPart]]:
     """Whole ``jobs`` as a streamed call of one part each (jobs without prompts have none)."""
     return (
-        [StreamedJob(len(job.prompts), job.label_ids, job.mode) for job in jobs],
+        [StreamedJob(len(job.prompts), job.label_ids, job.mode, job.logit_temperature) for job in jobs],
         [JobPart(index, job.prompts) for index, job in enumerate(jobs) if job.prompts],
     )
 
@@ -149,7 +154,10 @@ def gathered(jobs: Sequence[StreamedJob], parts: Iterable[JobPart]) -> list[Scor
         taken[part.job] += len(part.prompts)
         prompts[part.job].extend(list(p) for p in part.prompts)
     check_all_taken(sizes, taken)
-    return [ScoringJob(p, job.label_ids, score_mode=job.mode) for p, job in zip(prompts, jobs)]
+    return [
+        ScoringJob(p, job.label_ids, score_mode=job.mode, logit_temperature=job.logit_temperature)
+        for p, job in zip(prompts, jobs)
+    ]
 
 
 class ScoringBackend(ABC):

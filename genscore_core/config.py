@@ -69,16 +69,20 @@ class PromptSettings(_Settings):
     """How (query, document) pairs become prompts, and how a score is read from the model's answer."""
 
     template: str | PromptTemplate = "auto"
-    """Preset name (``"qwen3-reranker"``, ``"mxbai-rerank-v2"``, ``"bge-reranker-v2-gemma"``), a template, or
+    """Preset name (``"qwen3-reranker"``, ``"mxbai-rerank-v2"``, ``"bge-reranker-v2-gemma"``, ``"zerank"``,
+    ``"ctxl-rerank-v2"``, ``"lb-reranker"``), a template, or
     ``"auto"``: the folder's sentence-transformers CrossEncoder configuration, else a preset the model's
     name points at, else qwen3-reranker (docs/models.md; ``scorer.recipe`` says which)."""
     score_mode: Literal["auto", ScoreMode, "calibrated"] = "auto"
     """How next-token logits become a score: ``"label-softmax"`` (softmax over the label tokens: the
     two-label probability), ``"vocab-softmax"`` (the first label's full-vocabulary probability),
     ``"logit"`` (the first label's raw logit, for single-token models; unbounded), ``"logit-sigmoid"``
-    (its sigmoid, in [0, 1]); ``"auto"``: the template's own (label-softmax for two labels,
-    logit-sigmoid for one); ``"calibrated"``: the probability of relevance fitted by ``genscore
-    calibrate`` (``calibration``). See docs/models.md and docs/evaluation.md."""
+    (its sigmoid, in [0, 1]), ``"expected-grade"`` (the expected grade over graded label tokens, in
+    [0, 1]); ``"auto"``: the template's own (label-softmax for two labels, logit-sigmoid for one, or
+    the family's: expected-grade for lb-reranker, logit for ctxl-rerank-v2). A template's
+    ``logit_temperature`` divides the logits first (zerank: sigmoid(logit / 5)). ``"calibrated"``: the
+    probability of relevance fitted by ``genscore calibrate`` (``calibration``). See docs/models.md and
+    docs/evaluation.md."""
     instruction: str | None = None
     """Task instruction written into templates that take one; ``None`` uses the template's default."""
     max_length: int | None = Field(default=None, gt=0)

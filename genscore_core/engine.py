@@ -263,17 +263,18 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
         head = self.head
 
         def scores(hidden: torch.Tensor, keys: list[RowKey]) -> torch.Tensor:
-            kinds: dict[tuple[tuple[int, ...], ScoreMode], list[int]] = {}
+            kinds: dict[tuple[tuple[int, ...], ScoreMode, float], list[int]] = {}
             for row, key in enumerate(keys):
                 job = jobs[key.job]
-                kinds.setdefault((tuple(job.label_ids), job.mode), []).append(row)
+                kinds.setdefault((tuple(job.label_ids), job.mode, job.logit_temperature), []).append(row)
             if len(kinds) == 1:
-                [(label_ids, mode)] = kinds
-                return head.scores(hidden, list(label_ids), mode)
+                [(label_ids, mode, temperature)] = kinds
+                return head.scores(hidden, list(label_ids), mode, temperature)
             out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-            for (label_ids, mode), kind_rows in kinds.items():
+            for (label_ids, mode, temperature), kind_rows in kinds.items():
                 index = torch.tensor(kind_rows, device=hidden.device)
-                out[index] = head.scores(hidden.index_select(0, index), list(label_ids), mode).float()
+                rows = hidden.index_select(0, index)
+                out[index] = head.scores(rows, list(label_ids), mode, temperature).float()
             return out
 
         return scores
@@ -436,7 +437,12 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
             rows = hidden[offset : offset + len(prompts)]
             offset += len(prompts)
             launched.scores.append(
-                (job, self.head.scores(rows, job.label_ids, job.mode), where, len(prompts))
+                (
+                    job,
+                    self.head.scores(rows, job.label_ids, job.mode, job.logit_temperature),
+                    where,
+                    len(prompts),
+                )
             )
         return launched
 

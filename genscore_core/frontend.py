@@ -382,6 +382,7 @@ class ScoringFrontEnd:
                 apply_softmax=self.score_mode != "vocab-softmax",
                 texts=JobTexts(query, tuple(pairs[p][1] for p in positions)),
                 score_mode=self.score_mode,
+                logit_temperature=self.template.logit_temperature,
             )
             for query, positions in by_query.items()
         ]
@@ -411,6 +412,7 @@ class ScoringFrontEnd:
                     apply_softmax=self.score_mode != "vocab-softmax",
                     texts=JobTexts(query, documents),
                     score_mode=self.score_mode,
+                    logit_temperature=self.template.logit_temperature,
                 )
             )
         return PreparedPairs(
@@ -500,7 +502,10 @@ class PairStream:
         self.prompts: list[PromptSummary | None] = [None] * len(pairs)
         """What the results report of each pair's prompt; its token ids go only to the engine."""
         mode = front_end.score_mode
-        self.jobs = [StreamedJob(len(p), front_end.label_token_ids, mode) for p in self.positions]
+        temperature = front_end.template.logit_temperature
+        self.jobs = [
+            StreamedJob(len(p), front_end.label_token_ids, mode, temperature) for p in self.positions
+        ]
 
     def parts(self) -> Iterator[JobPart]:
         """Each query's prompts in parts, in order; a document that cannot fit raises
@@ -581,9 +586,9 @@ def resolve_score_mode(setting: str, template_mode: ScoreMode, labels: int) -> S
     """The score mode a ``score_mode`` setting asks for (``"auto"``: the template's), checked against
     the number of labels."""
     mode: ScoreMode = template_mode if setting == "auto" else setting  # type: ignore[assignment]
-    if mode == "label-softmax" and labels < 2:
+    if mode in ("label-softmax", "expected-grade") and labels < 2:
         raise ValueError(
-            "score_mode 'label-softmax' normalises over the label tokens and needs two or more; this "
+            f"score_mode {mode!r} normalises over the label tokens and needs two or more; this "
             "template has one label: use 'logit' (its raw logit) or 'logit-sigmoid'"
         )
     return mode

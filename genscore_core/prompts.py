@@ -288,6 +288,11 @@ class TemplatePromptBuilder:
         """:meth:`build`'s prompts, each with whether its document lost tokens to fit (a prompt is
         also ``truncated`` when only its query was shortened)."""
         names = range(len(documents)) if indices is None else indices
+        # A reference that keeps only so many characters (zerank) shortens the texts before anything
+        # else; such a prompt is reported truncated as one shortened to fit.
+        query_cap, document_cap = self.template.query_max_chars, self.template.document_max_chars
+        query_cut = query_cap is not None and len(query) > query_cap
+        cut_by_chars = [document_cap is not None and len(d) > document_cap for d in documents]
         query, stripped = self.template.inserted(query, list(documents))
         query, *documents = bounded_texts(self.tokenizer, [query, *stripped], self.body_budget, self._lock)
         bodies = [self.template.render_body(query, doc, self.instruction) for doc in documents]
@@ -297,8 +302,9 @@ class TemplatePromptBuilder:
             body_ids, cut = self._fit(query, documents[index], body, ids, offsets, names[index])
             if self._no_fixed_tokens and not body_ids:
                 raise self._empty_prompt(names[index])
-            prompts.append(EncodedPrompt(self.prefix_ids + body_ids + self.suffix_ids, cut != 0))
-            cuts.append(cut >= CUT_DOCUMENT)
+            shortened = cut != 0 or query_cut or cut_by_chars[index]
+            prompts.append(EncodedPrompt(self.prefix_ids + body_ids + self.suffix_ids, shortened))
+            cuts.append(cut >= CUT_DOCUMENT or cut_by_chars[index])
         if self._vocab_size is not None:
             self._check_readable(prompts, self._vocab_size(), names)
         return list(zip(prompts, cuts))

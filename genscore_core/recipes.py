@@ -35,6 +35,7 @@ from genscore_core.templates import (
     QWEN3_RERANKER,
     PromptTemplate,
     get_template,
+    resolve_label_ids,
     template_for_name,
 )
 
@@ -69,10 +70,10 @@ def resolve_recipe(template: str | PromptTemplate | dict[str, Any], model: str, 
     if preset is not None:
         return _picked(Recipe(preset, f"preset {preset.name!r} from the model name"))
     st = sentence_transformers_recipe(model, tokenizer)
-    if st is not None:
-        return _picked(st)
     config = _read_json(model, "config.json")
     config = config if isinstance(config, dict) else {}
+    if st is not None:
+        return _picked(_family_scale(st, model, config, tokenizer))
     preset = template_for_name(str(config.get("_name_or_path", "")))
     if preset is not None:
         return _picked(Recipe(preset, f"preset {preset.name!r} from the name in config.json"))
@@ -87,6 +88,29 @@ def resolve_recipe(template: str | PromptTemplate | dict[str, Any], model: str, 
     )
     logger.warning("%s", _default_warning(model, config, base_models))
     return _picked(recipe)
+
+
+def _family_scale(recipe: Recipe, model: str, config: dict[str, Any], tokenizer: Any) -> Recipe:
+    """A sentence-transformers recipe scored on the scale of the family its config or model card
+    names, where that family divides its logits (zerank: sigmoid(logit / 5)) and reads the same label
+    tokens: a zerank fine-tune saved for sentence-transformers keeps zerank's 0-1 score."""
+    name = str(config.get("_name_or_path", ""))
+    family = template_for_name(name) if name else None
+    family = family or _one_preset(model_card_base_models(model))
+    if family is None or family.logit_temperature == 1.0:
+        return recipe
+    try:
+        same_labels = resolve_label_ids(tokenizer, family) == list(recipe.template.label_token_ids)
+    except ValueError:  # the family's label words are not single tokens of this tokenizer
+        return recipe
+    if not same_labels:
+        return recipe
+    scaled = recipe.template.model_copy(update={"logit_temperature": family.logit_temperature})
+    source = (
+        f"{recipe.source}, its logits divided by {family.logit_temperature:g} as {family.name!r}'s "
+        "are (the family its config or model card names)"
+    )
+    return Recipe(scaled, source, recipe.max_length)
 
 
 # A family's preset for a model of its architecture; named in the warning only (a Qwen2 or Gemma model is

@@ -25,6 +25,16 @@ from genscore_core.templates import ScoreMode
 _VOCAB_CHUNK = 16384
 
 
+def expected_grade(label_logits: torch.Tensor) -> torch.Tensor:
+    """The expected grade of each row, in [0, 1], from its label logits ``[N, K]`` (K >= 2), the
+    labels listed from the best grade (1) to the worst (0), equally spaced: ``sum_i p_i * g_i``,
+    ``p`` the softmax over the K labels. Clamped, since float rounding may step past the ends."""
+    count = label_logits.shape[1]
+    grades = torch.linspace(1.0, 0.0, count, device=label_logits.device, dtype=torch.float32)
+    probabilities = torch.softmax(label_logits.float(), dim=-1)
+    return (probabilities @ grades).clamp(0.0, 1.0)
+
+
 def score_range(mode: ScoreMode) -> tuple[float, float]:
     """The closed range a score of ``mode`` lies in (``"logit"``: any finite number)."""
     return (float("-inf"), float("inf")) if mode == "logit" else (0.0, 1.0)
@@ -138,22 +148,33 @@ class LabelHead:
         return torch.tanh(logits / self.softcap) * self.softcap
 
     def scores(
-        self, hidden: torch.Tensor, label_ids: list[int], mode: ScoreMode | bool = "label-softmax"
+        self,
+        hidden: torch.Tensor,
+        label_ids: list[int],
+        mode: ScoreMode | bool = "label-softmax",
+        temperature: float = 1.0,
     ) -> torch.Tensor:
         """The score of each row under ``mode`` (:data:`~genscore_core.templates.ScoreMode`): [N] float32.
 
         ``mode`` may also be the protocol's ``apply_softmax``: True is ``"label-softmax"``, False
-        ``"vocab-softmax"``. The logit modes read ``label_ids[0]`` alone.
+        ``"vocab-softmax"``. The logit modes read ``label_ids[0]`` alone. ``temperature`` divides
+        the label logits of ``label-softmax``, ``logit-sigmoid`` and ``expected-grade`` (a template's
+        ``logit_temperature``); ``logit`` and ``vocab-softmax`` ignore it.
         """
         if isinstance(mode, bool):
             mode = "label-softmax" if mode else "vocab-softmax"
         if mode == "vocab-softmax":
             return self._vocab_probability(hidden, label_ids[0])
-        logits = self.label_logits(hidden, label_ids if mode == "label-softmax" else label_ids[:1])
+        every_label = mode in ("label-softmax", "expected-grade")
+        logits = self.label_logits(hidden, label_ids if every_label else label_ids[:1])
         if mode == "logit":
             return logits[:, 0]
+        if temperature != 1.0:
+            logits = logits / temperature
         if mode == "logit-sigmoid":
             return torch.sigmoid(logits[:, 0])
+        if mode == "expected-grade":
+            return expected_grade(logits)
         if logits.shape[1] == 1:
             return torch.ones(logits.shape[0], device=logits.device)
         if logits.shape[1] == 2:

@@ -16,7 +16,7 @@ import re
 import string
 from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from genscore_core.errors import InvalidRequestError
 
@@ -26,7 +26,7 @@ Tokenization = Literal["whole", "pieces"]
 """``"whole"``: the filled body is tokenized in one call; ``"pieces"``: each entry of ``body_pieces``
 (and ``suffix_pieces``) is tokenized on its own and the ids are concatenated."""
 
-ScoreMode = Literal["label-softmax", "vocab-softmax", "logit", "logit-sigmoid"]
+ScoreMode = Literal["label-softmax", "vocab-softmax", "logit", "logit-sigmoid", "expected-grade"]
 """How a prompt's next-token logits become its score (docs/models.md):
 
 * ``"label-softmax"``: softmax over the label tokens, read at the first label (two labels:
@@ -35,8 +35,22 @@ ScoreMode = Literal["label-softmax", "vocab-softmax", "logit", "logit-sigmoid"]
 * ``"logit"``: the first label's raw logit (bge-reranker-v2-gemma's and single-token
   sentence-transformers models' score); any finite number.
 * ``"logit-sigmoid"``: sigmoid of that logit; in [0, 1], for thresholds.
+* ``"expected-grade"``: the expected grade over the label tokens, normalised to [0, 1]: with the
+  labels listed from the best grade to the worst, label ``i`` of ``N`` has grade ``(N-1-i)/(N-1)``
+  and the score is ``sum_i p_i * grade_i``, ``p`` the softmax over the label tokens (graded
+  rerankers such as lightblue's lb-reranker, which answers 1 to 7).
+
+A template's ``logit_temperature`` divides the label logits before ``label-softmax``,
+``logit-sigmoid`` and ``expected-grade`` turn them into a score (zerank: ``sigmoid(logit / 5)``);
+``logit`` stays the raw logit and ``vocab-softmax`` the model's own probability.
 """
-SCORE_MODES: tuple[ScoreMode, ...] = ("label-softmax", "vocab-softmax", "logit", "logit-sigmoid")
+SCORE_MODES: tuple[ScoreMode, ...] = (
+    "label-softmax",
+    "vocab-softmax",
+    "logit",
+    "logit-sigmoid",
+    "expected-grade",
+)
 
 
 class Span(NamedTuple):
@@ -103,6 +117,16 @@ class PromptTemplate(BaseModel):
     """Texts whose leading and trailing whitespace the reference removes before inserting them (a
     chat template's Jinja ``trim``, as Llama 3's applies to every message): they are stripped the same
     way (``str.strip``) before the prompt is built."""
+    logit_temperature: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    """What the label logits are divided by before ``label-softmax``, ``logit-sigmoid`` and
+    ``expected-grade`` make a score of them, so that the 0-1 score is the family's own: zerank's
+    reference score is ``sigmoid(logit / 5)``. ``logit`` mode stays the raw logit."""
+    query_max_chars: int | None = Field(default=None, gt=0)
+    """Characters of the query the reference keeps (it cuts the text before tokenizing, and before
+    ``strip_texts``); ``None``: no cut."""
+    document_max_chars: int | None = Field(default=None, gt=0)
+    """Characters of each document the reference keeps, as ``query_max_chars`` (applied to what is
+    tokenized: with ``long_documents="chunk"``, to each window)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -194,7 +218,13 @@ class PromptTemplate(BaseModel):
         return "{instruction}" in self.body
 
     def inserted(self, query: str, documents: list[str]) -> tuple[str, list[str]]:
-        """The query and documents as the reference inserts them (``strip_texts``)."""
+        """The query and documents as the reference inserts them: cut to ``query_max_chars`` and
+        ``document_max_chars``, then stripped (``strip_texts``)."""
+        if self.query_max_chars is not None:
+            query = query[: self.query_max_chars]
+        if self.document_max_chars is not None:
+            cap = self.document_max_chars
+            documents = [document[:cap] for document in documents]
         if "query" in self.strip_texts:
             query = query.strip()
         if "document" in self.strip_texts:
@@ -288,8 +318,58 @@ BGE_RERANKER_V2_GEMMA = PromptTemplate(
     score_mode="logit-sigmoid",
 )
 
+ZERANK = PromptTemplate(
+    name="zerank",
+    # ZeroEntropy's modeling_zeranker.py: the query (its first 2,000 characters, stripped) as the system
+    # message and the document (its first 10,000, stripped) as the user message of the Qwen3 chat
+    # template, then the generation prompt, the rendered text tokenized in one call. The score is the
+    # "Yes" logit at the last position; the reference's 0-1 score is sigmoid(logit / 5).
+    prefix="<|im_start|>system\n",
+    body="{query}<|im_end|>\n<|im_start|>user\n{document}",
+    suffix="<|im_end|>\n<|im_start|>assistant\n",
+    label_words=("Yes",),
+    score_mode="logit-sigmoid",
+    logit_temperature=5.0,
+    strip_texts=("query", "document"),
+    query_max_chars=2000,
+    document_max_chars=10000,
+)
+
+CTXL_RERANK_V2 = PromptTemplate(
+    name="ctxl-rerank-v2",
+    # ContextualAI's model card: one string, document before query, an optional instruction after the
+    # query behind a space, tokenized in one call; the score is the raw logit of vocabulary id 0 at
+    # the last position (no sigmoid in the reference).
+    body=(
+        "Check whether a given document contains information helpful to answer the query.\n"
+        "<Document> {document}\n<Query> {query}{instruction} ??"
+    ),
+    instruction_format=" {instruction}",
+    label_token_ids=(0,),
+    score_mode="logit",
+)
+
+_LB_SYSTEM = (
+    "Given a query and a piece of text, output a score of 1-7 based on how related the query is to the "
+    "text. 1 means least related and 7 is most related."
+)
+
+LB_RERANKER = PromptTemplate(
+    name="lb-reranker",
+    # lightblue's model card: a system message asking for a grade of 1 to 7, the user message
+    # "<<<Query>>>\n{query}\n\n<<<Context>>>\n{text}" in the (Qwen2.5) chat template, then the
+    # generation prompt; the score is the expected grade over the tokens "1" to "7".
+    prefix=f"<|im_start|>system\n{_LB_SYSTEM}<|im_end|>\n<|im_start|>user\n",
+    body="<<<Query>>>\n{query}\n\n<<<Context>>>\n{document}",
+    suffix="<|im_end|>\n<|im_start|>assistant\n",
+    # Best grade first, as every template lists its positive label first.
+    label_words=("7", "6", "5", "4", "3", "2", "1"),
+    score_mode="expected-grade",
+)
+
 TEMPLATES: dict[str, PromptTemplate] = {
-    t.name: t for t in (QWEN3_RERANKER, MXBAI_RERANK_V2, BGE_RERANKER_V2_GEMMA)
+    t.name: t
+    for t in (QWEN3_RERANKER, MXBAI_RERANK_V2, BGE_RERANKER_V2_GEMMA, ZERANK, CTXL_RERANK_V2, LB_RERANKER)
 }
 
 
@@ -337,6 +417,12 @@ def _preset_named_in(text: str) -> PromptTemplate | None:
         return BGE_RERANKER_V2_GEMMA
     if "qwen3-reranker" in name:
         return QWEN3_RERANKER
+    if "zerank" in name:
+        return ZERANK
+    if "ctxl-rerank" in name:
+        return CTXL_RERANK_V2
+    if "lb-reranker" in name:
+        return LB_RERANKER
     return None
 
 

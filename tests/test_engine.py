@@ -361,7 +361,9 @@ def test_every_job_is_checked_after_the_one_copy_of_all_scores(scorer: Generativ
     class PlantedHead:
         """Scores 0.25 everywhere, and NaN for the prompt of token 7 (the second job's second)."""
 
-        def scores(self, rows: torch.Tensor, label_ids: list[int], mode: Any = None) -> torch.Tensor:
+        def scores(
+            self, rows: torch.Tensor, label_ids: list[int], mode: Any = None, temperature: float = 1.0
+        ) -> torch.Tensor:
             return torch.full((rows.shape[0],), 0.25)
 
     engine = ScoringEngine(scorer.model, scorer.backend.forward, PlantedHead())  # type: ignore[arg-type]
@@ -369,8 +371,10 @@ def test_every_job_is_checked_after_the_one_copy_of_all_scores(scorer: Generativ
     assert engine.score_jobs([good, good]) == [[0.25, 0.25], [0.25, 0.25]]
 
     class NanHead(PlantedHead):
-        def scores(self, rows: torch.Tensor, label_ids: list[int], mode: Any = None) -> torch.Tensor:
-            out = super().scores(rows, label_ids, mode)
+        def scores(
+            self, rows: torch.Tensor, label_ids: list[int], mode: Any = None, temperature: float = 1.0
+        ) -> torch.Tensor:
+            out = super().scores(rows, label_ids, mode, temperature)
             if label_ids == [3, 4]:
                 out[1] = float("nan")
             return out
@@ -429,8 +433,10 @@ def test_calls_launched_back_to_back_collect_the_scores_of_score_jobs(
     class NanHead:
         """The model's head, with NaN for every prompt of label ids [3, 4]."""
 
-        def scores(self, rows: torch.Tensor, label_ids: list[int], mode: Any = None) -> torch.Tensor:
-            out = engine.head.scores(rows, label_ids, mode)
+        def scores(
+            self, rows: torch.Tensor, label_ids: list[int], mode: Any = None, temperature: float = 1.0
+        ) -> torch.Tensor:
+            out = engine.head.scores(rows, label_ids, mode, temperature)
             return torch.full_like(out, float("nan")) if label_ids == [3, 4] else out
 
     nan_engine = ScoringEngine(scorer.model, engine.forward, NanHead())  # type: ignore[arg-type]

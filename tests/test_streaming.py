@@ -481,8 +481,10 @@ def test_a_bad_streamed_score_names_its_job_row(
     real = engine.head.scores
     calls: list[int] = []
 
-    def scores(hidden: torch.Tensor, ids: list[int], mode: Any = "label-softmax") -> torch.Tensor:
-        out = real(hidden, ids, mode)
+    def scores(
+        hidden: torch.Tensor, ids: list[int], mode: Any = "label-softmax", temperature: float = 1.0
+    ) -> torch.Tensor:
+        out = real(hidden, ids, mode, temperature)
         calls.append(len(out))
         if len(calls) == 2:
             out = out.clone()
@@ -540,8 +542,10 @@ def test_a_bad_score_of_the_engine_names_the_input_it_was_built_from(
     real = engine.head.scores
     planted: list[int] = []  # the distinct row of the first head call that gets NaN
 
-    def scores(hidden: torch.Tensor, ids: list[int], mode: Any = "label-softmax") -> torch.Tensor:
-        out = real(hidden, ids, mode)
+    def scores(
+        hidden: torch.Tensor, ids: list[int], mode: Any = "label-softmax", temperature: float = 1.0
+    ) -> torch.Tensor:
+        out = real(hidden, ids, mode, temperature)
         if planted:
             out = out.clone()
             out[planted.pop()] = float("nan")

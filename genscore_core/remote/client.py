@@ -132,6 +132,14 @@ class TokenScoringClient(HttpBackend):
                     f"genscore serve scoring in {job.mode!r} (it scores the text in its own mode)",
                     param="score_mode",
                 )
+            if job.logit_temperature != 1.0 and job.mode == "label-softmax":
+                # The protocols have no temperature: the server would normalise the raw logits.
+                raise InvalidRequestError(
+                    f"this template divides its label logits by {job.logit_temperature:g} before "
+                    f"normalising them, which a scoring server's {self.path} cannot: use "
+                    "server_kind='rerank' against a genscore serve of this model",
+                    param="score_mode",
+                )
             group = group_prompts(job.prompts)
             for start, stop in self._spans(job.prompts):
                 items = group.suffix_ids[start:stop]

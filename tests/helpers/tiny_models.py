@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE
@@ -30,3 +31,14 @@ def tiny_sizes(
 def special_ids(tokenizer: Any, *names: str) -> dict[str, Any]:
     """``pad_token_id=...`` and the like, as the tokenizer has them: ``special_ids(t, "pad", "bos")``."""
     return {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in names}
+
+
+def linked_model(source: Path, out: Path) -> Path:
+    """A folder at ``out`` holding links to the files of the model folder ``source`` (its README
+    left out), so that a test can give the tests' shared tiny model the name of a family without
+    writing its weights again."""
+    out.mkdir(parents=True)
+    for file in source.iterdir():
+        if file.is_file() and file.name != "README.md":
+            (out / file.name).symlink_to(file.resolve())
+    return out
