@@ -721,7 +721,9 @@ def _local_parts(
         check_max_length(causal_lm, wanted)
     max_length = wanted or model_max_length(causal_lm, tokenizer)
     front_end = ScoringFrontEnd(tokenizer, config, max_length=max_length, vocab_size=engine.vocab_rows)
-    check_classifier_tokens(causal_lm, tokenizer, front_end.label_token_ids, config.model)
+    check_classifier_tokens(
+        causal_lm, tokenizer, front_end.label_token_ids, config.model, front_end.score_mode
+    )
     return front_end, engine
 
 

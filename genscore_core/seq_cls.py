@@ -128,15 +128,25 @@ def classifier_label_ids(rows: int, label_ids: Sequence[int]) -> list[int] | Non
     return None
 
 
-def check_classifier_tokens(model: Any, tokenizer: Any, label_ids: Sequence[int], model_name: str) -> None:
+def check_classifier_tokens(
+    model: Any, tokenizer: Any, label_ids: Sequence[int], model_name: str, score_mode: str = "label-softmax"
+) -> None:
     """Refuse a sequence classifier whose rows cannot be the template's labels: a head of another
-    size than the labels need, or a ``config.json`` whose ``classifier_from_token`` names other tokens.
+    size than the labels need, or a ``config.json`` whose ``classifier_from_token`` names other tokens;
+    and score mode ``vocab-softmax``, which needs the next-token distribution a classifier lacks.
 
     Raises:
         ConfigurationError: Naming the rows, the tokens recorded and the template's labels.
     """
     if not is_decoder_seq_cls(model):
         return
+    if score_mode == "vocab-softmax":
+        raise ConfigurationError(
+            f"model {model_name!r} is a sequence classifier: its score rows give the label logits but no "
+            "next-token distribution over the vocabulary, so score_mode='vocab-softmax' has nothing to "
+            "read; use 'label-softmax' or a logit mode",
+            setting="score_mode",
+        )
     rows = ClassifierRows.of(model).rows
     expected = classifier_label_ids(rows, label_ids)
     labels = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} (id {i})" for i in label_ids)

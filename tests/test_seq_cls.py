@@ -138,6 +138,9 @@ def test_tokens_recorded_against_the_template_are_refused(folders: dict[str, Pat
 
 def test_a_classifier_has_no_vocabulary_probability(folders: dict[str, Path]) -> None:
     scorer = GenerativeScorer(str(folders["one-row"]), device="cpu", dtype="float32")
+    with pytest.raises(ConfigurationError, match=r"sequence classifier.*score_mode='vocab-softmax'"):
+        GenerativeScorer.from_model(scorer.model, scorer.tokenizer, score_mode="vocab-softmax")
+    # A request that asks for it (the protocol's apply_softmax=false) is refused alone.
     with pytest.raises(InvalidRequestError, match=r"sequence classifier.*vocab-softmax"):
         scorer.score(
             {"query": [100, 200], "items": [[300]], "label_token_ids": [9693, 2152], "apply_softmax": False}

@@ -74,3 +74,34 @@ def convert_to_seq_cls(
         seq_cls.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
     return out
+
+
+def make_untied_model(out: Path, family: str) -> Path:
+    """A tiny Qwen3 or Gemma causal LM with an untied head (``tie_word_embeddings: false``, as
+    Qwen3-Reranker-8B ships) and the real Qwen3 tokenizer, saved to ``out``. The head is drawn apart
+    from the embeddings (and scaled otherwise), so a path that scored with the embeddings would fail."""
+    from transformers import AutoTokenizer, GemmaConfig, GemmaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from genscore_core.testing.tiny_model import qwen3_tokenizer_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
+    common = {
+        **tiny_sizes(),
+        "head_dim": 16,
+        "max_position_embeddings": 2048,
+        "initializer_range": 0.1,
+        "tie_word_embeddings": False,
+        **special_ids(tokenizer, "pad", "eos"),
+    }
+    torch.manual_seed(5)
+    if family == "qwen3":
+        model: Any = Qwen3ForCausalLM(Qwen3Config(**common))
+    else:
+        tokenizer.bos_token = "<|endoftext|>"  # bge-reranker-v2-gemma's recipe starts with BOS
+        model = GemmaForCausalLM(GemmaConfig(**common, bos_token_id=tokenizer.bos_token_id))
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 0.25)
+    with transformers_progress_bars(False):
+        model.save_pretrained(str(out))
+        tokenizer.save_pretrained(str(out))
+    return out
