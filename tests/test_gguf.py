@@ -17,7 +17,6 @@ import torch
 from genscore_core import GenerativeScorer
 from genscore_core.errors import ConfigurationError, ModelNotFoundError
 from genscore_core.gguf_files import gguf_source
-from genscore_core.loading import load_tokenizer
 from tests.helpers.reference_recipe import QWEN3_INSTRUCTION, QWEN3_PREFIX, QWEN3_SUFFIX
 
 PAIRS = [
@@ -69,6 +68,7 @@ def _reference(model: Any, tokenizer: Any) -> tuple[list[list[int]], list[float]
     return prompts, scores
 
 
+@pytest.mark.slow
 def test_smollm2_gguf_scores_equal_transformers_packed_and_padded(scorer: GenerativeScorer) -> None:
     model = scorer.model
     assert type(model).__name__ == "LlamaForCausalLM"
@@ -87,9 +87,9 @@ def test_smollm2_gguf_scores_equal_transformers_packed_and_padded(scorer: Genera
 
 
 def test_a_gguf_file_is_found_as_a_file_or_in_its_folder(gguf_file: Path, tmp_path: Path) -> None:
+    # The file itself loads the same way as its folder (the unreadable files below go through it).
     by_file, by_folder = gguf_source(str(gguf_file)), gguf_source(str(gguf_file.parent))
     assert by_file == by_folder and by_file is not None and by_file.path == gguf_file
-    assert load_tokenizer(str(gguf_file)).get_vocab()["yes"] == 10407  # the tokenizer the file holds
 
     (tmp_path / "a.gguf").write_bytes(b"GGUF")
     (tmp_path / "b.gguf").write_bytes(b"GGUF")

@@ -90,6 +90,7 @@ def _scores(scorer: GenerativeScorer, forward: str, mode: str) -> list[float]:
     return other.score_pairs(PAIRS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["one-row", "one-row-recorded"])
 def test_one_row_head_equals_transformers_and_the_causal_original(
     folders: dict[str, Path], original: list[float], name: str
@@ -111,6 +112,7 @@ def test_one_row_head_equals_transformers_and_the_causal_original(
         assert _scores(scorer, forward, "logit-sigmoid") == pytest.approx(probabilities, abs=1e-5), forward
 
 
+@pytest.mark.slow
 def test_two_row_head_reads_no_then_yes(folders: dict[str, Path], original: list[float]) -> None:
     _, logits = _classifier_logits(folders["two-row"])  # rows [no, yes]
     scorer = GenerativeScorer(str(folders["two-row"]), device="cpu", dtype="float32")

@@ -76,6 +76,7 @@ def _official_ids(tokenizer: Any, query: str, document: str) -> list[int]:
     )
 
 
+@pytest.mark.slow
 def test_untied_qwen3_every_path(folders: dict[str, Path]) -> None:
     scorer = GenerativeScorer(str(folders["qwen3"]), device="cpu", dtype="float32", max_length=512)
     _check_untied(scorer)
@@ -111,6 +112,7 @@ def test_untied_qwen3_every_path(folders: dict[str, Path]) -> None:
     assert _rerank_through_a_server(scorer) == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_untied_gemma_every_path(folders: dict[str, Path]) -> None:
     scorer = GenerativeScorer(str(folders["gemma"]), device="cpu", dtype="float32", max_length=200)
     assert scorer.template.name == "bge-reranker-v2-gemma"

@@ -34,6 +34,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_untied_model(tmp_path_factory.mktemp("untied") / "qwen3-untied", "qwen3")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_untied_head_through_the_kernels(folder: Path, impl: KernelImpl) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
