@@ -120,7 +120,8 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
         ``resize_token_embeddings`` after the build changes them; the front end checks every
         prompt and label id against it, so that no id reaches an embedding lookup out of range."""
         model = self.model
-        rows = [int(model.get_output_embeddings().weight.shape[0])]
+        head = model.get_output_embeddings()  # None for a sequence classifier: its inputs bound the ids
+        rows = [int(head.weight.shape[0])] if head is not None else []
         try:
             rows.append(int(model.get_input_embeddings().weight.shape[0]))
         except (AttributeError, NotImplementedError):

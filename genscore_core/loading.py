@@ -14,6 +14,9 @@ import torch
 
 from genscore_core.errors import ConfigurationError, ModelNotFoundError, NotARerankerError
 from genscore_core.folder_checks import check_special_token_ids, refused_pickle_error, wrong_shapes_error
+from genscore_core.forward import decoder_of
+from genscore_core.gguf_files import GgufSource, check_gguf_header, gguf_failures, gguf_source
+from genscore_core.seq_cls import is_decoder_seq_cls, last_token_classifier, seq_cls_architectures
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,8 @@ def check_model_source(name_or_path: str) -> None:
         ModelNotFoundError: Naming the path as given and as resolved.
     """
     path = Path(name_or_path).expanduser()
+    if gguf_source(name_or_path) is not None:
+        return  # a .gguf file, or a folder holding one (genscore_core.gguf_files)
     if path.is_dir():
         # A folder wins over the hub in transformers, so an empty or wrong one (a typo'd output folder,
         # a download that never finished) would fail deep in loading with a message that names neither
@@ -93,7 +98,8 @@ def check_model_source(name_or_path: str) -> None:
         return
     if path.exists():
         raise ModelNotFoundError(
-            f"model {name_or_path!r} is a file; expected a model folder or a hub id", setting="model"
+            f"model {name_or_path!r} is a file; expected a model folder, a hub id or a .gguf file",
+            setting="model",
         )
     if name_or_path.startswith((".", "/", "~")) or "\\" in name_or_path or name_or_path.count("/") > 1:
         raise ModelNotFoundError(
@@ -123,6 +129,8 @@ def check_tokenizer_files(name_or_path: str) -> None:
         ModelNotFoundError: Naming the folder and how to add the tokenizer.
     """
     path = Path(name_or_path).expanduser()
+    if gguf_source(name_or_path) is not None:
+        return  # a GGUF file holds its tokenizer
     if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ModelNotFoundError(
             f"model {name_or_path!r}: the folder {path.resolve()} holds no tokenizer files "
@@ -140,10 +148,18 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False) -> Any
     check_tokenizer_files(name_or_path)
     check_hub_reachable(name_or_path)
 
-    with loading_failures(name_or_path, "tokenizer", trust_remote_code=trust_remote_code):
-        tokenizer = AutoTokenizer.from_pretrained(
-            name_or_path, trust_remote_code=trust_remote_code, local_files_only=from_cache_only(name_or_path)
-        )
+    gguf = gguf_source(name_or_path)
+    if gguf is not None:
+        check_gguf_header(gguf)
+        with gguf_failures(gguf, "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(gguf.folder, gguf_file=gguf.file)
+    else:
+        with loading_failures(name_or_path, "tokenizer", trust_remote_code=trust_remote_code):
+            tokenizer = AutoTokenizer.from_pretrained(
+                name_or_path,
+                trust_remote_code=trust_remote_code,
+                local_files_only=from_cache_only(name_or_path),
+            )
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(
             f"{name_or_path!r} has no fast (Rust) tokenizer; genscore needs one for character offsets, "
@@ -347,6 +363,8 @@ def check_causal_lm_config(config: Any, name_or_path: str) -> None:
             f"{name_or_path!r} is an encoder-decoder model ({config.model_type}); {_EXPECTED_MODEL}"
         )
     architectures = list(getattr(config, "architectures", None) or [])
+    if seq_cls_architectures(config) and last_token_classifier(config) is not None:
+        return  # a decoder whose label rows were cut out of its LM head (genscore_core.seq_cls)
     if architectures and not any(arch.endswith(_CAUSAL_LM_SUFFIXES) for arch in architectures):
         raise NotARerankerError(
             f"{name_or_path!r} holds a {', '.join(architectures)} (model type {config.model_type!r}), "
@@ -358,7 +376,9 @@ def check_loaded_causal_lm(model: Any, missing_keys: list[str] | None, name_or_p
     """Refuse a model whose weights were not all in the checkpoint (transformers fills them at random)."""
     kind = type(model).__name__
     output_embeddings = getattr(model, "get_output_embeddings", None)
-    if output_embeddings is None or output_embeddings() is None:
+    if is_decoder_seq_cls(model):
+        pass  # its score rows are the label rows of the LM head it was converted from
+    elif output_embeddings is None or output_embeddings() is None:
         raise NotARerankerError(
             f"{name_or_path!r} is a {kind}, which has no next-token (LM) head; {_EXPECTED_MODEL}"
         )
@@ -394,7 +414,10 @@ def check_attends_causally(model: Any, name_or_path: str) -> None:
     model.eval()  # dropout would make the two rows differ in any model
     try:
         with torch.inference_mode():
-            logits = model(input_ids=ids).logits[:, 0].float()
+            if is_decoder_seq_cls(model):  # its logits are the last token's only: read the decoder's
+                logits = decoder_of(model)(input_ids=ids).last_hidden_state[:, 0].float()
+            else:
+                logits = model(input_ids=ids).logits[:, 0].float()
     except Exception as error:  # a forward that needs more than ids: scoring says what, not this probe
         logger.debug("causal-attention check of %s skipped: %s", name_or_path, error)
         return
@@ -469,9 +492,16 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     show_progress: bool = True,
 ) -> Any:
-    """Load a causal LM, refusing checkpoints that are not one (see :class:`NotARerankerError`)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """Load a causal LM, refusing checkpoints that are not one (see :class:`NotARerankerError`).
 
+    A decoder ``*ForSequenceClassification`` folder (:mod:`genscore_core.seq_cls`) loads as that class:
+    its decoder is a causal LM's and its score rows are the LM head's label rows.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    gguf = gguf_source(name_or_path)
+    if gguf is not None:
+        return _load_gguf(gguf, device=device, dtype=dtype, show_progress=show_progress)
     folder = Path(name_or_path).expanduser()
     if folder.is_dir() and not (folder / "config.json").is_file():
         # transformers would say the config.json it did not find lacks a model_type.
@@ -504,7 +534,10 @@ def load_causal_lm(
             # does not pass local_files_only on to that lookup (transformers 5.24): a hub that does not
             # answer was asked again, with retries (30 s for a model wholly in the cache).
             adapter = {"adapter_kwargs": {"local_files_only": True}} if cache_only else {}
-            loaded: Any = AutoModelForCausalLM.from_pretrained(
+            auto: Any = (
+                AutoModelForSequenceClassification if seq_cls_architectures(config) else AutoModelForCausalLM
+            )
+            loaded: Any = auto.from_pretrained(
                 name_or_path,
                 dtype=dtype,
                 trust_remote_code=trust_remote_code,
@@ -521,6 +554,24 @@ def load_causal_lm(
         raise wrong_shapes_error(name_or_path, config, trust_remote_code=trust_remote_code) from error
     model, info = loaded
     check_loaded_causal_lm(model, list(info.get("missing_keys") or []), name_or_path)
+    return model.to(device).eval()
+
+
+def _load_gguf(source: GgufSource, *, device: torch.device, dtype: torch.dtype, show_progress: bool) -> Any:
+    """A GGUF checkpoint dequantised to ``dtype``, checked as any causal LM is."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_gguf_header(source)
+    name = str(source.path)
+    with gguf_failures(source, "configuration"):
+        config = AutoConfig.from_pretrained(source.folder, gguf_file=source.file)
+    check_causal_lm_config(config, name)
+    with transformers_progress_bars(show_progress), gguf_failures(source, "weights"):
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            source.folder, gguf_file=source.file, dtype=dtype, output_loading_info=True
+        )
+    model, info = loaded
+    check_loaded_causal_lm(model, list(info.get("missing_keys") or []), name)
     return model.to(device).eval()
 
 

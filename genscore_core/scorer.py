@@ -754,6 +754,7 @@ def _local_parts(
     causal_lm: Any, tokenizer: Any, config: ScorerConfig, local: LocalSettings
 ) -> tuple[ScoringFrontEnd, ScoringEngine]:
     from genscore_core.engine import ScoringEngine  # torch: only a scorer with a model here loads it
+    from genscore_core.seq_cls import check_classifier_tokens
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = ScoringEngine.for_model(causal_lm, local, pad_token_id=pad_id or 0)
@@ -762,6 +763,9 @@ def _local_parts(
         check_max_length(causal_lm, wanted)
     max_length = wanted or model_max_length(causal_lm, tokenizer)
     front_end = ScoringFrontEnd(tokenizer, config, max_length=max_length, vocab_size=engine.vocab_rows)
+    check_classifier_tokens(
+        causal_lm, tokenizer, front_end.label_token_ids, config.model, front_end.score_mode
+    )
     return front_end, engine
 
 

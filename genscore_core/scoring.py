@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from genscore_core.errors import ScoreRangeError
+from genscore_core.errors import InvalidRequestError, ScoreRangeError
 from genscore_core.kernels import label_logprobs
+from genscore_core.seq_cls import ClassifierRows, is_decoder_seq_cls
 from genscore_core.templates import ScoreMode
 
 _VOCAB_CHUNK = 16384
@@ -86,7 +87,8 @@ def first_bad_score(values: Sequence[object], mode: ScoreMode) -> int | None:
 
 
 class LabelHead:
-    """Reads label scores off the LM head of a causal LM without computing full logits."""
+    """Reads label scores off the LM head of a causal LM without computing full logits, or off the
+    ``score`` rows of a decoder sequence classifier (:mod:`genscore_core.seq_cls`)."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -96,6 +98,11 @@ class LabelHead:
         """Read the LM head's weights off the model again (after it was moved, cast or given other
         parameters: :mod:`genscore_core.weights_seen`)."""
         model = self.model
+        self.classifier: ClassifierRows | None = None
+        """The score rows of a decoder sequence classifier (which has no LM head); None for a causal LM."""
+        if is_decoder_seq_cls(model):
+            self._read_classifier(model)
+            return
         head = model.get_output_embeddings()
         if head is None or not hasattr(head, "weight"):
             raise TypeError(f"{type(model).__name__} has no LM head with a weight to score with")
@@ -121,6 +128,13 @@ class LabelHead:
         self.logit_scale = scale
         self.vocab_size = int(self.weight.shape[0])
 
+    def _read_classifier(self, model: Any) -> None:
+        """The score rows of a sequence classifier, read as transformers' own forward reads them: it
+        neither caps nor scales its logits, and neither does this head."""
+        self.classifier = ClassifierRows.of(model)
+        self.weight, self.bias = self.classifier.weight, self.classifier.bias
+        self.softcap, self.logit_scale, self.vocab_size = None, 1.0, 0
+
     def _ids(self, label_ids: list[int]) -> torch.Tensor:
         """Label ids on the head's device without waiting for the device: a copy from pageable
         memory waits for the work queued before it (the whole forward); a pinned one is queued."""
@@ -135,6 +149,8 @@ class LabelHead:
 
     def label_logits(self, hidden: torch.Tensor, label_ids: list[int]) -> torch.Tensor:
         """Logits of the label tokens only, in float32: [N, K]."""
+        if self.classifier is not None:
+            return self.classifier.label_logits(self._prepare(hidden), len(label_ids))
         ids = self._ids(label_ids)
         rows = self.weight.index_select(0, ids).float()  # [K, H]
         logits = self._prepare(hidden) @ rows.T
@@ -182,6 +198,12 @@ class LabelHead:
         return torch.softmax(logits, dim=-1)[:, 0]
 
     def _vocab_probability(self, hidden: torch.Tensor, label_id: int) -> torch.Tensor:
+        if self.classifier is not None:
+            raise InvalidRequestError(
+                "this model is a sequence classifier: its score rows give the label logits but no "
+                "next-token distribution over the vocabulary, so score mode 'vocab-softmax' "
+                "(apply_softmax=false) has nothing to read; use 'label-softmax' or a logit mode"
+            )
         if self.softcap is not None:
             return self._capped_vocab_probability(hidden, label_id)
         # The kernel accumulates in fp32 but reads h in the head's dtype.
