@@ -267,6 +267,7 @@ def test_a_killed_run_resumes_to_the_bytes_of_an_uninterrupted_run(
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     work = tmp_path / "resumed.jsonl.partial"
     assert sorted(p.name for p in work.iterdir()) == [
+        *(f"chunk-{k:08d}.json" for k in range(4)),  # each part's record, written before it
         "job.json",
         "part-00000000.jsonl",
         "part-00000001.jsonl",
@@ -274,12 +275,14 @@ def test_a_killed_run_resumes_to_the_bytes_of_an_uninterrupted_run(
         "part-00000003.jsonl.tmp",  # the chunk being written when the process died
     ]
     assert not output.exists()
+    # The lock's file outlives a killed run; its lock does not (the kernel drops it).
+    assert (tmp_path / "resumed.jsonl.lock").exists()
 
     resumed = _genscore("score", str(source), "-o", str(output), "--no-progress", *common)
     assert resumed.returncode == 0, resumed.stderr
     assert "wrote 40 rows" in resumed.stderr and "18 rows kept from an interrupted run" in resumed.stderr
     assert output.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
-    assert not work.exists()
+    assert not work.exists() and not (tmp_path / "resumed.jsonl.lock").exists()
 
 
 # -- input files as they come ---------------------------------------------------------------------------
