@@ -925,7 +925,10 @@ def test_the_command_line_counts_the_damaged_parts_it_scored_again(
     (tmp_path / "scored.jsonl.partial" / "part-00000000.jsonl").write_bytes(b"")
     argv = ["score", str(source), "-o", str(output), "--chunk-size", "4", "--model", str(tiny_model_dir)]
     assert main([*argv, *CLI_SETTINGS]) == 0
-    assert "wrote 8 rows" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert said.startswith("genscore: wrote 8 rows to") and said.endswith(
+        " (1 damaged part of an interrupted run scored again)\n"
+    ), said
     assert len(output.read_text().splitlines()) == 8
 
 

@@ -127,10 +127,15 @@ def run_score(args: argparse.Namespace) -> int:
         print(f"genscore: error: {where}{error.strerror or error}", file=sys.stderr)
         return 2
     kept = report.rows_written - report.rows_scored
-    resumed = f" ({kept} rows kept from an interrupted run)" if report.resumed_chunks else ""
+    notes = [f"{kept} rows kept from an interrupted run"] if report.resumed_chunks else []
     if report.rescored_chunks:
         parts = "part" if report.rescored_chunks == 1 else "parts"
-        resumed += f" ({report.rescored_chunks} damaged {parts} of it scored again)"
+        notes.append(
+            f"{report.rescored_chunks} damaged {parts} of it scored again"
+            if notes
+            else f"{report.rescored_chunks} damaged {parts} of an interrupted run scored again"
+        )
+    resumed = f" ({'; '.join(notes)})" if notes else ""
     rows = "row" if report.rows_written == 1 else "rows"
     print(f"genscore: wrote {report.rows_written} {rows} to {report.output}{resumed}", file=sys.stderr)
     if report.bad_rows:
