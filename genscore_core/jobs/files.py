@@ -557,12 +557,7 @@ def merge_parts(fmt: FileFormat, parts: Sequence[Path], header: Any, output: Pat
     temporary = output.with_name(output.name + ".tmp")
     rows = 0
     if fmt == "parquet":
-        pq = import_pyarrow_parquet()
-        with pq.ParquetWriter(temporary, header) as writer:
-            for part in parts:
-                table = pq.read_table(part, schema=header)
-                rows += table.num_rows
-                writer.write_table(table)
+        rows = _merge_parquet(parts, header, temporary)
     else:
         with open(temporary, "wb") as out:
             if fmt == "csv":
@@ -576,6 +571,51 @@ def merge_parts(fmt: FileFormat, parts: Sequence[Path], header: Any, output: Pat
         os.fsync(done.fileno())
     os.replace(temporary, output)
     return rows
+
+
+PARQUET_ROW_GROUP_ROWS = 4096
+"""Rows in each row group of a Parquet output (the last one may hold fewer), whatever the parts: so
+that the output's bytes depend on its rows alone, not on how they were chunked (``genscore score``'s
+``chunk_size``, Ray's batches)."""
+
+
+def _merge_parquet(parts: Sequence[Path], header: Any, target: Path) -> int:
+    import pyarrow as pa
+
+    pq = import_pyarrow_parquet()
+    rows = 0
+    pending: list[Any] = []
+    held = 0
+    with pq.ParquetWriter(target, header) as writer:
+
+        def flush(count: int) -> None:
+            nonlocal pending, held
+            # One chunk per column, however the rows came: a row group is then written alike.
+            table = pa.concat_tables(pending).unify_dictionaries().combine_chunks()
+            writer.write_table(_dictionaries_of_their_own(pa, table.slice(0, count)))
+            rest = table.slice(count)
+            pending, held = ([rest] if rest.num_rows else []), rest.num_rows
+
+        for part in parts:
+            table = pq.read_table(part, schema=header)
+            rows += table.num_rows
+            pending.append(table)
+            held += table.num_rows
+            while held >= PARQUET_ROW_GROUP_ROWS:
+                flush(PARQUET_ROW_GROUP_ROWS)
+        if held:
+            flush(held)
+    return rows
+
+
+def _dictionaries_of_their_own(pa: Any, table: Any) -> Any:
+    """``table`` with each dictionary column encoded afresh from its own values: a slice keeps the
+    whole dictionary of what it was cut from, which Parquet would write, unused entries and all."""
+    for index, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            values = table.column(index).cast(field.type.value_type)
+            table = table.set_column(index, field, values.dictionary_encode().cast(field.type))
+    return table
 
 
 def _count_text_rows(fmt: FileFormat, part: Path) -> int:
