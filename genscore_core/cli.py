@@ -37,6 +37,10 @@ from genscore_core.cli_args import (
 from genscore_core.config import ScorerConfig
 from genscore_core.errors import GenScoreError, InputError, InvalidRequestError, RemoteScoringError
 from genscore_core.evaluation.cli import add_eval_commands
+from genscore_core.jobs.cli import (  # genscore score's own exit codes, listed with the others
+    EXIT_INPUT_CHANGED as EXIT_INPUT_CHANGED,
+)
+from genscore_core.jobs.cli import EXIT_JOB_LOCKED as EXIT_JOB_LOCKED
 from genscore_core.jobs.cli import add_score_command
 from genscore_core.protocol import check_text
 from genscore_core.server.cli import add_serve_command

@@ -99,6 +99,12 @@ class PromptSettings(_Settings):
     last window's."""
     query_share: float = Field(default=0.75, gt=0.0, lt=1.0)
     """Share of the body budget the query may keep when a prompt has to be shortened."""
+    chunk_max_tokens: int | None = Field(default=262_144, gt=0)
+    """With ``long_documents="chunk"``: the most tokens one document that does not fit may have (the
+    document tokenized alone). A longer one is refused, a PromptTooLongError naming it and the cap,
+    before it is tokenized whole, so that what a call holds stays bounded by its prompts (an 8 MB
+    document took over 1 GB unbounded). The default is ``genscore serve``'s whole-request bound
+    (``--max-prompt-tokens``); ``None``: no cap."""
     calibration: str | None = None
     """With ``score_mode="calibrated"``: the file ``genscore calibrate`` wrote; ``None`` reads
     ``genscore_calibration.json`` in the model's folder. See docs/evaluation.md."""

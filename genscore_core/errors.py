@@ -254,3 +254,12 @@ class UnknownModelError(ServerHTTPError):
         super().__init__(
             404, f"The model `{requested}` does not exist; this server serves `{served}` (GET /v1/models)"
         )
+
+
+class InputChangedError(JobStateError):
+    """A resumed job's input no longer holds the rows its finished chunks were scored from
+    (``genscore score`` exit code 4): resuming would mix stale scores into the output."""
+
+
+class JobLockedError(JobStateError):
+    """Another run of the same job holds its lock (``genscore score`` exit code 5)."""

@@ -21,7 +21,9 @@ from genscore_core.loading import check_label_ids, check_template_ids, load_toke
 from genscore_core.long_documents import (
     WindowedPairs,
     cap_to_tokens,
+    past_text_limit,
     refuse_by_length,
+    refuse_each_by_length,
     token_spans,
     window_spans,
 )
@@ -272,16 +274,23 @@ class ScoringFrontEnd:
             built = builder.build_marked(query, [documents[p] for p in positions], indices=positions)
             whole.update((p, prompt) for p, (prompt, cut) in zip(positions, built) if not cut)
         long = [p for p in range(len(pairs)) if p not in whole]
+        cap = self.config.prompt.chunk_max_tokens
         if offsets is None:
+            if cap is not None:
+                refuse_each_by_length(self.tokenizer, [documents[p] for p in long], cap, names=long)
             long_offsets = token_spans(
                 self.tokenizer,
                 self._tokenizer_lock,
                 [documents[p] for p in long],
                 limit=budget,
                 names=long,
+                text_limit=cap,
             )
         else:
             long_offsets = [offsets[p] for p in long]
+            for position, doc_offsets in zip(long, long_offsets):
+                if cap is not None and len(doc_offsets) > cap:  # max_tokens_per_doc above the cap
+                    raise past_text_limit(position, cap)
         windows: dict[int, tuple[str, list[Span], list[EncodedPrompt]]] = {}
         queries: dict[str, tuple[str, bool, int]] = {}
         total = sum(len(prompt.token_ids) for prompt in whole.values())

@@ -39,6 +39,7 @@ def token_spans(
     *,
     limit: int | None = None,
     names: Sequence[int] | None = None,
+    text_limit: int | None = None,
 ) -> list[list[tuple[int, int]]]:
     """Character span of each token of each text, the text tokenized alone.
 
@@ -46,12 +47,13 @@ def token_spans(
     window's prompt), the texts' tokens are counted as they are made and the first text that takes
     the count over ``limit`` is refused (:class:`~genscore_core.errors.PromptTooLongError` naming
     ``documents[names[i]]``), so that a huge document costs what the limit allows, not its size.
+    ``text_limit`` (``chunk_max_tokens``) bounds each text's tokens alone the same way.
     Long texts are then tokenized in pieces where that gives the same tokens
     (:mod:`genscore_core.token_pieces`); a text the tokenizer cannot cut exactly is tokenized whole.
     """
     if not texts:
         return []
-    if limit is None:
+    if limit is None and text_limit is None:
         with lock:
             encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
         return [list(offsets) for offsets in encoded["offset_mapping"]]
@@ -60,16 +62,23 @@ def token_spans(
     total = 0
     for index, text in enumerate(texts):
         name = names[index] if names is not None else index
+        # The tokens this text may have: what the call has left, or its own cap, whichever is less.
+        call_room = limit - total if limit is not None else None
+        by_call = text_limit is None or (call_room is not None and call_room <= text_limit)
+        allowed = call_room if by_call else text_limit
+        assert allowed is not None
+        refusal = _past_limit(name, limit or 0) if by_call else past_text_limit(name, text_limit)
+
         cuts = cut_points(text, SPAN_PIECE_CHARS) if exact else []
-        if not cuts and _surely_more_tokens(tokenizer, lock, text, limit - total):
-            raise _past_limit(name, limit)
+        if not cuts and _surely_more_tokens(tokenizer, lock, text, allowed):
+            raise refusal
         offsets: list[tuple[int, int]] = []
         for start, stop in itertools.pairwise([0, *cuts, len(text)]):
             with lock:
                 encoded = tokenizer(text[start:stop], add_special_tokens=False, return_offsets_mapping=True)
             offsets.extend((start + a, start + b) for a, b in encoded["offset_mapping"])
-            if total + len(offsets) > limit:
-                raise _past_limit(name, limit)
+            if len(offsets) > allowed:
+                raise refusal
         total += len(offsets)
         spans.append(offsets)
     return spans
@@ -82,6 +91,32 @@ def _past_limit(name: int, limit: int) -> PromptTooLongError:
         param="documents",
         index=name,
     )
+
+
+def past_text_limit(name: int, cap: int | None, least: int | None = None) -> PromptTooLongError:
+    """The refusal of a document past ``chunk_max_tokens``; ``least``: the tokens its length proves."""
+    count = f"at least {least} tokens (from its length)" if least is not None else f"more than {cap} tokens"
+    return PromptTooLongError(
+        f"documents[{name}] has {count}: more than chunk_max_tokens={cap}, the most one "
+        "document may have to be scored in windows (long_documents='chunk'); shorten it, cut it with "
+        "max_tokens_per_doc, or raise chunk_max_tokens",
+        param="documents",
+        index=name,
+    )
+
+
+def refuse_each_by_length(
+    tokenizer: Any, documents: Sequence[str], cap: int, names: Sequence[int] | None = None
+) -> None:
+    """Refuse, before any tokenization, the first document whose characters alone prove it has more
+    than ``cap`` tokens (``chunk_max_tokens``); nothing when the tokenizer has no such bound."""
+    chars_per_token = max_chars_per_token(tokenizer)
+    if chars_per_token is None:
+        return
+    for index, document in enumerate(documents):
+        least = -(-len(document) // chars_per_token)
+        if least > cap:
+            raise past_text_limit(names[index] if names is not None else index, cap, least)
 
 
 def _surely_more_tokens(tokenizer: Any, lock: threading.Lock, text: str, tokens: int) -> bool:

@@ -61,14 +61,19 @@ from genscore_core.engine import ScoringEngine
 from genscore_core.errors import ConfigurationError, InvalidRequestError, ScoreRangeError
 from genscore_core.jobs.files import (
     FORMATS,
+    PART_SUFFIX,
     Columns,
     CsvReader,
     FileFormat,
     InputFileError,
+    InputRow,
     JsonLinesReader,
     RowReader,
     detect_format,
+    encode_part,
     format_of_suffix,
+    import_pyarrow_parquet,
+    merge_parts,
 )
 from genscore_core.jobs.score import JobStateError
 from genscore_core.kernels.dispatch import prepare_triton
@@ -133,6 +138,8 @@ class ScoreBatches:
         score_column: Column added with the scores (float64); it must not exist yet.
         id_column: Column whose value names a bad row in the error (a row's position in its batch
             means little in a dataset of millions).
+        row_label_column: Column whose text names each row in errors, before ``id_column``
+            (:func:`score_file_on_ray` passes its rows' ``FILE, line N``).
         warm_up: Run made-up prompts through the model in ``__init__`` while the tokenizer loads
             on a thread beside them, so that the first real batch finds the GPU kernels loaded and
             the actor is ready sooner (:func:`warm_up_model`). ``None`` (the default) does so on
@@ -160,12 +167,14 @@ class ScoreBatches:
         score_column: str = "score",
         id_column: str = "id",
         warm_up: bool | None = None,
+        row_label_column: str | None = None,
         **settings: Any,
     ) -> None:
         self.query_column = query_column
         self.document_column = document_column
         self.score_column = score_column
         self.id_column = id_column
+        self.row_label_column = row_label_column
         config = ScorerConfig(model=model or DEFAULT_MODEL, **settings)
         local = config.local
         if warm_up is None:
@@ -233,6 +242,8 @@ class ScoreBatches:
     def _row(self, batch: Batch, names: list[str], position: int, column: str) -> str:
         """The row at ``position`` of ``batch`` as a user can find it in the dataset: by its id, or
         else by its other text, since a batch position means nothing outside the batch."""
+        if self.row_label_column is not None and self.row_label_column in names:
+            return str(_column_values(batch, self.row_label_column)[position])
         if self.id_column in names:
             return f"row with {self.id_column} {_column_values(batch, self.id_column)[position]!r}"
         other = self.document_column if column == self.query_column else self.query_column
@@ -358,6 +369,8 @@ def score_dataset(
     id_column: str = "id",
     batch_class: type[ScoreBatches] | None = None,
     warm_up: bool | None = None,
+    row_label_column: str | None = None,
+    batch_format: str = "numpy",
     **settings: Any,
 ) -> Dataset:
     """``dataset`` with a score column, computed by ``num_actors`` :class:`ScoreBatches` actors.
@@ -365,8 +378,10 @@ def score_dataset(
     ``num_gpus=1`` gives each actor a GPU of its own (one model per GPU); 0 scores on CPUs.
     ``batch_size`` rows go to an actor at a time: larger batches share more query prefixes and fill
     the forward's token budget better. ``batch_class`` replaces :class:`ScoreBatches` by a subclass
-    (one that adds columns of its own, say); ``id_column`` and ``warm_up`` are :class:`ScoreBatches`'
-    own.
+    (one that adds columns of its own, say); ``id_column``, ``warm_up`` and ``row_label_column`` are
+    :class:`ScoreBatches`' own. ``batch_format`` is the format the actors get each batch in
+    (``map_batches``'): numpy by default; ``"pyarrow"`` keeps every column's type (numpy holds a
+    nullable integer column as floats, its nulls as NaN).
 
     Every row comes back, with all its columns, but in the order Ray Data's execution gives: with
     several actors, a block that takes longer comes out after blocks read behind it. Set
@@ -377,6 +392,8 @@ def score_dataset(
     import ray.data
 
     ScorerConfig(model=model or DEFAULT_MODEL, **settings)  # reject bad settings before any actor starts
+    # Passed only when given: a batch_class of the caller's may not take it.
+    label = {} if row_label_column is None else {"row_label_column": row_label_column}
     return dataset.map_batches(
         batch_class or ScoreBatches,
         fn_constructor_kwargs={
@@ -386,10 +403,11 @@ def score_dataset(
             "score_column": score_column,
             "id_column": id_column,
             "warm_up": warm_up,
+            **label,
             **settings,
         },
         batch_size=batch_size,
-        batch_format="numpy",
+        batch_format=batch_format,
         # Ray 2.51 deprecated concurrency= (it logs a warning on every call) for this.
         compute=ray.data.ActorPoolStrategy(size=num_actors),
         num_gpus=num_gpus or None,
@@ -418,8 +436,15 @@ def score_file_on_ray(
     """``genscore score`` on a Ray cluster: read ``input``, score every row, write ``output``.
 
     The input is a JSON lines, CSV or Parquet file (or folder of them, or a URL Ray can read); the
-    output is a folder of files of the same format, which read in name order hold the input's rows
-    in input order with a score column added. CSV values stay strings, as in ``genscore score``.
+    output is a folder holding one file of the same format, ``scored.jsonl`` (``.csv``,
+    ``.parquet``; none for an input without rows): the input's rows in input order with a score
+    column added, written by ``genscore score``'s own writers, so that for one input file it holds
+    the bytes ``genscore score`` writes (where the scores are equal: each batch scored as one of its
+    chunks). JSON lines and CSV rows travel through Ray whole, as JSON text, not as columns whose
+    types Arrow would infer, and batches reach the actors as pyarrow Tables (a ``batch_class`` gets
+    them so), which keep each column's type; a ``batch_class``'s own columns are written after each
+    row's.
+    The actors score in parallel; the driver writes the rows as they come, in order.
 
     Args:
         num_blocks: Read the input as this many blocks, so that every actor gets work even from a
@@ -457,14 +482,17 @@ def score_file_on_ray(
         # a repartition afterwards, which is an all-to-all barrier: no actor would get a row before the
         # whole input had been read and shuffled.
         blocks = num_blocks or 4 * num_actors
+        columns = Columns(query_column, document_column, score_column)
+        label = None
         if fmt == "parquet":
+            # A Parquet file's columns have their types already: Arrow keeps them as they are.
             dataset = ray.data.read_parquet(source, override_num_blocks=blocks)
         else:
             if fmt == "csv":
                 _check_csv_headers(source, (query_column, document_column))
-            columns = Columns(query_column, document_column, score_column)
             rows = _strict_rows(source, fmt, columns)
             dataset = ray.data.read_datasource(rows, override_num_blocks=blocks)
+            label = _ROW_LABEL
         scored = score_dataset(
             dataset,
             model,
@@ -477,18 +505,13 @@ def score_file_on_ray(
             id_column=id_column,
             batch_class=batch_class,
             warm_up=warm_up,
+            row_label_column=label,
+            # As Arrow, each column keeps its type (numpy made a Parquet int column with nulls floats).
+            batch_format="pyarrow",
             **settings,
         )
-        # The folder is absent or empty unless overwrite was asked for (checked above).
-        mode = ray.data.SaveMode.OVERWRITE if overwrite else ray.data.SaveMode.APPEND
         try:
-            if fmt == "jsonl":
-                # pandas writes 10 significant digits unless asked for more.
-                scored.write_json(target, double_precision=15, force_ascii=False, mode=mode)
-            elif fmt == "csv":
-                scored.write_csv(target, mode=mode)
-            else:
-                scored.write_parquet(target, mode=mode)
+            _write_output(scored, source, fmt, columns, target)
         except ray.exceptions.RayTaskError as error:
             # A read task's refusal (file, line, problem) or an actor's (row, column, problem) arrives
             # wrapped in Ray's error, whose message is a worker's traceback: raise it as itself.
@@ -503,10 +526,96 @@ def score_file_on_ray(
     finally:
         execution.preserve_order = kept_order
         context.raise_original_map_exception = kept_raise
-    # Ray writes no file, and makes no folder, for no rows; an output that is not there would read
-    # as a job that never ran.
+
+
+_ROW = "__genscore_row__"
+"""The column carrying each JSON lines or CSV row whole, as JSON text, from the read to the write:
+Arrow, given the rows' own columns, infers one type per column, and a key missing from some rows
+came back as NaN, an ``id`` of ``1`` in a column that also holds ``"x0"`` as ``"1"``."""
+_ROW_LABEL = "__genscore_line__"
+"""The column naming each row by file and line, for the scoring actors' errors."""
+OUTPUT_NAME = "scored"
+"""The output folder's one file is ``scored.jsonl`` (``.csv``, ``.parquet``)."""
+
+
+def _write_output(scored: Dataset, source: str, fmt: FileFormat, columns: Columns, target: str) -> None:
+    """Write the scored rows, in order, as ``genscore score`` writes them: each batch encoded by its
+    part writer, the parts joined by its merge, into the folder ``target`` (replacing what it held:
+    :func:`_check_output` refused a folder holding files unless overwrite was asked for)."""
+    import tempfile
+
+    from pyarrow import fs
+
     filesystem, path = _filesystem(target)
+    local = isinstance(filesystem, fs.LocalFileSystem)
     filesystem.create_dir(path, recursive=True)
+    # Beside the output folder (one file system, so the result is moved, not copied), not in it.
+    work_root = os.path.dirname(path) if local else None
+    with tempfile.TemporaryDirectory(prefix=".genscore-ray-", dir=work_root) as work:
+        parts: list[Path] = []
+        header: Any = None
+        for batch in scored.iter_batches(batch_size=None, batch_format="pyarrow"):
+            rows = _output_rows(batch, columns)
+            if not rows:
+                continue
+            if header is None:
+                header = _output_header(fmt, source, rows[0], columns)
+            if fmt == "csv" and list(rows[0]) != header:
+                raise InputFileError(
+                    f"{source}: the files' headers differ ({header[:-1]} and {list(rows[0])[:-1]}); "
+                    "one output file needs one header",
+                    param="input",
+                )
+            part = Path(work) / f"part-{len(parts):08d}{PART_SUFFIX[fmt]}"
+            part.write_bytes(encode_part(fmt, rows, header))
+            parts.append(part)
+        filesystem.delete_dir_contents(path, missing_dir_ok=True)
+        if not parts:
+            return  # no rows: an empty folder, as Ray writes none
+        merged = Path(work) / f"{OUTPUT_NAME}{PART_SUFFIX[fmt]}"
+        merge_parts(fmt, parts, header, merged)
+        destination = f"{path.rstrip('/')}/{merged.name}"
+        if local:
+            os.replace(merged, destination)
+        else:
+            fs.copy_files(str(merged), destination, destination_filesystem=filesystem)
+
+
+def _output_rows(batch: pa.Table, columns: Columns) -> list[dict[str, Any]]:
+    """The batch's rows as ``genscore score`` writes them: each row's own fields as it was read (a
+    JSON lines or CSV row carried whole), then the columns the scoring added (the score; a
+    ``batch_class``'s own)."""
+    names = batch.column_names
+    if _ROW not in names:  # Parquet: typed columns, read as they are
+        return list(batch.to_pylist())
+    import json
+
+    added = [name for name in names if name not in {_ROW, _ROW_LABEL, columns.query, columns.document}]
+    values = {name: batch.column(name).to_pylist() for name in added}
+    rows = [json.loads(text) for text in batch.column(_ROW).to_pylist()]
+    for position, row in enumerate(rows):
+        for name in added:
+            row[name] = values[name][position]
+    return rows
+
+
+def _output_header(fmt: FileFormat, source: str, first: dict[str, Any], columns: Columns) -> Any:
+    """What ``genscore score``'s writers need besides the rows: the CSV header (the first row's
+    columns, the score last), the Parquet schema (the first input file's, plus the score), or None."""
+    if fmt == "csv":
+        return list(first)
+    if fmt == "jsonl":
+        return None
+    import pyarrow as pa
+    from pyarrow import fs
+
+    filesystem, path = _filesystem(source)
+    if filesystem.get_file_info(path).type == fs.FileType.Directory:
+        path = _folder_files(filesystem, path)[0]
+    pq = import_pyarrow_parquet()
+    with filesystem.open_input_file(path) as handle:
+        schema = pq.ParquetFile(handle).schema_arrow
+    return schema.append(pa.field(columns.score, pa.float64()))
 
 
 def _input_format(source: str, given: str | None) -> FileFormat:
@@ -617,32 +726,36 @@ def _strict_rows_datasource() -> type[Any]:
             else:
                 reader = JsonLinesReader(name, self._columns, stream=buffered)
             try:
-                rows: list[dict[str, Any]] = []
+                rows: list[InputRow] = []
                 block_start = 0
                 for row in reader:
                     if row.problem is not None:
                         raise InputFileError(f"{name}, line {row.number}: {row.problem}", param="input")
-                    assert row.fields is not None
-                    rows.append(row.fields)
+                    rows.append(row)
                     if counted.bytes_read - block_start >= self._block_bytes:
-                        yield self._block(reader, rows)
+                        yield self._block(name, rows)
                         rows, block_start = [], counted.bytes_read
                 if rows:
-                    yield self._block(reader, rows)
+                    yield self._block(name, rows)
             finally:
                 reader.close()
 
-        def _block(self, reader: RowReader, rows: list[dict[str, Any]]) -> Any:
-            import pandas as pd
+        def _block(self, name: str, rows: list[InputRow]) -> Any:
+            """The rows as Ray carries them: the query and document (the actors' input), each row
+            whole as JSON text (written back as it was read, whatever its keys and their types; CSV
+            values stay text), and its file and line."""
+            import json
+
             import pyarrow as pa
 
-            if isinstance(reader, CsvReader):
-                # Every value as text (ids like 007 stay 007), as genscore score writes them.
-                return pa.table(
-                    {name: pa.array([row[name] for row in rows], pa.string()) for name in reader.header}
-                )
-            # Values as JSON gave them, a column of mixed kinds (ids 1 and "a") held as objects.
-            return pd.DataFrame.from_records(rows)
+            return pa.table(
+                {
+                    self._columns.query: pa.array([row.query for row in rows], pa.string()),
+                    self._columns.document: pa.array([row.document for row in rows], pa.string()),
+                    _ROW: pa.array([json.dumps(row.fields) for row in rows], pa.string()),
+                    _ROW_LABEL: pa.array([f"{name}, line {row.number}" for row in rows], pa.string()),
+                }
+            )
 
     return StrictRowsDatasource
 

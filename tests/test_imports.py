@@ -21,6 +21,7 @@ PUBLIC = {
         "AttemptTooLongError", "BodyTimeoutError", "BodyTooLargeError", "InputError", "InputFileError",
         "JobStateError", "NotStandardJSONError", "RepeatedKeyError", "RequestAbandoned", "ServerHTTPError",
         "StrictJSONError", "UnknownModelError",
+        "InputChangedError", "JobLockedError",
         "LocalSettings", "PromptSettings", "ServerSettings",
     ],
     "genscore_integrations": [],

@@ -323,3 +323,71 @@ def test_a_prompt_token_budget_refuses_a_huge_document_before_tokenizing_it_all(
     # Its characters alone can prove it: refused without tokenizing.
     with pytest.raises(PromptTooLongError, match=r"documents\[1\] is 1200000 characters"):
         front_end.prepare_pairs(pairs, max_prompt_tokens=1_000)
+
+
+def test_chunk_mode_caps_one_documents_tokens_by_default(
+    scorer: GenerativeScorer, chunking: GenerativeScorer
+) -> None:
+    """Unbounded, one 8 MB document took +1,208 MB and 51 s for 446 windows (the server refused it
+    with a 400): a document past chunk_max_tokens is refused, naming it and the cap."""
+    from genscore_core.config import PromptSettings
+
+    assert PromptSettings().chunk_max_tokens == 262_144  # genscore serve's default --max-prompt-tokens
+    capped = GenerativeScorer.from_model(
+        scorer.model,
+        scorer.tokenizer,
+        max_length=MAX_LENGTH,
+        long_documents="chunk",
+        chunk_overlap=OVERLAP,
+        chunk_max_tokens=400,
+    )
+    rng = random.Random(11)
+    within = _document(rng, 300)
+    assert 300 < len(scorer.tokenizer(within)["input_ids"]) <= 400
+    assert [r.model_dump() for r in capped.rerank("q", [within])] == [
+        r.model_dump() for r in chunking.rerank("q", [within])
+    ]
+    past = _document(rng, 2_000)
+    cap_message = r"more than chunk_max_tokens=400, the most one document may have .* raise chunk_max_tokens"
+    with pytest.raises(PromptTooLongError, match=rf"^documents\[1\] has more than 400 tokens: {cap_message}"):
+        capped.rerank("q", ["short", past])
+    with pytest.raises(PromptTooLongError, match=r"documents\[0\] has more than 400") as caught:
+        capped.rerank("q", [past], max_tokens_per_doc=1_000)  # a cut that leaves more than the cap
+    assert (caught.value.param, caught.value.index) == ("documents", 0)
+    # Its length alone proves it: refused without tokenizing.
+    with pytest.raises(
+        PromptTooLongError, match=r"documents\[0\] has at least \d+ tokens \(from its length\)"
+    ):
+        capped.rerank("q", ["lorem ipsum " * 100_000])
+    # Below the cap nothing changes: the default cap leaves the window tests above as they were.
+    assert len(capped.rerank("q", ["short", within])) == 2
+
+
+@pytest.mark.slow  # a fresh process: peak RSS only grows, so this one cannot measure it
+def test_an_8_mb_document_in_chunk_mode_stays_far_under_a_gigabyte(tiny_model_dir: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.chunk_memory",
+            "--model",
+            str(tiny_model_dir),
+            "--megabytes",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.splitlines()[-1])
+    assert figures["outcome"].startswith("refused: documents[0] has more than 262144 tokens"), figures
+    assert figures["rss_growth_mb"] < 1_100, figures  # the issue's bound; measured: about +32 MB

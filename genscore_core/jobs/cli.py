@@ -16,6 +16,11 @@ from genscore_core.cli_args import (
     positive_int,
 )
 
+EXIT_INPUT_CHANGED = 4
+"""A resumed job's input no longer holds what its finished chunks were scored from; nothing written."""
+EXIT_JOB_LOCKED = 5
+"""Another run of the same job (same output) holds its lock; nothing touched."""
+
 
 def add_score_command(commands: Any, scorer_flag_aliases: Mapping[str, Sequence[str]] | None = None) -> None:
     """Add ``score`` to the subcommands of the ``genscore`` parser."""
@@ -72,6 +77,7 @@ def command_line_option(field: str, value: Any = None) -> str:
 
 def run_score(args: argparse.Namespace) -> int:
     from genscore_core.config import ScorerConfig
+    from genscore_core.errors import InputChangedError, JobLockedError
     from genscore_core.jobs.score import ScoreFileOptions, column_clash, score_file
 
     # Checked before the model loads (ScoreFileOptions checks it too, naming the Python fields).
@@ -107,6 +113,12 @@ def run_score(args: argparse.Namespace) -> int:
     )
     try:
         report = score_file(options, ScorerConfig(**settings), option_name=command_line_option)
+    except InputChangedError as error:
+        print(f"genscore: error: {error}", file=sys.stderr)
+        return EXIT_INPUT_CHANGED
+    except JobLockedError as error:
+        print(f"genscore: error: {error}", file=sys.stderr)
+        return EXIT_JOB_LOCKED
     except ImportError as error:  # pyarrow, for Parquet
         print(f"genscore: error: {error}", file=sys.stderr)
         return 2
@@ -115,7 +127,15 @@ def run_score(args: argparse.Namespace) -> int:
         print(f"genscore: error: {where}{error.strerror or error}", file=sys.stderr)
         return 2
     kept = report.rows_written - report.rows_scored
-    resumed = f" ({kept} rows kept from an interrupted run)" if report.resumed_chunks else ""
+    notes = [f"{kept} rows kept from an interrupted run"] if report.resumed_chunks else []
+    if report.rescored_chunks:
+        parts = "part" if report.rescored_chunks == 1 else "parts"
+        notes.append(
+            f"{report.rescored_chunks} damaged {parts} of it scored again"
+            if notes
+            else f"{report.rescored_chunks} damaged {parts} of an interrupted run scored again"
+        )
+    resumed = f" ({'; '.join(notes)})" if notes else ""
     rows = "row" if report.rows_written == 1 else "rows"
     print(f"genscore: wrote {report.rows_written} {rows} to {report.output}{resumed}", file=sys.stderr)
     if report.bad_rows:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import _csv
 import csv
 import functools
+import hashlib
 import importlib.util
 import io
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -78,6 +79,8 @@ class InputRow:
     """The row as it appeared in the input, kept for bad rows only."""
     query: str = ""
     document: str = ""
+    skipped: bool = False
+    """Passed over unparsed, at the reader's ``skip``: only its place (and its bytes, hashed) count."""
 
 
 def format_of_suffix(suffix: str) -> FileFormat | None:
@@ -136,24 +139,43 @@ def _check_pair(row: InputRow, columns: Columns) -> InputRow:
     return row
 
 
+SkipRows = Callable[[int], bool]
+"""Whether to pass over the row of this 0-based place (blank lines not counted) without parsing it."""
+
+
 class RowReader:
-    """Iterate the rows of an input file after skipping the first ``skip`` of them.
+    """Iterate the rows of an input file; a row that ``skip`` names comes as a bare ``skipped`` row.
 
     ``total`` and :meth:`position` measure progress (bytes for text formats, rows for Parquet).
     A text reader also reads an already open binary ``stream`` (a file on S3, say, that Ray's
     file job reads with these rules); ``path`` then only names it in messages, and ``total`` is 0.
+
+    Everything read is hashed as it is read (SHA-256): :meth:`take_digest` gives the hash of what
+    was read since its last call, so that a resumed job can tell whether the rows a finished chunk
+    was scored from are still the input's (text formats: the bytes, blank lines and the header
+    included; Parquet: the schema and each row's values).
     """
 
     unit = "B"
 
     def __init__(
-        self, path: Path | str, columns: Columns, skip: int = 0, stream: BinaryIO | None = None
+        self,
+        path: Path | str,
+        columns: Columns,
+        skip: SkipRows | None = None,
+        stream: BinaryIO | None = None,
     ) -> None:
         self.path = path
         self.columns = columns
-        self.skip = skip
+        self.skip: SkipRows = skip or _skip_none
         self.total = os.path.getsize(path) if stream is None else 0
         self._stream = stream
+        self._digest = hashlib.sha256()
+
+    def take_digest(self) -> str:
+        """The SHA-256 (hex) of what was read since the last call; the count starts again."""
+        digest, self._digest = self._digest.hexdigest(), hashlib.sha256()
+        return digest
 
     def _open_binary(self) -> BinaryIO:
         return self._stream if self._stream is not None else open(self.path, "rb")
@@ -168,11 +190,15 @@ class RowReader:
         pass
 
 
+def _skip_none(place: int) -> bool:
+    return False
+
+
 class JsonLinesReader(RowReader):
     """JSON objects, one a line; blank lines are not rows and are passed over."""
 
     def __init__(
-        self, path: Path | str, columns: Columns, skip: int = 0, stream: BinaryIO | None = None
+        self, path: Path | str, columns: Columns, skip: SkipRows | None = None, stream: BinaryIO | None = None
     ) -> None:
         super().__init__(path, columns, skip, stream)
         self._file: BinaryIO = self._open_binary()  # closed by close()
@@ -183,13 +209,15 @@ class JsonLinesReader(RowReader):
     def __iter__(self) -> Iterator[InputRow]:
         seen = 0
         for number, line in enumerate(self._file, start=1):
+            self._digest.update(line)
             if number == 1:
                 line = line.removeprefix(_BOM)
             if not line.strip():
                 continue
             seen += 1
-            if seen <= self.skip:
-                continue  # resumed: already written, no need to parse
+            if self.skip(seen - 1):
+                yield InputRow(number, None, skipped=True)  # resumed: already written, no need to parse
+                continue
             yield self._parse(number, line)
 
     def _parse(self, number: int, line: bytes) -> InputRow:
@@ -228,7 +256,7 @@ class CsvReader(RowReader):
     """A CSV file with a header row; every value is a string."""
 
     def __init__(
-        self, path: Path | str, columns: Columns, skip: int = 0, stream: BinaryIO | None = None
+        self, path: Path | str, columns: Columns, skip: SkipRows | None = None, stream: BinaryIO | None = None
     ) -> None:
         super().__init__(path, columns, skip, stream)
         self._binary: BinaryIO = self._open_binary()  # closed by close()
@@ -255,6 +283,7 @@ class CsvReader(RowReader):
         """The file's lines, split as ``open(newline="")`` splits them, decoded one at a time: a text
         wrapper decodes blocks ahead of the parser, so its error would name some earlier line."""
         for raw in self._binary:
+            self._digest.update(raw)
             if self._lines == 0:
                 raw = raw.removeprefix(_BOM)
             start = 0
@@ -293,7 +322,8 @@ class CsvReader(RowReader):
             if not values:
                 continue  # a blank line
             seen += 1
-            if seen <= self.skip:
+            if self.skip(seen - 1):
+                yield InputRow(number, None, skipped=True)
                 continue
             if len(values) != width:
                 yield InputRow(
@@ -360,7 +390,9 @@ class ParquetReader(RowReader):
 
     unit = "row"
 
-    def __init__(self, path: Path, columns: Columns, skip: int = 0, batch_rows: int = 4096) -> None:
+    def __init__(
+        self, path: Path, columns: Columns, skip: SkipRows | None = None, batch_rows: int = 4096
+    ) -> None:
         super().__init__(path, columns, skip)
         pq = import_pyarrow_parquet()
         import pyarrow as pa
@@ -380,6 +412,7 @@ class ParquetReader(RowReader):
                 raise InputFileError(f"{path}: column {name!r} holds {kind}, expected strings")
         if columns.score in self.schema.names:
             raise InputFileError(f"{path}: {columns.score_taken()}")
+        self._digest.update(self.schema.serialize().to_pybytes())
 
     def position(self) -> int:
         return self._position
@@ -387,18 +420,18 @@ class ParquetReader(RowReader):
     def __iter__(self) -> Iterator[InputRow]:
         number = 0
         for batch in self._file.iter_batches(batch_size=self._batch_rows):
-            if number + batch.num_rows <= self.skip:
-                number += batch.num_rows  # resumed: the whole batch is already written
-                self._position = number
-                continue
-            start = max(0, self.skip - number)
-            for offset, record in enumerate(batch.slice(start).to_pylist()):
-                row = _check_pair(InputRow(number + start + offset + 1, record), self.columns)
+            for record in batch.to_pylist():
+                # A row's values, not its bytes (a Parquet file has none of its own): each one's
+                # repr, which tells apart 1, 1.0, "1" and a key order.
+                self._digest.update(repr(record).encode("utf-8", "backslashreplace") + b"\n")
+                self._position = number = number + 1
+                if self.skip(number - 1):
+                    yield InputRow(number, None, skipped=True)
+                    continue
+                row = _check_pair(InputRow(number, record), self.columns)
                 if row.problem:
                     row.raw = json.dumps(record, ensure_ascii=False, default=str)
-                self._position = row.number
                 yield row
-            number += batch.num_rows
 
     def close(self) -> None:
         self._file.close()
@@ -417,7 +450,7 @@ def _holds_text(pa: Any, kind: Any) -> bool:
     )
 
 
-def open_reader(path: Path, fmt: FileFormat, columns: Columns, skip: int = 0) -> RowReader:
+def open_reader(path: Path, fmt: FileFormat, columns: Columns, skip: SkipRows | None = None) -> RowReader:
     readers: dict[FileFormat, type[RowReader]] = {
         "jsonl": JsonLinesReader,
         "csv": CsvReader,
@@ -524,12 +557,7 @@ def merge_parts(fmt: FileFormat, parts: Sequence[Path], header: Any, output: Pat
     temporary = output.with_name(output.name + ".tmp")
     rows = 0
     if fmt == "parquet":
-        pq = import_pyarrow_parquet()
-        with pq.ParquetWriter(temporary, header) as writer:
-            for part in parts:
-                table = pq.read_table(part, schema=header)
-                rows += table.num_rows
-                writer.write_table(table)
+        rows = _merge_parquet(parts, header, temporary)
     else:
         with open(temporary, "wb") as out:
             if fmt == "csv":
@@ -543,6 +571,51 @@ def merge_parts(fmt: FileFormat, parts: Sequence[Path], header: Any, output: Pat
         os.fsync(done.fileno())
     os.replace(temporary, output)
     return rows
+
+
+PARQUET_ROW_GROUP_ROWS = 4096
+"""Rows in each row group of a Parquet output (the last one may hold fewer), whatever the parts: so
+that the output's bytes depend on its rows alone, not on how they were chunked (``genscore score``'s
+``chunk_size``, Ray's batches)."""
+
+
+def _merge_parquet(parts: Sequence[Path], header: Any, target: Path) -> int:
+    import pyarrow as pa
+
+    pq = import_pyarrow_parquet()
+    rows = 0
+    pending: list[Any] = []
+    held = 0
+    with pq.ParquetWriter(target, header) as writer:
+
+        def flush(count: int) -> None:
+            nonlocal pending, held
+            # One chunk per column, however the rows came: a row group is then written alike.
+            table = pa.concat_tables(pending).unify_dictionaries().combine_chunks()
+            writer.write_table(_dictionaries_of_their_own(pa, table.slice(0, count)))
+            rest = table.slice(count)
+            pending, held = ([rest] if rest.num_rows else []), rest.num_rows
+
+        for part in parts:
+            table = pq.read_table(part, schema=header)
+            rows += table.num_rows
+            pending.append(table)
+            held += table.num_rows
+            while held >= PARQUET_ROW_GROUP_ROWS:
+                flush(PARQUET_ROW_GROUP_ROWS)
+        if held:
+            flush(held)
+    return rows
+
+
+def _dictionaries_of_their_own(pa: Any, table: Any) -> Any:
+    """``table`` with each dictionary column encoded afresh from its own values: a slice keeps the
+    whole dictionary of what it was cut from, which Parquet would write, unused entries and all."""
+    for index, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            values = table.column(index).cast(field.type.value_type)
+            table = table.set_column(index, field, values.dictionary_encode().cast(field.type))
+    return table
 
 
 def _count_text_rows(fmt: FileFormat, part: Path) -> int:

@@ -9,7 +9,10 @@ a part either exists whole or not at all. When every chunk is done the parts are
 Chunk ``k`` always holds input rows ``k * chunk_size`` to ``(k + 1) * chunk_size - 1``, so a rerun
 after an interruption keeps the finished parts, skips their rows and scores the rest exactly as an
 uninterrupted run would have; the work folder records the input file and the settings, and a rerun
-with other ones is refused rather than mixed in.
+with other ones is refused rather than mixed in. What a rerun keeps it checks (``work.py``): each
+part against the hash recorded when it was written (a damaged one is scored again), each kept
+chunk's input against the hash of what it read then (a changed input is refused). One run per
+output at a time (``lock.py``).
 
 Bad rows (invalid JSON, NaN or Infinity in JSON, a JSON key given twice, a missing or non-string query or document, text the scorer refuses,
 a row the model scores NaN, infinite or out of range) are reported with their line number. (Settings under which no
@@ -38,6 +41,7 @@ from genscore_core.errors import (
     JobStateError,
     ScoreRangeError,
 )
+from genscore_core.jobs import work as work_folder
 from genscore_core.jobs.files import (
     PART_SUFFIX,
     Columns,
@@ -50,14 +54,13 @@ from genscore_core.jobs.files import (
     merge_parts,
     open_reader,
     output_header,
-    write_atomically,
 )
+from genscore_core.jobs.lock import job_lock
 
 if TYPE_CHECKING:
     from genscore_core.scorer import GenerativeScorer
 
-_MANIFEST = "job.json"
-_MANIFEST_VERSION = 1
+_MANIFEST_VERSION = 2
 # How many bad rows one error message lists before it says "and N more".
 _LISTED_BAD_ROWS = 20
 
@@ -131,6 +134,10 @@ class ScoreFileReport:
     bad_rows: int
     bad_rows_file: Path | None
     resumed_chunks: int
+    """Finished chunks of an earlier, interrupted run kept as they were."""
+    rescored_chunks: int = 0
+    """Chunks an earlier run finished whose part was found damaged (truncated, emptied, edited), and
+    which this run scored again."""
 
 
 @dataclass
@@ -152,7 +159,8 @@ def score_file(
         options: Files, columns, chunking and what to do with bad rows.
         scorer_config: The scorer's settings; recorded so that a resumed run scores like the first.
         scorer: A ready scorer built from ``scorer_config``; ``None`` loads one once the input and the
-            work folder have been checked (so a mistake is reported before the model loads).
+            work folder have been checked and the first chunk to score is read (so a mistake, and an
+            input changed under a resumed run, are reported before the model loads).
         option_name: How the caller takes the options that messages ask for: Python's
             ``overwrite=True`` by default; ``genscore score`` passes its flags' spelling.
 
@@ -182,63 +190,93 @@ def score_file(
     open_reader(options.input, fmt, columns).close()
 
     manifest = _manifest(options, fmt, scorer_config)
-    done = _prepare_work_folder(options, work, manifest, option_name)
     suffix = PART_SUFFIX[fmt]
-    reader = open_reader(options.input, fmt, columns, skip=done * options.chunk_size)
-    try:
-        header = output_header(reader, columns)
-        if scorer is None:
-            from genscore_core.scorer import GenerativeScorer
-
-            scorer = GenerativeScorer(config=scorer_config)
-        scored = 0
-        with tqdm(
-            total=reader.total,
-            unit=reader.unit,
-            unit_scale=reader.unit == "B",
-            disable=not options.show_progress,
-            file=sys.stderr,
-            desc="scoring",
-        ) as bar:
-            bar.update(reader.position())
-            for written_now, chunk in enumerate(_chunks(reader, options.chunk_size, first=done)):
-                good, bad = _score_chunk(scorer, chunk.rows, options.on_bad_row)
-                if bad and options.on_bad_row == "fail":
-                    raise InvalidRequestError(
-                        _describe_bad_rows(options.input, bad, option_name), param="input"
+    with job_lock(options.output):
+        resumed = _prepare_work_folder(options, work, manifest, option_name)
+        kept = resumed.kept
+        size = options.chunk_size
+        reader = open_reader(options.input, fmt, columns, skip=lambda place: place // size in kept)
+        try:
+            header = output_header(reader, columns)
+            records = dict(kept)
+            scored = written_now = chunks_read = 0
+            restart = option_name("restart", True)
+            with tqdm(
+                total=reader.total,
+                unit=reader.unit,
+                unit_scale=reader.unit == "B",
+                disable=not options.show_progress,
+                file=sys.stderr,
+                desc="scoring",
+            ) as bar:
+                for chunk in _chunks(reader, size):
+                    digest = reader.take_digest()
+                    chunks_read += 1
+                    if chunk.index in kept:
+                        work_folder.check_unchanged(
+                            options.input, chunk.index, kept[chunk.index], chunk.rows, digest, restart
+                        )
+                        bar.update(reader.position() - bar.n)
+                        continue
+                    if scorer is None:
+                        # Loaded once a chunk needs it: the kept chunks' input is checked first.
+                        scorer = _load_scorer(scorer_config)
+                    good, bad = _score_chunk(scorer, chunk.rows, options.on_bad_row)
+                    if bad and options.on_bad_row == "fail":
+                        raise InvalidRequestError(
+                            _describe_bad_rows(options.input, bad, option_name), param="input"
+                        )
+                    rows = [dict(row.fields or {}, **{columns.score: score}) for row, score in good]
+                    crash = (
+                        options.crash_after_chunks is not None and written_now == options.crash_after_chunks
                     )
-                rows = [dict(row.fields or {}, **{columns.score: score}) for row, score in good]
-                part = work / f"part-{chunk.index:08d}{suffix}"
-                crash = options.crash_after_chunks is not None and written_now == options.crash_after_chunks
-                if bad:
-                    # Written before the part: a committed part always has its bad rows beside it.
-                    write_atomically(work / f"bad-{chunk.index:08d}.jsonl", _bad_rows_lines(bad))
-                write_atomically(part, encode_part(fmt, rows, header), crash_midway=crash)
-                scored += len(rows)
-                bar.update(reader.position() - bar.n)
-        parts = sorted(work.glob(f"part-*{suffix}"))
-        written = merge_parts(fmt, parts, header, options.output)
-        bad_count = _join_bad_rows(sorted(work.glob("bad-*.jsonl")), bad_rows_file)
-    finally:
-        reader.close()
-    shutil.rmtree(work)
+                    # Bad rows and the record before the part: a committed part always has them beside it.
+                    records[chunk.index] = work_folder.commit_chunk(
+                        work,
+                        chunk.index,
+                        suffix,
+                        part=encode_part(fmt, rows, header),
+                        rows=len(rows),
+                        bad=_bad_rows_lines(bad) if bad else None,
+                        input_rows=chunk.rows,
+                        input_sha256=digest,
+                        crash_midway=crash,
+                    )
+                    written_now += 1
+                    scored += len(rows)
+                    bar.update(reader.position() - bar.n)
+            work_folder.missing_chunks(options.input, kept, chunks_read, restart)
+            if scorer is None and not kept:
+                _load_scorer(scorer_config)  # no rows: a mistyped model is still named, as before
+            parts = work_folder.check_parts(work, records, suffix)
+            written = merge_parts(fmt, parts, header, options.output)
+            bad_count = _join_bad_rows(sorted(work.glob("bad-*.jsonl")), bad_rows_file)
+        finally:
+            reader.close()
+        shutil.rmtree(work)
     return ScoreFileReport(
         output=options.output,
         rows_written=written,
         rows_scored=scored,
         bad_rows=bad_count,
         bad_rows_file=bad_rows_file if bad_count else None,
-        resumed_chunks=done,
+        resumed_chunks=len(kept),
+        rescored_chunks=len(resumed.damaged),
     )
 
 
+def _load_scorer(config: ScorerConfig) -> GenerativeScorer:
+    from genscore_core.scorer import GenerativeScorer
+
+    return GenerativeScorer(config=config)
+
+
 def _manifest(options: ScoreFileOptions, fmt: FileFormat, config: ScorerConfig) -> dict[str, Any]:
-    stat = options.input.stat()
+    # The input's contents are identified chunk by chunk, by a hash of what each chunk read (see
+    # work.py): its size and modification time stay the same through an edit made with cp -p.
     return {
         "version": _MANIFEST_VERSION,
         "input": str(options.input.resolve()),
-        "input_size": stat.st_size,
-        "input_mtime_ns": stat.st_mtime_ns,
         "format": fmt,
         "columns": [options.query_column, options.document_column, options.score_column],
         "chunk_size": options.chunk_size,
@@ -249,10 +287,10 @@ def _manifest(options: ScoreFileOptions, fmt: FileFormat, config: ScorerConfig) 
 
 def _prepare_work_folder(
     options: ScoreFileOptions, work: Path, manifest: dict[str, Any], option_name: OptionName
-) -> int:
-    """Make the work folder ready; return how many chunks an earlier run already finished."""
+) -> work_folder.Resumed:
+    """Make the work folder ready; return the chunks an earlier run finished that this one keeps."""
     suffix = PART_SUFFIX[manifest["format"]]
-    if work.is_dir() and (options.restart or not (work / f"part-{0:08d}{suffix}").exists()):
+    if work.is_dir() and (options.restart or not any(work.glob(f"part-*{suffix}"))):
         # Without a finished chunk there is nothing to resume, and nothing a rerun could mix with:
         # a run that stopped early (a bad row, a mistyped --model) must not block the corrected one.
         shutil.rmtree(work)
@@ -262,40 +300,9 @@ def _prepare_work_folder(
                 f"{options.output} already exists; pass {option_name('overwrite', True)} to replace it",
                 param="output",
             )
-        try:
-            work.mkdir(parents=True)
-            write_atomically(work / _MANIFEST, json.dumps(manifest, indent=1).encode())
-        except OSError as error:
-            raise JobStateError(
-                f"cannot write the work folder {work}: {error.strerror}", param="output"
-            ) from None
-        return 0
-    try:
-        earlier = json.loads((work / _MANIFEST).read_text())
-    except (OSError, ValueError):
-        earlier = None
-    if earlier != manifest:
-        changed = (
-            ["the work folder's record is missing or unreadable"]
-            if not isinstance(earlier, dict)
-            else sorted(key for key in {*manifest, *earlier} if earlier.get(key) != manifest.get(key))
-        )
-        raise JobStateError(
-            f"{work} holds an unfinished run with other settings or another input "
-            f"(differs in: {', '.join(changed)}); rerun with the same ones to resume, "
-            f"or pass {option_name('restart', True)} to discard it",
-            param="output",
-        )
-    done = 0
-    while (work / f"part-{done:08d}{suffix}").exists():
-        done += 1
-    # Anything else is left over from the interrupted chunk: half-written files, its bad rows.
-    for path in work.iterdir():
-        if path.name == _MANIFEST:
-            continue
-        number = path.name.split(".")[0].split("-")[-1]
-        if path.name.endswith(".tmp") or not number.isdigit() or int(number) >= done:
-            path.unlink()
+        work_folder.start(work, manifest)
+        return work_folder.Resumed({}, [])
+    _, resumed = work_folder.resume(work, manifest, suffix, option_name("restart", True))
     skip = option_name("on_bad_row", "skip")
     if options.on_bad_row == "fail" and any(work.glob("bad-*.jsonl")):
         # Chunks finished with --on-bad-row skip left rows out; a fail run must not keep them. (The
@@ -305,12 +312,14 @@ def _prepare_work_folder(
             f"rerun with {skip} to resume it, or pass {option_name('restart', True)} to discard it",
             param="output",
         )
-    return done
+    return resumed
 
 
-def _chunks(reader: RowReader, size: int, first: int) -> Iterator[_Chunk]:
+def _chunks(reader: RowReader, size: int) -> Iterator[_Chunk]:
+    """The reader's rows, ``size`` at a time; the reader has read nothing past a chunk when it comes
+    (its digest is the chunk's)."""
     rows: list[InputRow] = []
-    index = first
+    index = 0
     for row in reader:
         rows.append(row)
         if len(rows) == size:

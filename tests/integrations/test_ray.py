@@ -254,7 +254,7 @@ def test_score_batches_warm_up_needs_a_local_model(tiny_model_dir: Path) -> None
 def test_ray_data_job_equals_the_single_process_job(
     ray_instance: Any, tmp_path: Path, tiny_model_dir: Path, scorer: GenerativeScorer
 ) -> None:
-    from genscore_integrations.ray import score_file_on_ray
+    from genscore_integrations.ray import ScoreBatches, score_file_on_ray
 
     words = "Paris France capital river Seine Berlin mountain Everest high snow sun leaf".split()
     rows = [
@@ -276,17 +276,102 @@ def test_ray_data_job_equals_the_single_process_job(
     )
     expected = [json.loads(line) for line in single.read_text().splitlines()]
 
+    class BatchNamed(ScoreBatches):
+        """Adds which call scored each row: a column of the caller's own, written too."""
+
+        def __call__(self, batch: Any) -> Any:
+            import uuid
+
+            import pyarrow as pa
+
+            scored = super().__call__(batch)  # the file job's batches are pyarrow Tables
+            return scored.append_column("batch", pa.array([uuid.uuid4().hex] * scored.num_rows))
+
     folder = tmp_path / "ray-out"
     # Actors that warm up, in fresh Ray workers: the tokenizer loads on a thread beside the warm-up.
-    score_file_on_ray(source, folder, str(tiny_model_dir), num_actors=2, batch_size=8, **SETTINGS, **WARM)
-    files = sorted(folder.iterdir())
-    assert len(files) > 1  # the work really was split
-    got = [json.loads(line) for path in files for line in path.read_text().splitlines()]
+    score_file_on_ray(
+        source,
+        folder,
+        str(tiny_model_dir),
+        num_actors=2,
+        batch_size=8,
+        batch_class=BatchNamed,
+        **SETTINGS,
+        **WARM,
+    )
+    [file] = sorted(folder.iterdir())
+    got = [json.loads(line) for line in file.read_text().splitlines()]
+    assert len({row.pop("batch") for row in got}) >= 4  # the work really was split: 30 rows, 8 a batch
     assert [{k: v for k, v in row.items() if k != "score"} for row in got] == [
         {k: v for k, v in row.items() if k != "score"} for row in expected
     ]
     # Other batches, so other float32 summation orders in the forward: equal up to rounding.
     assert [row["score"] for row in got] == pytest.approx([row["score"] for row in expected], abs=1e-6)
+
+
+RAGGED_ROWS = (
+    # Keys that vary from row to row (missing ones came back as "nan"), ids mixing 1 and "x0" (the ints
+    # came back as strings), nulls, nested values, numbers JSON keeps exact, a lone surrogate's escape.
+    '{"id": 1, "query": "capital of France", "document": "Paris is the capital.", "lang": "en"}\n'
+    '{"id": "x0", "query": "tallest mountain", "document": "Everest.", "meta": {"n": [1, 2.5, null]}}\n'
+    '{"document": "Berlin is in Germany.", "query": "capital of France", "id": null, "lang": null}\n'
+    "\n"
+    '{"query": "tallest mountain", "document": "The Alps are high.", "big": 1180591620717411303424}\n'
+    '{"id": 2, "query": "capital of France", "document": "Lyon \u00e9t\u00e9", "w": -0.0, "v": 1e-7}\n'
+    '{"id": 3.5, "query": "tallest mountain", "document": "K2", "flag": true, "note": "\\ud800"}\n'
+    '{"id": [4], "query": "capital of France", "document": "Nice", "lang": "fr", "tags": []}\n'
+)
+
+
+def _parquet_input(path: Path) -> None:
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "id": pa.array([1, None, 3, 4, 5, None, 7], pa.int64()),
+            "query": pa.array(
+                ["capital of France", "tallest mountain"] * 3 + ["capital of France"]
+            ).dictionary_encode(),
+            "document": ["Paris.", "Everest.", "Berlin.", "The Alps.", "Lyon.", "K2.", "Nice."],
+            "weight": pa.array([0.5, None, 1e-300, -0.0, 2.0, None, 3.25], pa.float64()),
+            "when": pa.array([datetime.datetime(2026, 12, 4, 0, 0, k) for k in range(7)], pa.timestamp("us")),
+            "tags": pa.array([["a"], [], None, ["b", "c"], ["d"], [], ["e"]], pa.list_(pa.string())),
+        }
+    )
+    pq.write_table(table, path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_ray_file_job_writes_the_bytes_of_genscore_score(
+    ray_instance: Any, tmp_path: Path, tiny_model_dir: Path, scorer: GenerativeScorer, suffix: str
+) -> None:
+    """The same input, the same bytes out, whatever the rows' keys and value types. (One actor and
+    one block, so that each batch holds the rows of one of genscore score's chunks: a float32 forward
+    over other batches rounds scores differently in their last bits.)"""
+    from genscore_integrations.ray import score_file_on_ray
+
+    source = tmp_path / f"pairs{suffix}"
+    if suffix == ".jsonl":
+        source.write_text(RAGGED_ROWS)
+    else:
+        _parquet_input(source)
+    single = tmp_path / f"single{suffix}"
+    options = ScoreFileOptions(input=source, output=single, chunk_size=3, show_progress=False)
+    score_file(options, scorer.config, scorer)
+
+    folder = tmp_path / "ray-out"
+    score_file_on_ray(source, folder, str(tiny_model_dir), batch_size=3, num_blocks=1, **SETTINGS)
+    [file] = sorted(folder.iterdir())
+    assert file.name == f"scored{suffix}"
+    assert file.read_bytes() == single.read_bytes()
+    if suffix == ".jsonl":
+        rows = [json.loads(line) for line in file.read_text().splitlines()]
+        assert [row.get("id", "absent") for row in rows] == [1, "x0", None, "absent", 2, 3.5, [4]]
+        assert "lang" not in rows[1] and rows[3]["big"] == 2**70 and rows[5]["note"] == "\ud800"
 
 
 @pytest.mark.slow
@@ -486,10 +571,10 @@ def test_ray_file_job_reraises_a_write_failure_without_reading_the_input_again(
 
     from genscore_integrations.ray import score_file_on_ray
 
-    def failing_write(*args: Any, **kwargs: Any) -> None:
+    def failing_write(*args: Any, **kwargs: Any) -> Any:
         raise RayTaskError("Write", "Traceback: ...", OSError("No space left on device"))
 
-    monkeypatch.setattr(ray.data.Dataset, "write_json", failing_write)
+    monkeypatch.setattr(ray.data.Dataset, "iter_batches", failing_write)
     (tmp_path / "pairs.jsonl").write_text('{"query": "q", "document": "d"}\n[1, 2]\n')
     with pytest.raises(RayTaskError) as error:
         score_file_on_ray(tmp_path / "pairs.jsonl", tmp_path / "scored", "unused", **SETTINGS)
