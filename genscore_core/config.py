@@ -112,6 +112,11 @@ class LocalSettings(_Settings):
     """``"packed"``: variable-length batches without padding, each query's shared prefix computed once
     (Qwen3, Qwen2 and Llama-style models); ``"padded"``: left-padded batches through the model's own
     forward (any causal LM); ``"auto"``: packed where the architecture supports it, else padded."""
+    quantization: Literal["fp8"] | None = None
+    """``"fp8"``: the decoder layers' matrix products in float8 e4m3 (weights per output channel,
+    activations per token; embeddings, norms, attention and the head stay bf16/float32). Opt-in: it
+    needs the packed forward, a bf16 model and a GPU with FP8 tensor cores (compute capability >= 8.9);
+    check its scores on your own judged data (docs/python.md, "FP8"). ``None``: the model's dtype."""
 
     @field_validator("dtype", mode="before")
     @classmethod
