@@ -478,7 +478,12 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
 
     @classmethod
     def for_model(cls, model: Any, config: LocalSettings, *, pad_token_id: int) -> ScoringEngine:
-        """The engine of a loaded causal LM, with the forward ``config`` selects."""
+        """The engine of a loaded causal LM, with the forward ``config`` selects (and, for a model on
+        the CPU, torch's threads as ``config.cpu_threads`` says: :mod:`genscore_core.cpu_threads`)."""
+        if model.device.type == "cpu":
+            from genscore_core.cpu_threads import apply_cpu_threads
+
+            apply_cpu_threads(config.cpu_threads)
         return cls(model, select_forward(model, config, pad_token_id), LabelHead(model))
 
     def __repr__(self) -> str:

@@ -53,7 +53,7 @@ def test_the_flat_names_are_the_settings_of_every_part() -> None:
         "trust_remote_code",
         "show_progress",
     }
-    assert flat == parts and len(flat) == 24
+    assert flat == parts and len(flat) == 25
     assert scorer_setting_names() == {*flat, "config", "prompt", "run"}
 
 
