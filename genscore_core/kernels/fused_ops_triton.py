@@ -208,8 +208,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 # (amax / 448), so the next product reads a quarter of the bytes of a float32 row and no separate
 # quantisation pass is run. Rows are whole in one program: the scale needs the row's absolute maximum.
 
-E4M3_MAX: tl.constexpr = 448.0
-MIN_AMAX: tl.constexpr = 1e-12
+# Instances of tl.constexpr (an annotation would not do: compiled kernels may read no other globals).
+E4M3_MAX = tl.constexpr(448.0)
+MIN_AMAX = tl.constexpr(1e-12)
 
 
 @triton.jit
