@@ -5,6 +5,7 @@
     python benchmarks/bench_text.py --shape 8b           # the 8B shape (untied head), W1 1 x 128
     python benchmarks/bench_text.py --cpu                # W1-W4 on the CPU: a small Qwen3 shape, fp32
     python benchmarks/bench_text.py --dry-run            # the same code on the CPU with a tiny model
+    python benchmarks/bench_text.py --fp8                # and quantization="fp8" beside bf16, accuracy at 4 scales
 
 W1: ``rerank`` of 1 query x 256 documents (128 x 1 for the 4B and 8B shapes); W2: ``score_pairs`` of
 16 queries x 64 documents (4 x 64 for 4B and 8B; ``--w2-large``: 64 x 100 too) and of 1,024 distinct
@@ -208,6 +209,17 @@ def run(args: argparse.Namespace, report: Report) -> None:
         f"p90 {quantile(t4, 0.9) * 1e3:.1f} ms, p99 {quantile(t4, 0.99) * 1e3:.1f} ms",
     )
 
+    if args.fp8:  # FP8 beside the bf16 figures above (benchmarks/fp8_common.py)
+        from fp8_common import allow_fp8_on_the_cpu, fp8_section
+
+        if dry:
+            allow_fp8_on_the_cpu()
+        fp8_section(
+            report, build=lambda d: build_model(shape, device, d), model=model, tokenizer=tokenizer, w1=w1,
+            w4_sets=w4_sets, bf16_w1_s=w1_s, bf16_w4_s=median(t4), repeats=repeats,
+            scales=[float(s) for s in args.fp8_scales.split(",")],
+        )  # fmt: skip
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -222,6 +234,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--cpu", action="store_true", help="on the CPU: hidden 256, 4 layers, fp32 (OMP_NUM_THREADS)"
+    )
+    parser.add_argument(
+        "--fp8", action="store_true",
+        help="also quantization='fp8': W1/W4 speed beside bf16, W1 accuracy against fp32 at --fp8-scales",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fp8-scales", default="1,1.5,2,3", help="weight scales of the FP8 accuracy rows (comma-separated)"
     )
     run_reported(parser, "bench_text.py", run, dry_run="tiny model on the CPU: checks the script")
 

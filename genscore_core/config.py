@@ -131,6 +131,16 @@ class LocalSettings(_Settings):
     """On CUDA, the packed forward captures a fixed ladder of CUDA graphs when the model loads (a few
     seconds; docs/benchmarks.md, "CUDA-graph ladder") and pads each batch to the smallest rung it
     fits, so that no call pays for a capture; ``False``: every batch runs eagerly."""
+    quantization: Literal["fp8"] | None = None
+    """``"fp8"``: the decoder layers' matrix products in float8 e4m3 (weights per output channel,
+    activations per token; embeddings, norms, attention and the head stay bf16/float32). Opt-in: it
+    needs the packed forward, a bf16 model and a GPU with FP8 tensor cores (compute capability >= 8.9);
+    check its scores on your own judged data (docs/python.md, "FP8"). ``None``: the model's dtype."""
+    cpu_threads: int | None = Field(default=None, gt=0)
+    """torch's threads for a model on the CPU, set when the scorer is built (process-wide). ``None``:
+    one per usable core, one fewer on a machine of 2-4 cores (the tokenizer keeps one), never more
+    than torch had; torch is left alone when ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` is set or
+    ``torch.set_num_threads`` was called (docs/python.md, "CPU threads")."""
 
     @field_validator("dtype", mode="before")
     @classmethod

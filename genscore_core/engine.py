@@ -32,6 +32,7 @@ from genscore_core.backend import (
 )
 from genscore_core.batching import is_out_of_memory
 from genscore_core.config import LocalSettings
+from genscore_core.errors import ConfigurationError
 from genscore_core.forward import ForwardStrategy, PaddedForward, StreamingForward
 from genscore_core.prefixes import PrefixGroup, distinct_prompts, group_prompts, share_template
 from genscore_core.scoring import LabelHead, check_scores
@@ -71,14 +72,49 @@ def select_forward(model: Any, config: LocalSettings, pad_token_id: int) -> Forw
             budget = config.max_batch_tokens
             if "max_batch_tokens" not in config.model_fields_set:
                 budget = DEFAULT_MAX_BATCH_TOKENS
+            if config.quantization is not None:
+                return _quantized_forward(model, config, budget)
             return PackedForward(model, max_batch_tokens=budget, cuda_graphs=config.cuda_graphs)
+        if config.quantization is not None:
+            raise ConfigurationError(
+                f"quantization={config.quantization!r} needs the packed forward, which cannot run this "
+                f"model ({reason}); leave quantization unset",
+                setting="quantization",
+            )
         if config.forward == "packed":
             logger.warning("forward='packed' unavailable (%s); using the padded forward", reason)
+    if config.quantization is not None:
+        raise ConfigurationError(
+            f"quantization={config.quantization!r} runs in the packed forward; leave forward='padded' "
+            "out, or quantization unset",
+            setting="quantization",
+        )
     return PaddedForward(
         model,
         pad_token_id=pad_token_id,
         max_batch_tokens=config.max_batch_tokens,
         max_batch_size=config.max_batch_size,
+    )
+
+
+def _quantized_forward(model: Any, config: LocalSettings, budget: int) -> ForwardStrategy:
+    """The packed forward with FP8 products (:mod:`genscore_core.packed.fp8`), where they can run."""
+    from genscore_core.packed import PackedForward, PackedOptions, fp8
+
+    model_config = model.config
+    heads = int(model_config.num_attention_heads)
+    head_dim = int(getattr(model_config, "head_dim", None) or model_config.hidden_size // heads)
+    kv_heads = int(getattr(model_config, "num_key_value_heads", None) or heads)
+    sizes = {
+        "hidden_size": int(model_config.hidden_size),
+        "intermediate_size": int(model_config.intermediate_size),
+        "query width": heads * head_dim,
+        "key/value width": kv_heads * head_dim,
+    }
+    weight = model.get_input_embeddings().weight
+    fp8.check_supported(weight.device, weight.dtype, sizes)
+    return PackedForward(
+        model, max_batch_tokens=budget, options=PackedOptions(quantization="fp8"), cuda_graphs=config.cuda_graphs
     )
 
 
@@ -454,7 +490,12 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
 
     @classmethod
     def for_model(cls, model: Any, config: LocalSettings, *, pad_token_id: int) -> ScoringEngine:
-        """The engine of a loaded causal LM, with the forward ``config`` selects."""
+        """The engine of a loaded causal LM, with the forward ``config`` selects (and, for a model on
+        the CPU, torch's threads as ``config.cpu_threads`` says: :mod:`genscore_core.cpu_threads`)."""
+        if model.device.type == "cpu":
+            from genscore_core.cpu_threads import apply_cpu_threads
+
+            apply_cpu_threads(config.cpu_threads)
         return cls(model, select_forward(model, config, pad_token_id), LabelHead(model))
 
     def __repr__(self) -> str:

@@ -54,7 +54,7 @@ def test_the_flat_names_are_the_settings_of_every_part() -> None:
         "show_progress",
         "result_cache_bytes",
     }
-    assert flat == parts and len(flat) == 27
+    assert flat == parts and len(flat) == 29
     assert scorer_setting_names() == {*flat, "config", "prompt", "run"}
 
 

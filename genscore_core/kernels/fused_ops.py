@@ -138,3 +138,64 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, impl: KernelImpl = "auto")
 
         return fused_ops_triton.silu_mul(gate, up)
     return (F.silu(gate.float()) * up.float()).to(gate.dtype)
+
+
+# -- FP8 outputs (opt-in quantization, genscore_core.packed.fp8) ------------------------------------
+
+E4M3_MAX = 448.0
+"""The largest finite float8 e4m3 value: a row's scale is its absolute maximum over this."""
+MIN_AMAX = 1e-12
+"""A row's absolute maximum is taken to be at least this (an all-zero row gets a finite scale)."""
+
+
+def quantize_rows_e4m3(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 rows ``y`` [M, N] as float8 e4m3 values and one float32 scale [M, 1] each: the scale
+    is the row's absolute maximum / 448, the values ``y / scale`` rounded to nearest (ties to even),
+    so that ``values * scale`` approximates ``y``. What every FP8-output kernel stores."""
+    scale = y.abs().amax(-1, keepdim=True).clamp(min=MIN_AMAX) / E4M3_MAX
+    return (y / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def add_rmsnorm_fp8(
+    residual: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    impl: KernelImpl = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`add_rmsnorm` whose output is quantised per row: (float8 e4m3 [T, H], float32 scale [T, 1]),
+    the normalised row quantised from float32 (never rounded to bf16 first)."""
+    _check_add_rmsnorm(residual, delta, weight)
+    strided = None if residual.is_contiguous() else "the residual's rows are not contiguous"
+    if use_triton(impl, residual.device, kernel="add_rmsnorm_fp8", unsupported=strided):
+        from genscore_core.kernels import fused_ops_triton
+
+        return fused_ops_triton.add_rmsnorm_fp8(residual, delta, weight, eps)
+    return quantize_rows_e4m3(add_rmsnorm(residual, delta, weight, eps, torch.float32, impl="torch"))
+
+
+def silu_mul_fp8(
+    gate: torch.Tensor, up: torch.Tensor, *, impl: KernelImpl = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`silu_mul` quantised per row: (float8 e4m3 [M, N], float32 scale [M, 1])."""
+    if gate.shape != up.shape or gate.dim() != 2:
+        raise ValueError(f"silu_mul_fp8: gate {_dims(gate)} and up {_dims(up)} must be one [M, N] shape")
+    if use_triton(impl, gate.device, kernel="silu_mul_fp8"):
+        from genscore_core.kernels import fused_ops_triton
+
+        return fused_ops_triton.silu_mul_fp8(gate, up)
+    return quantize_rows_e4m3(F.silu(gate.float()) * up.float())
+
+
+def quantize_rows_fp8(x: torch.Tensor, *, impl: KernelImpl = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ``x`` [M, N] (any float dtype; rows may have a stride) quantised as
+    :func:`quantize_rows_e4m3` does: the input of a product that no norm or SiLU kernel precedes
+    (the attention output going into the output projection)."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_rows_fp8: x must be [rows, columns], got {_dims(x)}")
+    if use_triton(impl, x.device, kernel="quantize_rows_fp8"):
+        from genscore_core.kernels import fused_ops_triton
+
+        return fused_ops_triton.quantize_rows_fp8(x)
+    return quantize_rows_e4m3(x.float())

@@ -200,3 +200,161 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         g, u, o, m, n, g.stride(0), u.stride(0), o.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8
     )
     return out
+
+
+# -- FP8 outputs (opt-in quantization, genscore_core.packed.fp8) ------------------------------------
+#
+# The same operations, each writing its row as float8 e4m3 values plus one float32 scale per row
+# (amax / 448), so the next product reads a quarter of the bytes of a float32 row and no separate
+# quantisation pass is run. Rows are whole in one program: the scale needs the row's absolute maximum.
+
+# Instances of tl.constexpr (an annotation would not do: compiled kernels may read no other globals).
+E4M3_MAX = tl.constexpr(448.0)
+MIN_AMAX = tl.constexpr(1e-12)
+
+
+@triton.jit
+def _e4m3_round(v):  # type: ignore[no-untyped-def]
+    """``v`` (float32, |v| <= 448) rounded to the nearest e4m3 value (ties to even), still float32.
+
+    Rounded here, not by the float32 -> float8 conversion, so the result is the same on the GPU
+    and in the CPU interpreter (whose conversion drops the carry into the next power of two: 127.6
+    became 64): with the step of ``v``'s binade (3 mantissa bits; 2^-9 below the smallest normal,
+    2^-6), adding and subtracting 1.5 * 2^23 * step leaves float32's own round-to-nearest-even at
+    that step. The conversion that follows is then exact."""
+    exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    exponent = tl.maximum(exponent, -6)
+    step = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    magic = step * 12582912.0  # 1.5 * 2^23
+    return tl.minimum(tl.maximum((v + magic) - magic, -E4M3_MAX), E4M3_MAX)
+
+
+@triton.jit
+def _store_e4m3_row(y, mask, out_ptr, scale_ptr, row):  # type: ignore[no-untyped-def]
+    """Store one float32 row ``y`` (masked lanes zero) as e4m3 values and its scale amax / 448."""
+    # amax / 448 and the division rounded as IEEE says (plain "/" is approximate on the GPU), so the
+    # values are those of quantize_rows_e4m3, ties of e4m3 rounding included.
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), axis=0), MIN_AMAX), E4M3_MAX)
+    q = _e4m3_round(tl.math.div_rn(y, scale))
+    tl.store(out_ptr, q.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + row, scale)
+
+
+@triton.jit
+def _add_rmsnorm_fp8_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
+    res_ptr,  # [T, H], updated in place when HAS_DELTA
+    delta_ptr,  # [T, H]
+    w_ptr,  # [H]
+    out_ptr,  # [T, H] float8 e4m3
+    scale_ptr,  # [T] float32
+    H,
+    eps,
+    HAS_DELTA: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    r = tl.load(res_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        d = tl.load(delta_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        r = r + d
+        tl.store(res_ptr + row * H + cols, r.to(res_ptr.dtype.element_ty), mask=mask)
+    variance = tl.sum(r * r, axis=0) / H
+    rstd = 1.0 / tl.sqrt(variance + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    _store_e4m3_row(r * rstd * w, mask, out_ptr + row * H + cols, scale_ptr, row)
+
+
+def _row_warps(block: int) -> int:
+    return 4 if block <= 2048 else 8 if block <= 8192 else 16
+
+
+def add_rmsnorm_fp8(
+    residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    assert residual.is_contiguous()
+    t, h = residual.shape
+    out = torch.empty((t, h), dtype=torch.float8_e4m3fn, device=residual.device)
+    scale = torch.empty((t, 1), dtype=torch.float32, device=residual.device)
+    if t == 0:
+        return out, scale
+    if delta is not None:
+        delta = delta.contiguous()
+    block = triton.next_power_of_2(h)
+    _add_rmsnorm_fp8_kernel[(t,)](
+        residual,
+        delta if delta is not None else residual,
+        weight.contiguous(),
+        out,
+        scale,
+        h,
+        eps,
+        HAS_DELTA=delta is not None,
+        BLOCK=block,
+        num_warps=_row_warps(block),
+    )
+    return out, scale
+
+
+@triton.jit
+def _silu_mul_fp8_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
+    gate_ptr,  # [M, N] (row stride stride_g)
+    up_ptr,  # [M, N] (row stride stride_u)
+    out_ptr,  # [M, N] float8 e4m3, contiguous
+    scale_ptr,  # [M] float32
+    N,
+    stride_g,
+    stride_u,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    g = tl.load(gate_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    _store_e4m3_row(g / (1.0 + tl.exp(-g)) * u, mask, out_ptr + row * N + cols, scale_ptr, row)
+
+
+def silu_mul_fp8(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    assert gate.shape == up.shape and gate.dim() == 2
+    m, n = gate.shape
+    out = torch.empty((m, n), dtype=torch.float8_e4m3fn, device=gate.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=gate.device)
+    if m == 0:
+        return out, scale
+    g, u = _rows(gate), _rows(up)
+    block = triton.next_power_of_2(n)
+    _silu_mul_fp8_kernel[(m,)](
+        g, u, out, scale, n, g.stride(0), u.stride(0), BLOCK=block, num_warps=_row_warps(block)
+    )
+    return out, scale
+
+
+@triton.jit
+def _quantize_rows_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
+    x_ptr,  # [M, N] (row stride stride_x)
+    out_ptr,  # [M, N] float8 e4m3, contiguous
+    scale_ptr,  # [M] float32
+    N,
+    stride_x,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    _store_e4m3_row(x, mask, out_ptr + row * N + cols, scale_ptr, row)
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    assert x.dim() == 2
+    m, n = x.shape
+    out = torch.empty((m, n), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return out, scale
+    x = _rows(x)
+    block = triton.next_power_of_2(n)
+    _quantize_rows_kernel[(m,)](x, out, scale, n, x.stride(0), BLOCK=block, num_warps=_row_warps(block))
+    return out, scale

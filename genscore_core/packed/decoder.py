@@ -19,9 +19,10 @@ all layers, each a short sequence of phases (projections, attention, MLP; the la
 from __future__ import annotations
 
 import contextlib
+import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ from genscore_core.kernels.attention import (
 from genscore_core.kernels.dispatch import KernelImpl, use_triton
 from genscore_core.kernels.gated_mlp import gated_mlp
 from genscore_core.kernels.gated_mlp import unsupported_reason as gated_mlp_unsupported
+from genscore_core.packed.fp8 import Fp8Layer, Fp8Rows
 from genscore_core.packed.plan import PackedBatch
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
@@ -505,6 +507,11 @@ class PackedOptions(BaseModel):
     "auto" runs the kernel on CUDA for bf16/fp16 batches of fewer than :data:`GATED_MLP_MAX_TOKENS`
     rows and the product otherwise."""
 
+    quantization: Literal["fp8"] | None = None
+    """``"fp8"``: the layers' products in float8 e4m3 (:mod:`genscore_core.packed.fp8`); None: in the
+    model's dtype. The decoder runs FP8 wherever ``torch._scaled_mm`` runs; whether it may (a GPU with
+    FP8 tensor cores) is checked where a user asks for it (:func:`genscore_core.engine.select_forward`)."""
+
     @classmethod
     def all_kernels(cls, impl: KernelImpl) -> PackedOptions:
         """The same implementation for attention, the fused operations and the gated MLP."""
@@ -532,6 +539,8 @@ class StaticOutputs:
     """[layers, prefix rows a rung saves, Hkv, D] in the model's dtype."""
 
 
+Rows = torch.Tensor | Fp8Rows
+"""The input of a product: rows in the model's dtype, or quantised per token (FP8)."""
 """Keys and values [layers, rows, Hkv, D] of prefixes carried from one batch to a later one."""
 
 
@@ -577,6 +586,10 @@ class PackedDecoder:
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
         self.scale = float(getattr(decoder.layers[0].self_attn, "scaling", self.head_dim**-0.5))
         self.layers = [_fused_layer(layer, i) for i, layer in enumerate(decoder.layers)]
+        self.fp8: list[Fp8Layer] | None = None
+        """The layers' quantised products, with ``quantization="fp8"``."""
+        if options.quantization == "fp8":
+            self.fp8 = [Fp8Layer.of(layer, self.dtype) for layer in self.layers]
         self._cos = torch.empty(0, self.head_dim, device=self.device)
         self._sin = torch.empty(0, self.head_dim, device=self.device)
         self._resolve_kernels(options)
@@ -645,37 +658,46 @@ class PackedDecoder:
         h = self._add_norm(residual, None, self.layers[0].ln1)  # [T, H]
         for index, layer in enumerate(self.layers[:-1]):
             h = self._add_norm(residual, self._attention(step, index, h), layer.ln2)  # [T, H]
-            h = self._add_norm(residual, self._mlp(layer, h), self.layers[index + 1].ln1)  # [T, H]
+            h = self._add_norm(residual, self._mlp(index, h), self.layers[index + 1].ln1)  # [T, H]
         rows = self._last_layer(step, h, residual)  # [N, H]
         if into is None:
             return rows, step.saved
         into.rows[: rows.shape[0]].copy_(rows)
         return into.rows[: rows.shape[0]], step.saved
 
-    def _attention(self, step: _Pass, index: int, h: torch.Tensor) -> torch.Tensor:
+    def _attention(self, step: _Pass, index: int, h: Rows) -> torch.Tensor:
         """Every stream token's attention over its segment, through the output projection: [T, H]."""
         layer, dev = self.layers[index], step.dev
         # attn: [T, Hq, D]. q, k and v are handed on, not kept: their buffer is freed when _attend
         # returns, before the output projection allocates.
         attn = self._attend(step, layer, *self._qkv(step, index, h), dev.segments, dev.positions)
-        return F.linear(attn.view(attn.shape[0], -1), *layer.o)  # [T, H]
+        return self._output(index, attn)  # [T, H]
 
-    def _qkv(
-        self, step: _Pass, index: int, h: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _output(self, index: int, attn: torch.Tensor) -> torch.Tensor:
+        """The output projection of attention [rows, Hq, D]: [rows, H]."""
+        attn = attn.view(attn.shape[0], -1)
+        if self.fp8 is not None:
+            return self.fp8[index].o(Fp8Rows(*fused_ops.quantize_rows_fp8(attn, impl=self.ops_impl)))
+        return F.linear(attn, *self.layers[index].o)
+
+    def _qkv(self, step: _Pass, index: int, h: Rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries [T, Hq, D] (not yet rotated), keys and values [KV, Hkv, D]: one GEMM's column
         blocks, read with its row stride (:meth:`_keys_values`)."""
-        qkv = self._project(h, self.layers[index].qkv, step.dev.kv_len)  # [KV, Nq + 2 Nkv]
+        qkv = self._project(h, index, "qkv", step.dev.kv_len)  # [KV, Nq + 2 Nkv]
         tokens, q_width = step.dev.num_tokens, self.num_heads * self.head_dim
         q = qkv[:tokens, :q_width].view(tokens, self.num_heads, self.head_dim)
         k, v = self._keys_values(step, index, qkv[:, q_width:])
         return q, k, v
 
-    def _project(self, h: torch.Tensor, linear: Linear, rows: int) -> torch.Tensor:
+    def _project(self, h: Rows, index: int, name: Literal["qkv", "kv"], rows: int) -> torch.Tensor:
         """``h @ weight.T (+ bias)`` into the first T rows of a new [rows, N] buffer: the rows past
         the stream's are where :meth:`_keys_values` puts the loaded prefixes' keys and values."""
-        weight, bias = linear
+        weight, bias = getattr(self.layers[index], name)
         out = torch.empty((rows, weight.shape[0]), dtype=self.dtype, device=self.device)
+        if isinstance(h, Fp8Rows):
+            assert self.fp8 is not None
+            getattr(self.fp8[index], name)(h, out=out[: h.shape[0]])
+            return out
         if bias is None:
             torch.mm(h, weight.t(), out=out[: h.shape[0]])
         else:
@@ -713,8 +735,16 @@ class PackedDecoder:
         )
         return segment_attention(q, k, v, segments, self.scale, impl=self.attention_impl)
 
-    def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, index: int, h: Rows) -> torch.Tensor:
         """The gated MLP: [rows, H] -> [rows, H]."""
+        if isinstance(h, Fp8Rows):
+            assert self.fp8 is not None
+            fp8 = self.fp8[index]
+            gate_up = fp8.gate_up(h)  # [rows, 2I]
+            half = gate_up.shape[1] // 2
+            act = fused_ops.silu_mul_fp8(gate_up[:, :half], gate_up[:, half:], impl=self.ops_impl)
+            return fp8.down(Fp8Rows(*act))
+        layer = self.layers[index]
         return F.linear(self._gated(layer, h), *layer.down)
 
     def _gated(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
@@ -726,29 +756,42 @@ class PackedDecoder:
         half = gate_up.shape[1] // 2
         return fused_ops.silu_mul(gate_up[:, :half], gate_up[:, half:], impl=self.ops_impl)
 
-    def _last_layer(self, step: _Pass, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def _last_layer(self, step: _Pass, h: Rows, residual: torch.Tensor) -> torch.Tensor:
         """The last layer where its output is read: keys and values at every row (the queries read
         them), queries and attention at each segment's last token, the rest at each prompt's only
         (a prefix's segment feeds no score); then the final norm, in float32: [N, H]."""
         index, layer, dev = len(self.layers) - 1, self.layers[-1], step.dev
-        k, v = self._keys_values(step, index, self._project(h, layer.kv, dev.kv_len))  # [KV, Hkv, D]
+        k, v = self._keys_values(step, index, self._project(h, index, "kv", dev.kv_len))  # [KV, Hkv, D]
         last = dev.segment_last
         h = h.index_select(0, last)  # [S, H]
         residual = residual.index_select(0, last)  # [S, H]
         positions = dev.positions.index_select(0, last)  # [S]
-        q = F.linear(h, *layer.q).view(h.shape[0], self.num_heads, self.head_dim)  # [S, Hq, D]
+        if isinstance(h, Fp8Rows):
+            assert self.fp8 is not None
+            q = self.fp8[index].q(h)
+        else:
+            q = F.linear(h, *layer.q)
+        q = q.view(h.shape[0], self.num_heads, self.head_dim)  # [S, Hq, D]
         attn = self._attend(step, layer, q, k, v, dev.last_segments, positions)  # [S, Hq, D]
         attn = attn.index_select(0, dev.prompt_segments)  # [N, Hq, D]
         residual = residual.index_select(0, dev.prompt_segments)  # [N, H]
-        h = self._add_norm(residual, F.linear(attn.view(attn.shape[0], -1), *layer.o), layer.ln2)
-        return self._add_norm(residual, self._mlp(layer, h), self.final_norm, torch.float32)
+        h = self._add_norm(residual, self._output(index, attn), layer.ln2)
+        return self._add_norm(residual, self._mlp(index, h), self.final_norm, torch.float32)
 
+    @typing.overload
+    def _add_norm(self, residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> Rows: ...
+    @typing.overload
+    def _add_norm(
+        self, residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor: ...
     def _add_norm(
         self, residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
         dtype: torch.dtype | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> Rows:  # fmt: skip
         """``residual += delta`` in place (float32), then its RMSNorm times ``weight``, in the
-        model's dtype (the next product's input) or ``dtype``: [rows, H]."""
+        model's dtype (the next product's input; quantised per token with FP8) or ``dtype``: [rows, H]."""
+        if self.fp8 is not None and dtype is None:
+            return Fp8Rows(*fused_ops.add_rmsnorm_fp8(residual, delta, weight, self.eps, impl=self.ops_impl))
         return fused_ops.add_rmsnorm(
             residual, delta, weight, self.eps, dtype or self.dtype, impl=self.ops_impl
         )
