@@ -30,6 +30,15 @@ TEST_LIMITS = ServerLimits(
     batch_max_wait_ms=2.0,
 )
 
+# A rerank query and four documents, the first the best answer: the dialect and adapter tests' set.
+CAPITAL_QUERY = "What is the capital of France?"
+CAPITAL_DOCUMENTS = [
+    "Paris is the capital and largest city of France.",
+    "Berlin is the capital of Germany.",
+    "The Eiffel Tower is in Paris.",
+    "Lyon is known for its cuisine.",
+]
+
 # The seed's curl examples and error cases, verbatim.
 SEED_TEXT_REQUEST: dict[str, Any] = {
     "query": "Is this city the capital of France?",
