@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -131,6 +132,27 @@ def stop_server_process(process: subprocess.Popen[Any]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+@contextmanager
+def genscore_serve_process(
+    command: Sequence[str], model_dir: Path, *flags: str, timeout: float = 120
+) -> Iterator[tuple[str, subprocess.Popen[Any]]]:
+    """``genscore serve`` of ``model_dir`` (fp32 on the CPU, max length 512) in a subprocess on a free
+    loopback port, started by ``command`` (the console script, or ``python -m genscore_core.cli``)
+    with ``flags`` added: its URL once healthy, and the process, stopped on exit."""
+    port = free_port()
+    serve = [
+        *command, "serve", "--model", str(model_dir), "--port", str(port), "--max-length", "512",
+        "--device", "cpu", "--dtype", "float32", "--log-level", "warning", *flags,
+    ]  # fmt: skip
+    process = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout=timeout, alive=lambda: process.poll() is None)
+        yield url, process
+    finally:
+        stop_server_process(process)
 
 
 def check_against_spec(spec: dict[str, Any], method: str, path: str, response: httpx.Response) -> None:
