@@ -191,18 +191,13 @@ class MetricsMiddleware:
         return partial or "other"
 
 
+@dataclass(eq=False)  # the registry keys its collectors by identity
 class _ServerState(Collector):
     """What the server holds now, read at each scrape: no counting on the scoring path."""
 
-    def __init__(
-        self,
-        batcher: RequestBatcher,
-        abandon_stats: AbandonStats,
-        result_cache: Callable[[], ResultCache | None],
-    ) -> None:
-        self.batcher = batcher
-        self.abandon_stats = abandon_stats
-        self.result_cache = result_cache
+    batcher: RequestBatcher
+    abandon_stats: AbandonStats
+    result_cache: Callable[[], ResultCache | None]
 
     def collect(self) -> Iterator[Metric]:
         batcher = self.batcher
