@@ -217,7 +217,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
         fp8_section(
             report, build=lambda d: build_model(shape, device, d), model=model, tokenizer=tokenizer, w1=w1,
             w4_sets=w4_sets, bf16_w1_s=w1_s, bf16_w4_s=median(t4), repeats=repeats,
-            scales=[float(s) for s in args.fp8_scales.split(",")],
+            scales=[float(s) for s in args.fp8_scales.split(",") if s],
         )  # fmt: skip
 
 

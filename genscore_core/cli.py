@@ -646,6 +646,17 @@ def _version() -> str:
 seed_int = argument_type(int, "an integer from -2**63 to 2**64-1", lambda value: -(2**63) <= value < 2**64)
 
 
+def _model_folder_command(
+    commands: Any, name: str, seed_help: str, **options: Any
+) -> argparse.ArgumentParser:
+    """A command that writes a model folder: its ``DIR`` and ``--seed``; ``options`` are the
+    command's ``add_parser`` options (help, description)."""
+    command: argparse.ArgumentParser = commands.add_parser(name, **options)
+    command.add_argument("output_dir", metavar="DIR", help="folder to write the model and tokenizer to")
+    command.add_argument("--seed", type=seed_int, default=0, help=seed_help)
+    return command
+
+
 def build_parser() -> argparse.ArgumentParser:
     # A constant only: the module imports neither torch nor the testing extra's package.
     from genscore_core.testing.demo_model import TRAIN_STEPS as DEMO_TRAIN_STEPS
@@ -693,25 +704,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(rerank, exclude={"show_progress"}, aliases=SCORER_FLAG_ALIASES)
     rerank.set_defaults(handler=_rerank)
 
-    tiny = commands.add_parser(
+    tiny = _model_folder_command(
+        commands,
         "make-tiny-model",
+        "seed of the random weights (default 0)",
         help="write a small RANDOM-weight Qwen3 with the real Qwen3 tokenizer, for offline runs",
     )
-    tiny.add_argument("output_dir", metavar="DIR", help="folder to write the model and tokenizer to")
-    tiny.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights (default 0)")
     tiny.add_argument("--force", action="store_true", help="write into a non-empty folder")
     tiny.set_defaults(handler=_make_tiny_model)
 
-    demo = commands.add_parser(
+    demo = _model_folder_command(
+        commands,
         "make-demo-model",
+        "seed of the starting weights and training data (default 0)",
         help="write a small Qwen3 reranker that ranks by word overlap (real Qwen3 tokenizer), for offline demos",
         description="Trains (one to two minutes on a CPU) a 2-layer Qwen3 on synthetic queries to score a "
         "document by how many of the query's words it contains, through the Qwen3-Reranker template. "
         "Deterministic for a given seed.",
-    )
-    demo.add_argument("output_dir", metavar="DIR", help="folder to write the model and tokenizer to")
-    demo.add_argument(
-        "--seed", type=seed_int, default=0, help="seed of the starting weights and training data (default 0)"
     )
     demo.add_argument(
         "--train-steps",

@@ -114,7 +114,10 @@ def _quantized_forward(model: Any, config: LocalSettings, budget: int) -> Forwar
     weight = model.get_input_embeddings().weight
     fp8.check_supported(weight.device, weight.dtype, sizes)
     return PackedForward(
-        model, max_batch_tokens=budget, options=PackedOptions(quantization="fp8"), cuda_graphs=config.cuda_graphs
+        model,
+        max_batch_tokens=budget,
+        options=PackedOptions(quantization="fp8"),
+        cuda_graphs=config.cuda_graphs,
     )
 
 

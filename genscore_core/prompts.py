@@ -84,6 +84,10 @@ class PromptInfo(Protocol):
 
 
 Offsets = list[tuple[int, int]]
+EncodedBody = tuple[list[int], Offsets]
+"""A body's token ids, and each token's character span in the body text."""
+CappedQuery = tuple[list[int], Offsets, RenderedBody]
+"""A body whose query was shortened: its ids, offsets, and the body itself."""
 
 
 class BodyTokenization:
@@ -102,17 +106,12 @@ class BodyTokenization:
             encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
         return encoded["input_ids"], encoded["offset_mapping"]
 
-    def encode(self, bodies: Sequence[RenderedBody]) -> list[tuple[list[int], Offsets]]:
+    def encode(self, bodies: Sequence[RenderedBody]) -> list[EncodedBody]:
         raise NotImplementedError
 
     def cap_query(
-        self,
-        rebuild: Callable[[int], RenderedBody],
-        body: RenderedBody,
-        ids: list[int],
-        offsets: Offsets,
-        cap: int,
-    ) -> tuple[list[int], Offsets, RenderedBody] | None:
+        self, rebuild: Callable[[int], RenderedBody], body: RenderedBody, encoded: EncodedBody, cap: int
+    ) -> CappedQuery | None:
         """Shorten the query to ``cap`` tokens; None when it already fits."""
         raise NotImplementedError
 
@@ -125,18 +124,14 @@ class WholeBody(BodyTokenization):
     """The filled body in one tokenizer call (Qwen3-Reranker's recipe): tokens may merge across the
     placeholder boundaries, exactly as the reference's do."""
 
-    def encode(self, bodies: Sequence[RenderedBody]) -> list[tuple[list[int], Offsets]]:
+    def encode(self, bodies: Sequence[RenderedBody]) -> list[EncodedBody]:
         ids, offsets = self._tokenize([body.text for body in bodies])
         return list(zip(ids, offsets))
 
     def cap_query(
-        self,
-        rebuild: Callable[[int], RenderedBody],
-        body: RenderedBody,
-        ids: list[int],
-        offsets: Offsets,
-        cap: int,
-    ) -> tuple[list[int], Offsets, RenderedBody] | None:
+        self, rebuild: Callable[[int], RenderedBody], body: RenderedBody, encoded: EncodedBody, cap: int
+    ) -> CappedQuery | None:
+        ids, offsets = encoded
         query_tokens = token_range(offsets, body.query)
         if query_tokens[1] - query_tokens[0] <= cap:
             return None
@@ -154,7 +149,7 @@ class PieceByPiece(BodyTokenization):
 
     always_caps_query = True
 
-    def encode(self, bodies: Sequence[RenderedBody]) -> list[tuple[list[int], Offsets]]:
+    def encode(self, bodies: Sequence[RenderedBody]) -> list[EncodedBody]:
         pieces = [body.pieces() for body in bodies]
         # One call for every piece of every body: the tokenizer batches them in Rust.
         ids, offsets = self._tokenize([text for body in pieces for _, text in body])
@@ -171,15 +166,11 @@ class PieceByPiece(BodyTokenization):
         return results
 
     def cap_query(
-        self,
-        rebuild: Callable[[int], RenderedBody],
-        body: RenderedBody,
-        ids: list[int],
-        offsets: Offsets,
-        cap: int,
-    ) -> tuple[list[int], Offsets, RenderedBody] | None:
+        self, rebuild: Callable[[int], RenderedBody], body: RenderedBody, encoded: EncodedBody, cap: int
+    ) -> CappedQuery | None:
         # The reference truncates the whole piece holding the query (instruction and labels included)
         # to its first ``cap`` tokens; its tokens are those starting inside the piece.
+        ids, offsets = encoded
         piece_start, text = body.pieces()[body.query_piece]
         # Pieces are tokenized alone, so each token lies inside one piece: count by start offsets.
         first = sum(1 for start, _ in offsets if start < piece_start)
@@ -324,8 +315,7 @@ class TemplatePromptBuilder:
         capped = self.tokenization.cap_query(
             lambda cut_at: self.template.render_body(query[:cut_at], "", self.instruction),
             body,
-            ids,
-            offsets,
+            (ids, offsets),
             self._query_cap,
         )
         if capped is None:
@@ -409,8 +399,7 @@ class TemplatePromptBuilder:
             capped = self.tokenization.cap_query(
                 lambda cut_at: self.template.render_body(query[:cut_at], document, self.instruction),
                 body,
-                ids[len(self.bos_ids) :],
-                offsets[len(self.bos_ids) :],
+                (ids[len(self.bos_ids) :], offsets[len(self.bos_ids) :]),
                 self._query_cap,
             )
             if capped is not None:
@@ -453,8 +442,7 @@ class TemplatePromptBuilder:
             capped = self.tokenization.cap_query(
                 lambda cut_at: self.template.render_body(query[:cut_at], document, self.instruction),
                 body,
-                ids,
-                offsets,
+                (ids, offsets),
                 self._query_cap,
             )
             if capped is not None:

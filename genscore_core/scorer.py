@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 from pydantic import ValidationError
 from tqdm import tqdm  # not tqdm.auto: notebooks without ipywidgets would warn on import
@@ -60,6 +60,34 @@ RANKED_ON_THE_LOOP = 64
 larger ones on a worker thread. Ranking takes about 4-5 us a result (0.07 ms for 20, 10 ms for 2,000
 on the 2-core development machine), during which a server's other connections would wait; a hop to a
 thread costs about 0.1 ms, which small calls would not win back."""
+
+
+_T = TypeVar("_T")
+
+
+class _FrontEndAttribute(Generic[_T]):
+    """A read-only attribute of :class:`GenerativeScorer` that is its front end's attribute of the
+    same name (what the scorer's parts know, without a property written out for each)."""
+
+    def __init__(self, doc: str | None = None) -> None:
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, scorer: None, owner: type) -> _FrontEndAttribute[_T]: ...
+
+    @overload
+    def __get__(self, scorer: GenerativeScorer, owner: type) -> _T: ...
+
+    def __get__(self, scorer: GenerativeScorer | None, owner: type) -> _T | _FrontEndAttribute[_T]:
+        if scorer is None:
+            return self
+        return cast(_T, getattr(scorer.front_end, self.name))
+
+    def __set__(self, scorer: GenerativeScorer, value: object) -> None:
+        raise AttributeError(f"property {self.name!r} of 'GenerativeScorer' object has no setter")
 
 
 class GenerativeScorer:
@@ -159,39 +187,16 @@ class GenerativeScorer:
 
     # -- what the parts know -------------------------------------------------------------------------
 
-    @property
-    def config(self) -> ScorerConfig:
-        return self.front_end.config
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.front_end.tokenizer
-
-    @property
-    def template(self) -> PromptTemplate:
-        return self.front_end.template
-
-    @property
-    def label_token_ids(self) -> list[int]:
-        return self.front_end.label_token_ids
-
-    @property
-    def recipe(self) -> Recipe:
-        """The template in use and why it was picked (``recipe.source``)."""
-        return self.front_end.recipe
-
-    @property
-    def score_mode(self) -> ScoreMode:
-        """How logits become scores here (``ScorerConfig.score_mode`` resolved)."""
-        return self.front_end.score_mode
-
-    @property
-    def max_length(self) -> int:
-        return self.front_end.max_length
-
-    @property
-    def vocab_size(self) -> int:
-        return self.front_end.vocab_size
+    config = _FrontEndAttribute[ScorerConfig]()
+    tokenizer = _FrontEndAttribute[Any]()
+    template = _FrontEndAttribute[PromptTemplate]()
+    label_token_ids = _FrontEndAttribute[list[int]]()
+    recipe = _FrontEndAttribute[Recipe]("The template in use and why it was picked (``recipe.source``).")
+    score_mode = _FrontEndAttribute[ScoreMode](
+        "How logits become scores here (``ScorerConfig.score_mode`` resolved)."
+    )
+    max_length = _FrontEndAttribute[int]()
+    vocab_size = _FrontEndAttribute[int]()
 
     @property
     def engine(self) -> ScoringEngine:

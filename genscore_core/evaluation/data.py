@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,34 +81,42 @@ def _text(record: Mapping[str, object], key: str, where: str) -> str:
     return value
 
 
-def read_corpus(path: Path) -> dict[str, str]:
-    """``corpus.jsonl``: each document's title and text, joined by a space."""
-    corpus: dict[str, str] = {}
+def _texts_by_id(
+    path: Path, kind: str, plural: str, text_of: Callable[[Mapping[str, object], str, str], str]
+) -> dict[str, str]:
+    """The text of each record of a BEIR JSON lines file by its ``_id``, read by ``text_of(record,
+    identifier, where)``; an id given twice or a file without records is refused."""
+    texts: dict[str, str] = {}
     for where, record in _records(path):
         identifier = _identifier(record, where)
-        if identifier in corpus:
-            raise InputError(f"{where}: document {identifier!r} given twice")
-        title, text = _text(record, "title", where), _text(record, "text", where)
-        corpus[identifier] = f"{title} {text}" if title and text else title or text
-    if not corpus:
-        raise InputError(f"{path}: no documents")
-    return corpus
+        if identifier in texts:
+            raise InputError(f"{where}: {kind} {identifier!r} given twice")
+        texts[identifier] = text_of(record, identifier, where)
+    if not texts:
+        raise InputError(f"{path}: no {plural}")
+    return texts
+
+
+def _document_text(record: Mapping[str, object], identifier: str, where: str) -> str:
+    title, text = _text(record, "title", where), _text(record, "text", where)
+    return f"{title} {text}" if title and text else title or text
+
+
+def _query_text(record: Mapping[str, object], identifier: str, where: str) -> str:
+    text = _text(record, "text", where)
+    if not text.strip():
+        raise InputError(f"{where}: query {identifier!r} has no text")
+    return text
+
+
+def read_corpus(path: Path) -> dict[str, str]:
+    """``corpus.jsonl``: each document's title and text, joined by a space."""
+    return _texts_by_id(path, "document", "documents", _document_text)
 
 
 def read_queries(path: Path) -> dict[str, str]:
     """``queries.jsonl``: each query's text."""
-    queries: dict[str, str] = {}
-    for where, record in _records(path):
-        identifier = _identifier(record, where)
-        if identifier in queries:
-            raise InputError(f"{where}: query {identifier!r} given twice")
-        text = _text(record, "text", where)
-        if not text.strip():
-            raise InputError(f"{where}: query {identifier!r} has no text")
-        queries[identifier] = text
-    if not queries:
-        raise InputError(f"{path}: no queries")
-    return queries
+    return _texts_by_id(path, "query", "queries", _query_text)
 
 
 def _relevance(text: str, where: str) -> int:

@@ -94,6 +94,14 @@ class HttpBackend(ScoringBackend):
     def _bad_answer(self, detail: str) -> RemoteScoringError:
         return RemoteScoringError(f"{self.http.base_url}{self.path} answered {detail}", status=200)
 
+    def _listed(self, entries: Any, count: int, what: str) -> list[Any]:
+        """``entries``, the list of an answer that should hold ``count`` of them; otherwise the error
+        that the server answered ``<how many> <what>``."""
+        if not isinstance(entries, list) or len(entries) != count:
+            got = len(entries) if isinstance(entries, list) else "no"
+            raise self._bad_answer(f"{got} {what}")
+        return entries
+
 
 class TokenScoringClient(HttpBackend):
     """A backend that sends token-id prompts as ``query`` (their shared prefix) + ``items`` (the rests).

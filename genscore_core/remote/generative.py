@@ -32,10 +32,9 @@ class GenerativeScoringClient(TokenScoringClient):
     def _parse(
         self, body: Any, count: int, offset: int = 0, request: dict[str, Any] | None = None
     ) -> list[float]:
-        data = body.get("data") if isinstance(body, dict) else None
-        if not isinstance(data, list) or len(data) != count:
-            got = len(data) if isinstance(data, list) else "no"
-            raise self._bad_answer(f"{got} scores for {count} items")
+        data = self._listed(
+            body.get("data") if isinstance(body, dict) else None, count, f"scores for {count} items"
+        )
         try:
             return scores_by_index(data, count, lambda entry: entry["score"], offset)
         except ValueError as error:

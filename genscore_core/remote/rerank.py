@@ -98,9 +98,7 @@ class RerankClient(HttpBackend):
                 setting="score_mode",
             )
         entries = body.get("results") if isinstance(body, dict) else body
-        if not isinstance(entries, list) or len(entries) != count:
-            got = len(entries) if isinstance(entries, list) else "no"
-            raise self._bad_answer(f"{got} results for {count} documents (top_n ignored?)")
+        entries = self._listed(entries, count, f"results for {count} documents (top_n ignored?)")
         try:
             return scores_by_index(
                 entries,

@@ -28,10 +28,9 @@ class SGLangScoreClient(TokenScoringClient):
     def _parse(
         self, body: Any, count: int, offset: int = 0, request: dict[str, Any] | None = None
     ) -> list[float]:
-        rows = body.get("scores") if isinstance(body, dict) else None
-        if not isinstance(rows, list) or len(rows) != count:
-            got = len(rows) if isinstance(rows, list) else "no"
-            raise self._bad_answer(f"{got} score rows for {count} items")
+        rows = self._listed(
+            body.get("scores") if isinstance(body, dict) else None, count, f"score rows for {count} items"
+        )
         labels = len(request["label_token_ids"]) if request is not None else None
         normalised = bool(request and request.get("apply_softmax"))
         scores = []

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -220,43 +220,23 @@ class HttpTransport:
     def _with_retries(
         self, send: Callable[[], httpx.Response], path: str, sleep: Callable[[float], object]
     ) -> Any:
-        failure = _Failure("no attempt made")
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                sleep(self._delay(attempt, failure.response))
-            self._check_open(path)
-            try:
-                response = send()
-            except _ATTEMPT_ERRORS as error:
-                failure = self._failure_of(path, error)
-                continue
-            if response.status_code in RETRY_STATUSES:
-                failure = _Failure.of(response)
-                continue
-            return self._decode(response, path)
-        raise self._gave_up(path, failure)
+        attempts = _Attempts(self, path)
+        for wait in attempts.waits():
+            sleep(wait)
+            attempts.make(send)
+        return attempts.result()
 
     # -- async --------------------------------------------------------------------------------------
 
     async def apost_json(self, path: str, payload: dict[str, Any]) -> Any:
         self._check_open(path)
         client = await self._async_client()
-        failure = _Failure("no attempt made")
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                await self._abackoff(self._delay(attempt, failure.response))
-            self._check_open(path)
-            try:
-                # Bounds the whole attempt; httpx's own timeouts bound each network operation only.
-                response = await within(self._aread_answer(client, path, payload), self.timeout)
-            except _ATTEMPT_ERRORS as error:
-                failure = self._failure_of(path, error)
-                continue
-            if response.status_code in RETRY_STATUSES:
-                failure = _Failure.of(response)
-                continue
-            return self._decode(response, path)
-        raise self._gave_up(path, failure)
+        attempts = _Attempts(self, path)
+        for wait in attempts.waits():
+            await self._abackoff(wait)
+            # Bounds the whole attempt; httpx's own timeouts bound each network operation only.
+            await attempts.amake(lambda: within(self._aread_answer(client, path, payload), self.timeout))
+        return attempts.result()
 
     async def _async_client(self) -> httpx.AsyncClient:
         # An AsyncClient's connections belong to the loop that opened them: keep one per loop, and
@@ -558,6 +538,55 @@ _ATTEMPT_ERRORS = (
     asyncio.TimeoutError,
 )
 """What one attempt of a request may raise: :meth:`HttpTransport._failure_of` sorts it."""
+
+
+class _Attempts:
+    """The retry loop of one request, without its I/O, for the sync and the async path alike: the
+    wait before each attempt, what each attempt's outcome leaves, and the answer or the error at the
+    end. The caller waits each of :meth:`waits` (0 before the first attempt), then makes an attempt."""
+
+    def __init__(self, transport: HttpTransport, path: str) -> None:
+        self._transport = transport
+        self._path = path
+        self._failure = _Failure("no attempt made")
+        self._answer: httpx.Response | None = None
+
+    def waits(self) -> Iterator[float]:
+        """The seconds to wait before each attempt; none once an attempt was answered."""
+        for attempt in range(self._transport.max_retries + 1):
+            if self._answer is not None:
+                return
+            yield self._transport._delay(attempt, self._failure.response) if attempt else 0.0
+
+    def make(self, send: Callable[[], httpx.Response]) -> None:
+        self._transport._check_open(self._path)
+        try:
+            response = send()
+        except _ATTEMPT_ERRORS as error:
+            self._failure = self._transport._failure_of(self._path, error)
+        else:
+            self._settle(response)
+
+    async def amake(self, send: Callable[[], Awaitable[httpx.Response]]) -> None:
+        self._transport._check_open(self._path)
+        try:
+            response = await send()
+        except _ATTEMPT_ERRORS as error:
+            self._failure = self._transport._failure_of(self._path, error)
+        else:
+            self._settle(response)
+
+    def _settle(self, response: httpx.Response) -> None:
+        if response.status_code in RETRY_STATUSES:
+            self._failure = _Failure.of(response)
+        else:
+            self._answer = response
+
+    def result(self) -> Any:
+        """The decoded answer; raises when every attempt failed."""
+        if self._answer is None:
+            raise self._transport._gave_up(self._path, self._failure)
+        return self._transport._decode(self._answer, self._path)
 
 
 @dataclass(frozen=True)

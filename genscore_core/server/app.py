@@ -70,6 +70,7 @@ from genscore_core.server.batcher import RequestBatcher
 from genscore_core.server.connections import AbandonedRequestMiddleware
 from genscore_core.server.limits import ServerLimits
 from genscore_core.server.metrics import METRICS_CONTENT_TYPE, MetricsMiddleware, ServerMetrics, count_usage
+from genscore_core.server.middleware import HttpMiddleware
 from genscore_core.server.nim import add_nim_routes
 from genscore_core.server.schemas import (
     ApiVersion,
@@ -179,7 +180,7 @@ OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redir
 description (no model, no traffic) stays readable. Everything else, /stats included, needs the key."""
 
 
-class ApiKeyMiddleware:
+class ApiKeyMiddleware(HttpMiddleware):
     """Answer 401 to a request without ``Authorization: Bearer <api_key>``, before anything reads its
     body: an unauthenticated request reaches neither the tokenizer nor the engine, and is not counted.
 
@@ -188,14 +189,11 @@ class ApiKeyMiddleware:
     """
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
+        super().__init__(app)
         self.api_key = api_key.encode()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        refusal = self._refusal(scope)
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = None if scope.get("path") in OPEN_PATHS else self._refusal(scope)
         if refusal is None:
             await self.app(scope, receive, send)
             return
@@ -220,7 +218,7 @@ class ApiKeyMiddleware:
         return None
 
 
-class BodySizeLimitMiddleware:
+class BodySizeLimitMiddleware(HttpMiddleware):
     """Answer 413 to a body over ``max_bytes``: at once from ``Content-Length``, else while reading it;
     answer 408 to a body not complete within ``timeout`` seconds of the request's head.
 
@@ -229,14 +227,11 @@ class BodySizeLimitMiddleware:
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, timeout: float) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
         self.timeout = timeout
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             error = BodyTooLargeError(self.max_bytes, int(declared))
@@ -269,20 +264,14 @@ class BodySizeLimitMiddleware:
         await self.app(scope, limited_receive, send)
 
 
-class InternalErrorMiddleware:
+class InternalErrorMiddleware(HttpMiddleware):
     """Answer an unexpected exception with a 500 error body, and keep the connection usable.
 
     (An ``Exception`` handler would run in Starlette's outermost middleware, which re-raises after
     answering, and the server then drops the keep-alive connection the client is reusing.)
     """
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def tracking_send(message: Message) -> None:

@@ -40,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from genscore_core.request_life import AbandonStats
 from genscore_core.result_cache import ResultCache
 from genscore_core.server.connections import ASGIApp, Message, Receive, Scope, Send
+from genscore_core.server.middleware import HttpMiddleware
 
 if TYPE_CHECKING:
     from genscore_core.server.batcher import RequestBatcher
@@ -134,7 +135,7 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(HttpMiddleware):
     """Time and count every HTTP request, by the route it reached and the status it got.
 
     ``routes`` are the app's (a route that matches the path names it; the request need not have
@@ -143,14 +144,11 @@ class MetricsMiddleware:
     """
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics, routes: Sequence[Any]) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
         self.routes = routes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         route = self._route(scope)
         usage = RequestUsage()
@@ -191,18 +189,13 @@ class MetricsMiddleware:
         return partial or "other"
 
 
+@dataclass(eq=False)  # the registry keys its collectors by identity
 class _ServerState(Collector):
     """What the server holds now, read at each scrape: no counting on the scoring path."""
 
-    def __init__(
-        self,
-        batcher: RequestBatcher,
-        abandon_stats: AbandonStats,
-        result_cache: Callable[[], ResultCache | None],
-    ) -> None:
-        self.batcher = batcher
-        self.abandon_stats = abandon_stats
-        self.result_cache = result_cache
+    batcher: RequestBatcher
+    abandon_stats: AbandonStats
+    result_cache: Callable[[], ResultCache | None]
 
     def collect(self) -> Iterator[Metric]:
         batcher = self.batcher

@@ -7,12 +7,12 @@ The body is ``{"model", "query": {"text"}, "passages": [{"text"}], "truncate"}``
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, StrictStr, model_validator
+from pydantic import BaseModel, StrictStr
 
-from genscore_core.protocol import log_ignored_fields
+from genscore_core.server.schemas import RequestBody
 from genscore_core.server.served import (
     Served,
     errors_renamed,
@@ -26,10 +26,10 @@ class NimText(BaseModel):
     text: StrictStr
 
 
-class NimRankingRequest(BaseModel):
+class NimRankingRequest(RequestBody):
     """NIM's ``/v1/ranking`` body."""
 
-    model_config = ConfigDict(extra="ignore")
+    request_name = "NIM ranking"
 
     model: str | None = None
     query: NimText
@@ -41,12 +41,6 @@ class NimRankingRequest(BaseModel):
     """This request's task instruction, instead of the server's (a genscore extension)."""
     instruct: StrictStr | None = None
     """SGLang's name for ``instruction``."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _log_ignored_fields(cls, data: Any) -> Any:
-        log_ignored_fields("NIM ranking", cls, data)
-        return data
 
 
 class NimRanking(BaseModel):

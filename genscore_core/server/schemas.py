@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -90,14 +90,30 @@ class HealthStatus(BaseModel):
     status: Literal["ok", "unavailable"]
 
 
+class RequestBody(BaseModel):
+    """A request body of one of the server's dialects: fields it does not know are ignored, as the
+    servers it speaks for do, and named in the log (:func:`~genscore_core.protocol.log_ignored_fields`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    request_name: ClassVar[str]
+    """What the log line calls the request."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _log_ignored_fields(cls, data: Any) -> Any:
+        log_ignored_fields(cls.request_name, cls, data)
+        return data
+
+
 class RerankDocument(BaseModel):
     text: str
 
 
-class RerankRequest(BaseModel):
+class RerankRequest(RequestBody):
     """The rerank shape of Cohere, Jina and vLLM (``/v1/rerank``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    request_name = "rerank"
 
     model: str | None = None
     query: str
@@ -120,12 +136,6 @@ class RerankRequest(BaseModel):
     (``--instruction``); refused (400) by a template without an ``{instruction}`` slot."""
     instruct: StrictStr | None = None
     """SGLang's name for ``instruction``."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _log_ignored_fields(cls, data: Any) -> Any:
-        log_ignored_fields("rerank", cls, data)
-        return data
 
     def texts(self) -> list[str]:
         return [doc if isinstance(doc, str) else doc.text for doc in self.documents]

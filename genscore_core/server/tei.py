@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, StrictBool, StrictStr, Tag, model_validator
+from pydantic import BaseModel, Discriminator, StrictBool, StrictStr, Tag
 
 from genscore_core.errors import InvalidRequestError
-from genscore_core.protocol import log_ignored_fields
+from genscore_core.server.schemas import RequestBody
 from genscore_core.server.served import (
     Served,
     errors_renamed,
@@ -43,10 +43,10 @@ def rerank_body_type(cohere: type[BaseModel]) -> Any:
     ]
 
 
-class TeiRerankRequest(BaseModel):
+class TeiRerankRequest(RequestBody):
     """TEI's ``/rerank`` body."""
 
-    model_config = ConfigDict(extra="ignore")
+    request_name = "TEI rerank"
 
     query: StrictStr
     texts: list[StrictStr]
@@ -63,12 +63,6 @@ class TeiRerankRequest(BaseModel):
     """This request's task instruction, instead of the server's (a genscore extension)."""
     instruct: StrictStr | None = None
     """SGLang's name for ``instruction``."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _log_ignored_fields(cls, data: Any) -> Any:
-        log_ignored_fields("TEI rerank", cls, data)
-        return data
 
 
 class TeiRank(BaseModel):

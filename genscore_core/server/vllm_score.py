@@ -12,21 +12,22 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import Depends, FastAPI, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, Field, StrictInt, StrictStr
 
 from genscore_core.errors import InvalidRequestError, ServerHTTPError
-from genscore_core.protocol import ScoreData, UsageInfo, log_ignored_fields
+from genscore_core.protocol import ScoreData, UsageInfo
 from genscore_core.results import RankedResults
+from genscore_core.server.schemas import RequestBody
 from genscore_core.server.served import Served, errors_renamed, request_instruction
 
 
-class ScoreRequest(BaseModel):
+class ScoreRequest(RequestBody):
     """vLLM's ``/score`` body."""
 
-    model_config = ConfigDict(extra="ignore")
+    request_name = "score"
 
     model: str | None = None
     text_1: StrictStr | list[StrictStr]
@@ -41,12 +42,6 @@ class ScoreRequest(BaseModel):
     """This request's task instruction, instead of the server's (a genscore extension)."""
     instruct: StrictStr | None = None
     """SGLang's name for ``instruction``."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _log_ignored_fields(cls, data: Any) -> Any:
-        log_ignored_fields("score", cls, data)
-        return data
 
 
 class ScoreResponse(BaseModel):

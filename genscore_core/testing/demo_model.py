@@ -67,7 +67,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from genscore_core.testing.tiny_model import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir, write_model_folder
+from genscore_core.testing.tiny_model import (
+    QWEN3_VOCAB_SIZE,
+    qwen3_config,
+    qwen3_tokenizer_dir,
+    write_model_folder,
+)
 
 DEMO_MODEL_NOTICE = (
     "DEMO MODEL: written by `genscore make-demo-model`. It ranks documents by how many of the query's "
@@ -128,10 +133,8 @@ _ROPE: dict[str, Any] = {"rope_theta": _ROPE_THETA}
 
 
 def _config(tokenizer: Any) -> Any:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=QWEN3_VOCAB_SIZE,
+    return qwen3_config(
+        tokenizer,
         hidden_size=_HIDDEN,
         intermediate_size=_MLP,
         num_hidden_layers=_LAYERS,
@@ -142,11 +145,7 @@ def _config(tokenizer: Any) -> Any:
         # transformers 5 folds rope_theta into rope_parameters (its signature no longer names it);
         # 4.x reads it as it is and would ignore rope_parameters.
         **_ROPE,
-        tie_word_embeddings=True,
         rms_norm_eps=1e-6,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
 
 

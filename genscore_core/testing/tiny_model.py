@@ -60,12 +60,12 @@ def make_tiny_model(
         The output folder.
     """
     import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
 
     out = Path(output_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
-    config = Qwen3Config(
-        vocab_size=QWEN3_VOCAB_SIZE,
+    config = qwen3_config(
+        tokenizer,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
@@ -74,10 +74,6 @@ def make_tiny_model(
         head_dim=hidden_size // num_heads,
         max_position_embeddings=max_position_embeddings,
         initializer_range=initializer_range,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).eval()
@@ -92,6 +88,21 @@ def make_tiny_model(
         settings=settings,
     )
     return out
+
+
+def qwen3_config(tokenizer: Any, **sizes: Any) -> Any:
+    """A ``Qwen3Config`` over the real Qwen3 vocabulary, its LM head tied to the embeddings and its
+    special token ids those of ``tokenizer``; ``sizes`` are the other ``Qwen3Config`` arguments."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=QWEN3_VOCAB_SIZE,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **sizes,
+    )
 
 
 def write_model_folder(

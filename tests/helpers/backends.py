@@ -159,3 +159,14 @@ async def _until(condition: Callable[[], bool], failure: str, seen: object) -> N
             return
         await asyncio.sleep(0.01)
     pytest.fail(f"{failure}: {seen}")
+
+
+async def first_call_launched(
+    batcher: RequestBatcher, backend: SteppedAheadBackend
+) -> list[asyncio.Future[list[float]]]:
+    """Job 1 queued and its call launched (its work queued on the device) but not answered: the
+    call that the jobs the test queues next wait behind."""
+    tasks = await queue(batcher, [job(1)])
+    await backend.launch_next()
+    await backend.launched_calls(1)
+    return tasks

@@ -65,6 +65,29 @@ def committed(name: str) -> nbformat.NotebookNode:
     return notebook
 
 
+def committed_output(name: str) -> str:
+    """What the committed notebook ``name`` printed, once its code cells are checked to have run
+    once each, in order (as a run top to bottom leaves them)."""
+    notebook = committed(name)
+    counts = [cell.execution_count for cell in notebook.cells if cell.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{name} is committed with cells run out of order: {counts}"
+    )
+    return printed(notebook)
+
+
+def run_on_demo_model(name: str, workdir: Path, demo_model_dir: Path) -> str:
+    """What ``name`` prints run top to bottom in ``workdir``, the demo model it loads there being
+    ``demo_model_dir``."""
+    (workdir / DEMO_FOLDER).symlink_to(demo_model_dir)
+    return printed(execute(name, workdir))
+
+
+def scored_ids(text: str) -> list[str]:
+    """The ids the notebook printed with a score (a line's first word, where the line has ``score=``)."""
+    return [line.split()[0] for line in text.splitlines() if "score=" in line]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Execute the example notebooks and save their outputs.")
     parser.add_argument("--demo-model", type=Path, help="an existing demo model folder to link to")

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +30,15 @@ TEST_LIMITS = ServerLimits(
     batch_max_tokens=8192,
     batch_max_wait_ms=2.0,
 )
+
+# A rerank query and four documents, the first the best answer: the dialect and adapter tests' set.
+CAPITAL_QUERY = "What is the capital of France?"
+CAPITAL_DOCUMENTS = [
+    "Paris is the capital and largest city of France.",
+    "Berlin is the capital of Germany.",
+    "The Eiffel Tower is in Paris.",
+    "Lyon is known for its cuisine.",
+]
 
 # The seed's curl examples and error cases, verbatim.
 SEED_TEXT_REQUEST: dict[str, Any] = {
@@ -122,6 +132,27 @@ def stop_server_process(process: subprocess.Popen[Any]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+@contextmanager
+def genscore_serve_process(
+    command: Sequence[str], model_dir: Path, *flags: str, timeout: float = 120
+) -> Iterator[tuple[str, subprocess.Popen[Any]]]:
+    """``genscore serve`` of ``model_dir`` (fp32 on the CPU, max length 512) in a subprocess on a free
+    loopback port, started by ``command`` (the console script, or ``python -m genscore_core.cli``)
+    with ``flags`` added: its URL once healthy, and the process, stopped on exit."""
+    port = free_port()
+    serve = [
+        *command, "serve", "--model", str(model_dir), "--port", str(port), "--max-length", "512",
+        "--device", "cpu", "--dtype", "float32", "--log-level", "warning", *flags,
+    ]  # fmt: skip
+    process = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout=timeout, alive=lambda: process.poll() is None)
+        yield url, process
+    finally:
+        stop_server_process(process)
 
 
 def check_against_spec(spec: dict[str, Any], method: str, path: str, response: httpx.Response) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.notebooks import DEMO_FOLDER, committed, execute, printed
+from tests.helpers.notebooks import DEMO_FOLDER, committed, committed_output, printed, run_on_demo_model
 
 NOTEBOOK = "evaluate_and_calibrate.ipynb"
 
@@ -35,16 +35,12 @@ def _check(text: str) -> dict[str, list[str]]:
 
 
 def test_notebook_is_committed_with_its_outputs() -> None:
-    notebook = committed(NOTEBOOK)
-    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
-    assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1))
-    _check(printed(notebook))
+    _check(committed_output(NOTEBOOK))
 
 
 @pytest.mark.slow
 def test_notebook_runs_top_to_bottom(tmp_path: Path, demo_model_dir: Path) -> None:
-    (tmp_path / DEMO_FOLDER).symlink_to(demo_model_dir)
-    out = printed(execute(NOTEBOOK, tmp_path))
+    out = run_on_demo_model(NOTEBOOK, tmp_path, demo_model_dir)
     rows = _check(out)
     # What every machine agrees on: the data, and the first stage's row (no model in it). The demo
     # model's scores move with the CPU's vector width (float32 rounding in its training), so its

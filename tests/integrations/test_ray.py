@@ -29,8 +29,7 @@ from tests.helpers.server import (
     SEED_TEXT_REQUEST,
     SEED_TOKEN_REQUEST,
     free_port,
-    stop_server_process,
-    wait_healthy,
+    genscore_serve_process,
 )
 
 SETTINGS: dict[str, Any] = {"device": "cpu", "dtype": "float32", "max_length": 512}
@@ -648,18 +647,9 @@ def test_ray_file_job_refuses_an_output_that_holds_files(tmp_path: Path, tiny_mo
 @pytest.fixture(scope="module")
 def genscore_serve(tiny_model_dir: Path) -> Iterator[str]:
     """A real ``genscore serve`` process on loopback, the reference the Ray Serve deployment must match."""
-    port = free_port()
-    command = [
-        sys.executable, "-m", "genscore_core.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
-        "--max-length", "512", "--device", "cpu", "--dtype", "float32", "--log-level", "warning",
-    ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, timeout=180, alive=lambda: process.poll() is None)
+    serve = genscore_serve_process([sys.executable, "-m", "genscore_core.cli"], tiny_model_dir, timeout=180)
+    with serve as (url, _):
         yield url
-    finally:
-        stop_server_process(process)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ import pytest
 
 from genscore_core import GenerativeScorer, RemoteConfigurationError
 from genscore_core.server import create_app
+from tests.helpers.server import CAPITAL_DOCUMENTS as TEXTS
+from tests.helpers.server import CAPITAL_QUERY as QUERY
 from tests.helpers.server import TEST_LIMITS, LiveServer, serve_in_thread
 
 pytest.importorskip("langchain_core")
@@ -22,14 +24,6 @@ from llama_index.core.schema import NodeWithScore, TextNode
 
 from genscore_integrations.langchain import GenerativeReranker
 from genscore_integrations.llama_index import GenerativeRerank
-
-QUERY = "What is the capital of France?"
-TEXTS = [
-    "Paris is the capital and largest city of France.",
-    "Berlin is the capital of Germany.",
-    "The Eiffel Tower is in Paris.",
-    "Lyon is known for its cuisine.",
-]
 
 
 def _documents() -> list[Document]:

@@ -21,15 +21,10 @@ from llama_index.postprocessor.tei_rerank import TextEmbeddingInference
 
 from genscore_core import GenerativeScorer
 from genscore_core.server import create_app
+from tests.helpers.server import CAPITAL_DOCUMENTS as TEXTS
+from tests.helpers.server import CAPITAL_QUERY as QUERY
 from tests.helpers.server import TEST_LIMITS, LiveServer, serve_in_thread
 
-QUERY = "What is the capital of France?"
-TEXTS = [
-    "Paris is the capital and largest city of France.",
-    "Berlin is the capital of Germany.",
-    "The Eiffel Tower is in Paris.",
-    "Lyon is known for its cuisine.",
-]
 LONG_TEXT = "word " * 2000  # over the session scorer's max_length of 512
 
 

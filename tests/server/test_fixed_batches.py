@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import httpx
 import pytest
 
 from genscore_core import GenerativeScorer
-from genscore_core.backend import JobPart, ProgressCallback, ScoringJob, StreamedJob, StreamLayout, streamed
+from genscore_core.backend import ProgressCallback, ScoringJob, StreamedJob, StreamLayout, streamed
 from genscore_core.engine import ScoringEngine
 from genscore_core.server import RequestBatcher, ServerLimits, create_app
 from genscore_core.server.cli import add_serve_command, server_limits
@@ -88,16 +89,12 @@ class RecordingEngine(ScoringEngine):
         return super().score_jobs(jobs, on_progress)
 
     def score_stream(
-        self,
-        jobs: Sequence[StreamedJob],
-        parts: Iterable[JobPart],
-        on_progress: ProgressCallback | None = None,
-        *,
-        layout: StreamLayout | None = None,
+        self, jobs: Sequence[StreamedJob], *args: Any, layout: StreamLayout | None = None, **kwargs: Any
     ) -> list[list[float]]:
+        # The contract's other arguments (parts, on_progress) go through as they came.
         assert layout is not None and layout.batch_tokens == 64
         self.calls.append(("fixed", len(jobs)))
-        return super().score_stream(jobs, parts, on_progress, layout=layout)
+        return super().score_stream(jobs, *args, layout=layout, **kwargs)
 
 
 async def test_calls_of_several_jobs_take_fixed_batches_and_a_lone_job_the_engine_way(

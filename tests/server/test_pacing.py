@@ -9,7 +9,7 @@ import time
 import pytest
 
 from genscore_core.server.pacing import DevicePace
-from tests.helpers.backends import SteppedAheadBackend, job, queue, started
+from tests.helpers.backends import SteppedAheadBackend, first_call_launched, job, queue, started
 
 
 def test_no_history_means_take_now() -> None:
@@ -84,9 +84,7 @@ async def test_requests_arriving_before_the_take_point_join_the_call_laid_out_ah
     backend = SteppedAheadBackend()
     pace = FixedPace(at=time.perf_counter() + 3600)  # not yet
     async with started(backend, max_batch_tokens=100, max_wait_ms=0, pace=pace) as batcher:
-        tasks = await queue(batcher, [job(1)])
-        await backend.launch_next()  # call 1 has queued its work; the take point has not come
-        await backend.launched_calls(1)
+        tasks = await first_call_launched(batcher, backend)  # the take point has not come
         tasks += await queue(batcher, [job(2)])
         tasks += await queue(batcher, [job(3)])
         await asyncio.sleep(0.05)
@@ -116,9 +114,7 @@ def _an_hour_late() -> FixedPace:
 async def test_a_queue_that_fills_the_budget_is_taken_before_the_take_point() -> None:
     backend = SteppedAheadBackend()
     async with started(backend, max_batch_tokens=8, max_wait_ms=0, pace=_an_hour_late()) as batcher:
-        tasks = await queue(batcher, [job(1)])
-        await backend.launch_next()
-        await backend.launched_calls(1)
+        tasks = await first_call_launched(batcher, backend)
         tasks += await queue(batcher, [job(2)])
         await asyncio.sleep(0.05)
         assert backend.laid_out == []
@@ -138,9 +134,7 @@ async def test_a_queue_that_fills_the_budget_is_taken_before_the_take_point() ->
 async def test_a_running_call_answered_before_the_take_point_lets_the_queue_go_next() -> None:
     backend = SteppedAheadBackend()
     async with started(backend, max_batch_tokens=100, max_wait_ms=0, pace=_an_hour_late()) as batcher:
-        tasks = await queue(batcher, [job(1)])
-        await backend.launch_next()
-        await backend.launched_calls(1)
+        tasks = await first_call_launched(batcher, backend)
         tasks += await queue(batcher, [job(2), job(3)])
         backend.step()  # call 1 answered: jobs 2 and 3 are the next call, taken after it
         await backend.launch_next()

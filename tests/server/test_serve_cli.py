@@ -22,9 +22,7 @@ from tests.helpers.server import (
     SEED_EMPTY_ITEMS_REQUEST,
     SEED_TEXT_REQUEST,
     SEED_TOKEN_REQUEST,
-    free_port,
-    stop_server_process,
-    wait_healthy,
+    genscore_serve_process,
 )
 
 GENSCORE = shutil.which("genscore")
@@ -34,18 +32,8 @@ CURL = shutil.which("curl")
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path) -> Iterator[str]:
     assert GENSCORE is not None, "the genscore console script is not installed"
-    port = free_port()
-    command = [
-        GENSCORE, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--max-length", "512",
-        "--device", "cpu", "--dtype", "float32", "--log-level", "warning",
-    ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, timeout=120, alive=lambda: process.poll() is None)
+    with genscore_serve_process([GENSCORE], tiny_model_dir) as (url, _):
         yield url
-    finally:
-        stop_server_process(process)
 
 
 def curl(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -115,23 +103,17 @@ def test_a_stop_signal_answers_the_request_in_flight_then_exits(
     """docs/scaling.md: on SIGTERM or SIGINT the server stops listening, finishes what it has received,
     then exits: by SIGTERM itself (as supervisors expect of a service they stopped), 0 after Ctrl-C."""
     assert GENSCORE is not None
-    port = free_port()
-    command = [
-        GENSCORE, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--max-length", "512",
-        "--device", "cpu", "--dtype", "float32", "--log-level", "warning", "--max-items", "4096",
-        "--max-prompt-tokens", "1000000",
-    ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
     documents = [f"document {i} about nothing much " * 8 for i in range(1000)]  # seconds on a CPU
     answer: dict[str, Any] = {}
+    limits = ("--max-items", "4096", "--max-prompt-tokens", "1000000")
+    with genscore_serve_process([GENSCORE], tiny_model_dir, *limits) as (url, process):
 
-    def post() -> None:
-        response = httpx.post(url + "/v1/rerank", json={"query": "q", "documents": documents}, timeout=300)
-        answer.update(status=response.status_code, body=response.json())
+        def post() -> None:
+            response = httpx.post(
+                url + "/v1/rerank", json={"query": "q", "documents": documents}, timeout=300
+            )
+            answer.update(status=response.status_code, body=response.json())
 
-    try:
-        wait_healthy(url, timeout=120, alive=lambda: process.poll() is None)
         client = threading.Thread(target=post)
         client.start()
         deadline = time.monotonic() + 120
@@ -143,10 +125,6 @@ def test_a_stop_signal_answers_the_request_in_flight_then_exits(
         assert answer["status"] == 200, answer
         assert sorted(result["index"] for result in answer["body"]["results"]) == list(range(len(documents)))
         assert process.wait(timeout=60) == status
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 @pytest.mark.slow

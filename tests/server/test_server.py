@@ -16,6 +16,7 @@ import torch
 from genscore_core import GenerativeScorer
 from genscore_core.backend import ScoringBackend
 from genscore_core.server import create_app
+from tests.helpers.server import CAPITAL_DOCUMENTS as DOCUMENTS
 from tests.helpers.server import (
     SEED_EMPTY_ITEMS_ERROR,
     SEED_EMPTY_ITEMS_REQUEST,
@@ -26,12 +27,6 @@ from tests.helpers.server import (
 )
 
 PATHS = ["/generative_score", "/generative_scoring"]
-DOCUMENTS = [
-    "Paris is the capital and largest city of France.",
-    "Berlin is the capital of Germany.",
-    "The Eiffel Tower is in Paris.",
-    "Lyon is known for its cuisine.",
-]
 
 
 def _assert_error(
