@@ -44,6 +44,7 @@ def linked_model(source: Path, out: Path) -> Path:
     for file in source.iterdir():
         if file.is_file() and file.name != "README.md":
             (out / file.name).symlink_to(file.resolve())
+    return out
 
 
 def convert_to_seq_cls(

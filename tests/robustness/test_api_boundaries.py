@@ -281,7 +281,7 @@ def test_a_dict_of_pairs_is_told_to_pass_its_items(scorer: GenerativeScorer) -> 
 
 NUMBER_SETTINGS = [
     "max_length", "chunk_overlap", "query_share", "max_batch_tokens", "max_batch_size",
-    "server_timeout", "server_max_retries", "server_batch_size", "result_cache_bytes",
+    "server_timeout", "server_max_retries", "server_batch_size", "result_cache_bytes", "chunk_max_tokens",
 ]  # fmt: skip
 
 

@@ -19,6 +19,15 @@ QUERY = "capital of France"
 TEXTS = ["Paris is the capital of France.", "Berlin is in Germany.", "Lyon has good food."]
 
 
+def _as_from_a_terminal() -> None:
+    """In the child, before genscore starts: Ctrl-C as a terminal delivers it (the default action,
+    not blocked). A child inherits an ignored or blocked SIGINT from its parent, and the pytest
+    worker that starts it may have had one left so by an earlier test's library (in a full CI run
+    all three Ctrl-C tests saw genscore run to the end and exit 0)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.getcwd(), **extra}
 
@@ -139,7 +148,7 @@ def test_ctrl_c_stops_with_one_line(tiny_model_dir: Path, tmp_path: Path) -> Non
     process = subprocess.Popen(
         [GENSCORE, "rerank", "--model", str(tiny_model_dir), "--max-length", "512", "--query", "things",
          "--documents", str(documents)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), preexec_fn=_as_from_a_terminal,
     )  # fmt: skip
     assert process.stderr is not None
     seen = b""
@@ -169,7 +178,9 @@ def test_ctrl_c_in_genscore_score_says_how_to_resume_and_the_rerun_does(
     output = tmp_path / "scored.jsonl"
     command = [GENSCORE, "score", str(rows), "-o", str(output), "--model", str(tiny_model_dir), "--max-length", "512",
                "--chunk-size", "64"]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())  # type: ignore[arg-type]
+    process = subprocess.Popen(  # type: ignore[call-overload]
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), preexec_fn=_as_from_a_terminal
+    )
     first_chunk = output.with_name("scored.jsonl.partial") / "part-00000000.jsonl"
     while not first_chunk.exists():
         assert process.poll() is None, process.communicate()[1].decode()
@@ -223,6 +234,7 @@ def _piped(model: Path, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         _command(model, "--queries", "-", *args),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+        preexec_fn=_as_from_a_terminal,
         bufsize=0,  # a buffered reader would take the next lines into its buffer, where select cannot see them
     )  # fmt: skip
 

@@ -93,7 +93,7 @@ def _type_problems(request: dict[str, Any]) -> set[str]:
         problems.add("label_token_ids")
     for flag in ("apply_softmax", "item_first", "add_special_tokens"):
         value = request.get(flag, True)
-        if not isinstance(value, bool) and value not in (0, 1, "yes"):  # pydantic's lax booleans
+        if not isinstance(value, bool):  # strict JSON booleans, as the protocol's flags are (issue 38)
             problems.add(flag)
     return problems
 
