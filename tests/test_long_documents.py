@@ -36,13 +36,7 @@ def reference(tiny_model_dir: Path) -> tuple[object, object]:
 
 @pytest.fixture(scope="module")
 def chunking(scorer: GenerativeScorer) -> GenerativeScorer:
-    return GenerativeScorer.from_model(
-        scorer.model,
-        scorer.tokenizer,
-        max_length=MAX_LENGTH,
-        long_documents="chunk",
-        chunk_overlap=OVERLAP,
-    )
+    return _chunker(scorer, MAX_LENGTH, chunk_overlap=OVERLAP)
 
 
 def _document(rng: random.Random, words: int) -> str:
@@ -112,14 +106,7 @@ def test_other_aggregations(chunking: GenerativeScorer, reference: tuple[object,
         ("first", window_scores[0]),
         ("last", window_scores[-1]),
     ):
-        scorer = GenerativeScorer.from_model(
-            chunking.model,
-            chunking.tokenizer,
-            max_length=MAX_LENGTH,
-            long_documents="chunk",
-            chunk_overlap=OVERLAP,
-            chunk_aggregation=aggregation,
-        )
+        scorer = _chunker(chunking, MAX_LENGTH, chunk_overlap=OVERLAP, chunk_aggregation=aggregation)
         [result] = scorer.rerank(query, [document])
         assert result.score == pytest.approx(expected, abs=1e-5), aggregation
 
@@ -333,14 +320,7 @@ def test_chunk_mode_caps_one_documents_tokens_by_default(
     from genscore_core.config import PromptSettings
 
     assert PromptSettings().chunk_max_tokens == 262_144  # genscore serve's default --max-prompt-tokens
-    capped = GenerativeScorer.from_model(
-        scorer.model,
-        scorer.tokenizer,
-        max_length=MAX_LENGTH,
-        long_documents="chunk",
-        chunk_overlap=OVERLAP,
-        chunk_max_tokens=400,
-    )
+    capped = _chunker(scorer, MAX_LENGTH, chunk_overlap=OVERLAP, chunk_max_tokens=400)
     rng = random.Random(11)
     within = _document(rng, 300)
     assert 300 < len(scorer.tokenizer(within)["input_ids"]) <= 400

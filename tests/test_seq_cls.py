@@ -8,7 +8,6 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -18,9 +17,7 @@ from genscore_core import GenerativeScorer
 from genscore_core.errors import ConfigurationError, InvalidRequestError, NotARerankerError
 from genscore_core.testing.tiny_model import qwen3_tokenizer_dir
 from tests.helpers.reference_recipe import (
-    QWEN3_INSTRUCTION,
-    QWEN3_PREFIX,
-    QWEN3_SUFFIX,
+    official_qwen3_ids,
     official_qwen3_scores,
 )
 from tests.helpers.tiny_models import convert_to_seq_cls
@@ -53,21 +50,11 @@ def folders(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     return made
 
 
-def _official_ids(tokenizer: Any, query: str, document: str) -> list[int]:
-    """The model card's prompt, untruncated (every pair here fits)."""
-    body = f"<Instruct>: {QWEN3_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}"
-    return (
-        tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)
-        + tokenizer.encode(body, add_special_tokens=False)
-        + tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)
-    )
-
-
 def _classifier_logits(folder: Path) -> tuple[list[list[int]], torch.Tensor]:
     """transformers' own sequence-classification forward of each official prompt: [pairs, rows]."""
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForSequenceClassification.from_pretrained(str(folder), dtype=torch.float32).eval()
-    prompts = [_official_ids(tokenizer, q, d) for q, d in PAIRS]
+    prompts = [official_qwen3_ids(tokenizer, q, d) for q, d in PAIRS]
     with torch.no_grad():
         logits = torch.cat([model(input_ids=torch.tensor([ids])).logits for ids in prompts])
     return prompts, logits.double()

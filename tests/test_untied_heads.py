@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -17,11 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from genscore_core import GenerativeScorer
 from genscore_core.server import create_app
 from tests.helpers.reference_recipe import (
-    QWEN3_INSTRUCTION,
-    QWEN3_PREFIX,
-    QWEN3_SUFFIX,
     bge_reference_ids,
     last_logits_left_padded,
+    official_qwen3_ids,
     official_qwen3_scores,
 )
 from tests.helpers.server import TEST_LIMITS, serve_in_thread
@@ -67,15 +64,6 @@ def _rerank_through_a_server(scorer: GenerativeScorer) -> list[float]:
     return [by_index[i] for i in range(len(DOCUMENTS))]
 
 
-def _official_ids(tokenizer: Any, query: str, document: str) -> list[int]:
-    body = f"<Instruct>: {QWEN3_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}"
-    return (
-        tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)
-        + tokenizer.encode(body, add_special_tokens=False)
-        + tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)
-    )
-
-
 @pytest.mark.slow
 def test_untied_qwen3_every_path(folders: dict[str, Path]) -> None:
     scorer = GenerativeScorer(str(folders["qwen3"]), device="cpu", dtype="float32", max_length=512)
@@ -87,7 +75,7 @@ def test_untied_qwen3_every_path(folders: dict[str, Path]) -> None:
 
     # Read through the embeddings instead, the same hidden states give other scores.
     yes, no = (tokenizer.convert_tokens_to_ids(w) for w in ("yes", "no"))
-    prompts = [_official_ids(tokenizer, q, d) for q, d in PAIRS]
+    prompts = [official_qwen3_ids(tokenizer, q, d) for q, d in PAIRS]
     with torch.no_grad():
         hidden = torch.stack(
             [reference.model(input_ids=torch.tensor([p])).last_hidden_state[0, -1] for p in prompts]

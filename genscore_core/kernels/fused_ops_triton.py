@@ -30,6 +30,16 @@ def _add_rmsnorm_kernel(  # type: ignore[no-untyped-def]  # triton reads annotat
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    normed, cols, mask = _added_normed_row(res_ptr, delta_ptr, w_ptr, row, H, eps, HAS_DELTA, BLOCK)
+    tl.store(out_ptr + row * H + cols, normed.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _added_normed_row(  # type: ignore[no-untyped-def]
+    res_ptr, delta_ptr, w_ptr, row, H, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr
+):
+    """Row ``row`` of ``res (+ delta, stored back into res)``, RMS-normed and times ``w``: float32
+    [BLOCK], with its columns and their mask. The one body of the bf16 and the FP8 kernels."""
     cols = tl.arange(0, BLOCK)
     mask = cols < H
     r = tl.load(res_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
@@ -40,7 +50,7 @@ def _add_rmsnorm_kernel(  # type: ignore[no-untyped-def]  # triton reads annotat
     variance = tl.sum(r * r, axis=0) / H
     rstd = 1.0 / tl.sqrt(variance + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * H + cols, (r * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+    return r * rstd * w, cols, mask
 
 
 def add_rmsnorm(
@@ -253,17 +263,8 @@ def _add_rmsnorm_fp8_kernel(  # type: ignore[no-untyped-def]  # triton reads ann
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < H
-    r = tl.load(res_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_DELTA:
-        d = tl.load(delta_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-        r = r + d
-        tl.store(res_ptr + row * H + cols, r.to(res_ptr.dtype.element_ty), mask=mask)
-    variance = tl.sum(r * r, axis=0) / H
-    rstd = 1.0 / tl.sqrt(variance + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    _store_e4m3_row(r * rstd * w, mask, out_ptr + row * H + cols, scale_ptr, row)
+    normed, cols, mask = _added_normed_row(res_ptr, delta_ptr, w_ptr, row, H, eps, HAS_DELTA, BLOCK)
+    _store_e4m3_row(normed, mask, out_ptr + row * H + cols, scale_ptr, row)
 
 
 def _row_warps(block: int) -> int:

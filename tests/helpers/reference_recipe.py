@@ -19,6 +19,16 @@ QWEN3_INSTRUCTION = "Given a web search query, retrieve relevant passages that a
 YES_ID, NO_ID = 9693, 2152
 
 
+def official_qwen3_ids(tokenizer: Any, query: str, document: str) -> list[int]:
+    """The model card's prompt of one pair as token ids, untruncated (for pairs that fit)."""
+    body = f"<Instruct>: {QWEN3_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}"
+    return (
+        tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)
+        + tokenizer.encode(body, add_special_tokens=False)
+        + tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)
+    )
+
+
 def official_qwen3_scores(
     model: Any,
     tokenizer: Any,
