@@ -143,6 +143,18 @@ class SteppedAheadBackend(SteppedBackend):
         await self.running()
         self.launch()
 
+    async def finish_last_two(
+        self, laid_out: int, tasks: list[asyncio.Future[list[float]]]
+    ) -> list[list[float]]:
+        """The running call launched with the next one laid out ahead (the ``laid_out``-th), that
+        one launched and both collected: every task's result."""
+        self.launch()
+        await self.laid_out_calls(laid_out)
+        self.step()
+        await self.launch_next()
+        self.step()
+        return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
     async def launched_calls(self, count: int) -> None:
         await _until(lambda: len(self.launched) >= count, f"{count} calls were never launched", self.launched)
 

@@ -122,12 +122,7 @@ async def test_the_next_call_is_laid_out_while_the_running_one_finishes() -> Non
         tasks += await queue(batcher, [job(5)])  # after that: it waits for the call after
         backend.step()
         await backend.running()  # call 2 runs, queued behind call 1 on the engine's thread
-        backend.launch()
-        await backend.laid_out_calls(2)
-        backend.step()
-        await backend.launch_next()
-        backend.step()
-        results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        results = await backend.finish_last_two(2, tasks)
     assert results == [[float(tag)] for tag in range(1, 6)]
     # Arrival order and the budget (two 4-token jobs) as for calls taken after the one before.
     assert backend.calls == [[1], [2, 3], [4, 5]]
@@ -172,12 +167,7 @@ async def test_a_call_that_fails_to_lay_out_ahead_is_laid_out_again() -> None:
     async with started(backend, max_wait_ms=0) as batcher:
         tasks = await first_call_running(batcher, backend)
         tasks += await queue(batcher, [job(2)])
-        backend.launch()
-        await backend.laid_out_calls(1)
-        backend.step()
-        await backend.launch_next()
-        backend.step()
-        results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        results = await backend.finish_last_two(1, tasks)
     assert results == [[1.0], [2.0]]
     assert backend.calls == [[1], [2]]
 
