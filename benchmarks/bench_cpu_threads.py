@@ -1,7 +1,7 @@
 """W1 on the CPU under three thread settings, each in a fresh process, interleaved and repeated.
 
-    python benchmarks/cpu_threads.py                 # 1 x 256 documents, 3 rounds
-    python benchmarks/cpu_threads.py --docs 2000     # the issue's 2,000 documents
+    python benchmarks/bench_cpu_threads.py                 # 1 x 256 documents, 3 rounds
+    python benchmarks/bench_cpu_threads.py --docs 2000     # the issue's 2,000 documents
 
 * ``torch default``: torch's own thread count (one per core of the machine), given as ``cpu_threads``
   so that genscore keeps it: what genscore did before it chose;
