@@ -54,6 +54,7 @@ from common import (
     build_model,
     call_times,
     errors,
+    genscore_commit,
     load_tokenizer,
     median,
     run_reported,
@@ -474,7 +475,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
     check_device()
     import quack
 
-    report.label = report.label or f"quack-kernels {quack.__version__}"
+    report.label = report.label or f"{genscore_commit()} + quack-kernels {quack.__version__}"
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 references
     torch.manual_seed(0)
     wt = Weights()
