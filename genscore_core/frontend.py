@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -266,13 +267,8 @@ class ScoringFrontEnd:
         builder = self._builder
         if budget is not None:
             refuse_by_length(self.tokenizer, documents, budget)
-        by_query: dict[str, list[int]] = {}
-        for position, (query, _) in enumerate(pairs):
-            by_query.setdefault(query, []).append(position)
-        whole: dict[int, EncodedPrompt] = {}
-        for query, positions in by_query.items():
-            built = builder.build_marked(query, [documents[p] for p in positions], indices=positions)
-            whole.update((p, prompt) for p, (prompt, cut) in zip(positions, built) if not cut)
+        built = builder.build_pairs_marked([(query, d) for (query, _), d in zip(pairs, documents)])
+        whole = {p: prompt for p, (prompt, cut) in enumerate(built) if not cut}
         long = [p for p in range(len(pairs)) if p not in whole]
         cap = self.config.prompt.chunk_max_tokens
         if offsets is None:
@@ -404,32 +400,9 @@ class ScoringFrontEnd:
     ) -> PreparedPairs:
         """One job per distinct query; errors name a pair by its position in ``pairs``, or by
         ``owners[position]`` (the caller's pair a window was cut from)."""
-        by_query: dict[str, list[int]] = {}
-        for position, (query, _) in enumerate(pairs):
-            by_query.setdefault(query, []).append(position)
-        encoded: dict[int, EncodedPrompt] = {}
-        jobs = []
-        for query, positions in by_query.items():
-            documents = tuple(pairs[p][1] for p in positions)
-            names = positions if owners is None else [owners[p] for p in positions]
-            prompts = self._builder.build(query, documents, indices=names)
-            encoded.update(zip(positions, prompts))
-            jobs.append(
-                ScoringJob(
-                    [p.token_ids for p in prompts],
-                    self.label_token_ids,
-                    apply_softmax=self.score_mode != "vocab-softmax",
-                    texts=JobTexts(query, documents),
-                    score_mode=self.score_mode,
-                    logit_temperature=self.template.logit_temperature,
-                )
-            )
-        return PreparedPairs(
-            positions=list(by_query.values()),
-            prompts=[encoded[position] for position in range(len(pairs))],
-            jobs=jobs,
-            calibration=self.calibration,
-        )
+        # Every pair in one build: one tokenizer call whatever the number of distinct queries.
+        prompts = self._builder.build_pairs(pairs, indices=owners)
+        return self._assembled(pairs, prompts)
 
     def stream_pairs(
         self,
@@ -466,20 +439,32 @@ class ScoringFrontEnd:
         )
 
 
-def text_parts(
-    documents: Sequence[str], first_part_chars: int = FIRST_PART_CHARS, part_chars: int = PART_CHARS
-) -> Iterator[tuple[int, int]]:
-    """``[start, stop)`` ranges of ``documents`` of about ``part_chars`` characters each, the
-    first of ``first_part_chars`` and at least two documents (so that it shows the prefix the
-    prompts share)."""
-    start, limit, minimum = 0, first_part_chars, 2
-    while start < len(documents):
-        stop, chars = start, 0
-        while stop < len(documents) and (chars < limit or stop - start < minimum):
-            chars += len(documents[stop])
-            stop += 1
-        yield start, stop
-        start, limit, minimum = stop, part_chars, 1
+def pair_parts(
+    documents: Sequence[Sequence[str]],
+    first_part_chars: int = FIRST_PART_CHARS,
+    part_chars: int = PART_CHARS,
+) -> Iterator[list[tuple[int, int, int]]]:
+    """Parts of the documents of several jobs (``documents[j]``: job ``j``'s, in order), each a list
+    of ``(job, start, stop)`` ranges of about ``part_chars`` characters, the first of
+    ``first_part_chars``. A part may hold many jobs (distinct queries of one document each), so
+    that one tokenizer call builds it; a job's first range holds at least two of its documents (so
+    that it shows the prefix its prompts share)."""
+    part: list[tuple[int, int, int]] = []
+    chars, limit = 0, first_part_chars
+    for job, texts in enumerate(documents):
+        start = 0
+        while start < len(texts):
+            stop, minimum = start, 2 if start == 0 else 1
+            while stop < len(texts) and (chars < limit or stop - start < minimum):
+                chars += len(texts[stop])
+                stop += 1
+            part.append((job, start, stop))
+            start = stop
+            if chars >= limit:
+                yield part
+                part, chars, limit = [], 0, part_chars
+    if part:
+        yield part
 
 
 class PairStream:
@@ -521,12 +506,15 @@ class PairStream:
         :class:`~genscore_core.errors.PromptTooLongError` with its pair's index, as
         :meth:`ScoringFrontEnd.prepare_pairs` does."""
         builder = self._front_end._builder
-        for job, (query, documents, positions) in enumerate(
-            zip(self._queries, self._documents, self.positions)
-        ):
-            for start, stop in text_parts(documents, *self._part_chars):
-                prompts = builder.build(query, documents[start:stop], indices=positions[start:stop])
-                for position, prompt in zip(positions[start:stop], prompts):
+        for ranges in pair_parts(self._documents, *self._part_chars):
+            pairs = [
+                (self._queries[j], d) for j, start, stop in ranges for d in self._documents[j][start:stop]
+            ]
+            names = [p for j, start, stop in ranges for p in self.positions[j][start:stop]]
+            built = deque(builder.build_pairs(pairs, indices=names))
+            for job, start, stop in ranges:
+                prompts = [built.popleft() for _ in range(stop - start)]
+                for position, prompt in zip(self.positions[job][start:stop], prompts):
                     self.prompts[position] = PromptSummary.of(prompt)
                 # The part holds the only reference to the ids left: whoever takes the parts (the
                 # engine's producer thread) frees them once it has copied them into its buffers.

@@ -278,22 +278,49 @@ class TemplatePromptBuilder:
     ) -> list[tuple[EncodedPrompt, bool]]:
         """:meth:`build`'s prompts, each with whether its document lost tokens to fit (a prompt is
         also ``truncated`` when only its query was shortened)."""
-        names = range(len(documents)) if indices is None else indices
+        return self.build_pairs_marked([(query, document) for document in documents], indices=indices)
+
+    def build_pairs(
+        self, pairs: Sequence[tuple[str, str]], *, indices: Sequence[int] | None = None
+    ) -> list[EncodedPrompt]:
+        """The prompts of (query, document) pairs of any queries, each as :meth:`build` makes it."""
+        return [prompt for prompt, _ in self.build_pairs_marked(pairs, indices=indices)]
+
+    def build_pairs_marked(
+        self, pairs: Sequence[tuple[str, str]], *, indices: Sequence[int] | None = None
+    ) -> list[tuple[EncodedPrompt, bool]]:
+        """:meth:`build_marked` of (query, document) pairs of any queries, in one pass: the texts of
+        every pair go to the tokenizer together, whose batch call runs on all cores, where a call a
+        query would tokenize one document at a time when every query is distinct (``score_pairs``
+        over 1,024 queries: docs/benchmarks.md, "Distinct queries")."""
+        names = range(len(pairs)) if indices is None else indices
         # A reference that keeps only so many characters (zerank) shortens the texts before anything
         # else; such a prompt is reported truncated as one shortened to fit.
         query_cap, document_cap = self.template.query_max_chars, self.template.document_max_chars
-        query_cut = query_cap is not None and len(query) > query_cap
-        cut_by_chars = [document_cap is not None and len(d) > document_cap for d in documents]
-        query, stripped = self.template.inserted(query, list(documents))
-        query, *documents = bounded_texts(self.tokenizer, [query, *stripped], self.body_budget, self._lock)
-        bodies = [self.template.render_body(query, doc, self.instruction) for doc in documents]
+        queries: dict[str, int] = {}  # each distinct query text, cut once: its place in ``texts``
+        texts: list[str] = []
+        places: list[tuple[int, bool]] = []  # (query's place in ``texts``, whether its chars were cut)
+        for query, _ in pairs:
+            if query not in queries:
+                queries[query] = len(texts)
+                texts.append(self.template.inserted(query, [])[0])
+            places.append((queries[query], query_cap is not None and len(query) > query_cap))
+        documents = [self.template.inserted("", [document])[1][0] for _, document in pairs]
+        cut_by_chars = [document_cap is not None and len(document) > document_cap for _, document in pairs]
+        bounded = bounded_texts(self.tokenizer, [*texts, *documents], self.body_budget, self._lock)
+        texts, documents = bounded[: len(texts)], bounded[len(texts) :]
+        bodies = [
+            self.template.render_body(texts[place], document, self.instruction)
+            for (place, _), document in zip(places, documents)
+        ]
         prompts = []
         cuts = []
         for index, (body, (ids, offsets)) in enumerate(zip(bodies, self._encode(bodies))):
+            query = texts[places[index][0]]
             body_ids, cut = self._fit(query, documents[index], body, ids, offsets, names[index])
             if self._no_fixed_tokens and not body_ids:
                 raise self._empty_prompt(names[index])
-            shortened = cut != 0 or query_cut or cut_by_chars[index]
+            shortened = cut != 0 or places[index][1] or cut_by_chars[index]
             prompts.append(EncodedPrompt(self.prefix_ids + body_ids + self.suffix_ids, shortened))
             cuts.append(cut >= CUT_DOCUMENT or cut_by_chars[index])
         if self._vocab_size is not None:

@@ -37,7 +37,7 @@ from genscore_core.packed import (
     unsupported_reason,
 )
 from genscore_core.packed.decoder import DeviceBatch, StaticShape, host_layout, save_rows
-from genscore_core.packed.graphs import DecoderGraphs, GraphLadder
+from genscore_core.packed.graphs import DecoderGraphs, GraphLadder, LaunchCosts
 from tests.helpers.packed_reference import ATOL, SPEC, padded_shape, random_groups, reference_rows
 
 
@@ -612,3 +612,27 @@ def test_fused_weights_built_under_inference_mode_keep_the_model_trainable() -> 
     assert not weight.is_inference() and weight.data_ptr() == forward.decoder.layers[0].qkv[0].data_ptr()
     model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
     assert weight.grad is not None
+
+
+def test_launch_costs_run_a_batch_eagerly_only_where_its_padding_costs_more_than_launches() -> None:
+    costs = LaunchCosts(per_token=1e-5, launch=1e-3)  # 200 tokens saved pay for twice the launches
+    assert costs.eager_pays(8192, 7680) and not costs.eager_pays(8192, 8000)
+    assert not LaunchCosts(per_token=0.0, launch=0.0).eager_pays(8192, 512), "nothing saved: replay"
+
+
+def test_batches_run_eagerly_off_their_rung_give_the_hf_rows(qwen3: Any) -> None:
+    """Where padding costs more than launches, a batch runs eagerly, padded to the ladder's eager
+    step (not its rung), through the same buffers of loaded prefixes; its rows and saved prefixes are
+    those of the unpadded model."""
+    vocab = qwen3.config.vocab_size
+    ladder = GraphLadder((16, 64), prefix_rows=128, eager_step=16)
+    graphs = DecoderGraphs(PackedForward(qwen3).decoder, ladder)
+    graphs.capture_all()
+    graphs.costs = LaunchCosts(per_token=1.0, launch=0.0)  # as measured on a compute-bound model
+    groups = random_groups(random.Random(18), vocab, [(12, [9, 2, 11, 4, 6]), (5, [7, 12, 3])])
+    batches = [build_batch(groups, s) for s in plan_batches(groups, 40)]
+    assert any(b.load for b in batches) and any(16 < b.num_tokens <= 48 for b in batches)
+    rows = _prefix_graph_rows(graphs, groups, 40)
+    torch.testing.assert_close(rows, reference_rows(qwen3, groups), atol=ATOL, rtol=ATOL)
+    assert graphs.eager_runs > 0, "batches of 17-48 tokens run eagerly, not on the 64-token rung"
+    assert graphs.eager_runs + graphs.replays == len(batches)

@@ -78,11 +78,18 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
         self.decoder = decoder = PackedDecoder(model, options)
         self.max_batch_tokens = max_batch_tokens
         self.cuda_graphs = cuda_graphs
-        self.eager_batches = 0
-        """Batches run eagerly, not through a CUDA graph (a server reports it in ``/stats``)."""
+        self._unpadded_batches = 0
         self.graphs: DecoderGraphs | None = _graphs_of(decoder, max_batch_tokens, cuda_graphs)
         """The ladder of CUDA graphs, captured; only where the attention reads its segments on the
         device (the Triton kernel), since the torch attention's loop over segments would be frozen in."""
+
+    @property
+    def eager_batches(self) -> int:
+        """Batches run eagerly, not through a CUDA graph (a server reports it in ``/stats``): those
+        that fit no rung, and those the ladder ran eagerly because padding to their rung cost more
+        (:attr:`~genscore_core.packed.graphs.DecoderGraphs.eager_runs`)."""
+        graphs = self.graphs
+        return self._unpadded_batches + (graphs.eager_runs if graphs is not None else 0)
 
     def rebuild(self) -> None:
         """A new decoder over the model as it is now, with the same options: its parameters fused
@@ -266,7 +273,7 @@ class PackedForward(ForwardStrategy[_PackedCall, list[GroupSlice]]):
             done = self.graphs.decode(packed, loaded)
             if done is not None:
                 return done
-        self.eager_batches += 1
+        self._unpadded_batches += 1
         if dev is None and host is not None:
             dev = DeviceBatch.from_host(host, self.decoder.device)
         if dev is None:

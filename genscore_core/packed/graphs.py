@@ -56,6 +56,12 @@ PREFIX_ROWS = 1024
 and a 20-word query take about 90)."""
 
 
+EAGER_STEP = 512
+"""A batch run eagerly is padded to a multiple of this many tokens (:attr:`GraphLadder.eager_step`),
+the rungs' smallest step: its sizes then divide as the rungs' do, and the Triton kernels, which
+specialise on that, need no new compilation inside a call."""
+
+
 @dataclass(frozen=True)
 class GraphLadder:
     """The batch sizes the packed forward captures a CUDA graph of, smallest first."""
@@ -63,6 +69,8 @@ class GraphLadder:
     tokens: tuple[int, ...]
     """Each rung's stream tokens, ascending."""
     prefix_rows: int = PREFIX_ROWS
+    eager_step: int = EAGER_STEP
+    """What a batch run eagerly instead of on its rung is padded to a multiple of (:data:`EAGER_STEP`)."""
 
     @classmethod
     def up_to(cls, max_tokens: int, smallest: int = 512) -> GraphLadder:
@@ -102,6 +110,29 @@ class GraphLadder:
         return next((rung for rung in self.tokens if rung >= tokens), tokens)
 
 
+@dataclass(frozen=True)
+class LaunchCosts:
+    """What a batch costs on this device, measured on the ladder once it is captured
+    (:meth:`DecoderGraphs.capture_all`): whether padding a batch to its rung costs more than the
+    launches its graph saves.
+
+    On a large model a batch is compute-bound and its launches hide behind the kernels, so the
+    tokens padded to the rung are pure loss (an 8B's 42k-token batch on the 49k rung: 16%,
+    docs/benchmarks.md, "Eager or replay"); on a small one the launches are most of a small batch.
+    """
+
+    per_token: float
+    """Seconds a token adds to a replay (between the smallest rung and the one nearest 8k tokens)."""
+    launch: float
+    """Seconds an eager run of the smallest rung takes beyond its replay: the host's launches."""
+
+    def eager_pays(self, rung_tokens: int, eager_tokens: int) -> bool:
+        """Whether running ``eager_tokens`` eagerly costs less than replaying ``rung_tokens``: the
+        tokens saved outweigh twice the launches (the margin: a host busy with other threads, such as
+        a streamed call's tokenizer, launches slower than when this was measured)."""
+        return self.per_token * (rung_tokens - eager_tokens) > 2 * self.launch
+
+
 @dataclass
 class _Graph:
     dev: DeviceBatch
@@ -130,6 +161,10 @@ class DecoderGraphs:
         self.replays = 0
         self.capture_seconds = 0.0
         """Wall time :meth:`capture_all` took."""
+        self.costs: LaunchCosts | None = None
+        """Measured when the ladder is captured on a GPU; None: every batch that fits a rung replays."""
+        self.eager_runs = 0
+        """Batches run eagerly (padded to :attr:`GraphLadder.eager_step`) because :attr:`costs` said it pays."""
         self._pool: Any = None
         shape = (len(decoder.layers), ladder.prefix_rows, decoder.num_kv_heads, decoder.head_dim)
         tensors = [torch.zeros(shape, dtype=decoder.dtype, device=decoder.device) for _ in range(4)]
@@ -149,6 +184,7 @@ class DecoderGraphs:
             if shape not in self.graphs:
                 self._capture(shape)
         if self.cuda_graphs and self.graphs:
+            self.costs = self._measured_costs()
             torch.cuda.synchronize(self.decoder.device)
             # The eager warm-up runs left blocks in the allocator's cache outside the graphs' pool.
             torch.cuda.empty_cache()
@@ -165,6 +201,9 @@ class DecoderGraphs:
         graph = None if shape is None else self.graphs.get(shape)
         if shape is None or graph is None:
             return None
+        eager = self._eager_shape(batch, shape)
+        if eager is not None:
+            return self._run_eagerly(batch, eager, loaded)
         graph.dev.fill(batch, shape)
         if loaded is not None:
             rows = loaded[0].shape[1]
@@ -178,6 +217,60 @@ class DecoderGraphs:
             rows = save_rows(batch)
             kept = (saved[0][:, :rows].clone(), saved[1][:, :rows].clone())
         return output[: batch.num_prompts].clone(), kept
+
+    def _eager_shape(self, batch: PackedBatch, rung: StaticShape) -> StaticShape | None:
+        """The shape ``batch`` runs eagerly at when that costs less than replaying ``rung``, else None."""
+        step = self.ladder.eager_step
+        tokens = -(-batch.num_tokens // step) * step
+        if self.costs is None or not self.costs.eager_pays(rung.tokens, tokens):
+            return None
+        shape = self.ladder.shape(tokens)
+        return shape if shape.fits(batch) else None
+
+    def _run_eagerly(
+        self, batch: PackedBatch, shape: StaticShape, loaded: KV | None
+    ) -> tuple[torch.Tensor, KV | None]:
+        """``batch`` padded to ``shape`` through the decoder, eagerly: buffers laid out as a rung's
+        (the static inputs and loaded rows), outputs of its own."""
+        dev = DeviceBatch.static(shape, self.decoder.device, batch)
+        if loaded is not None:
+            rows = loaded[0].shape[1]
+            self._loaded[0][:, :rows].copy_(loaded[0])
+            self._loaded[1][:, :rows].copy_(loaded[1])
+        self.eager_runs += 1
+        output, saved = self.decoder.run(dev, self._loaded)
+        kept = None
+        if batch.save and saved is not None:
+            rows = save_rows(batch)
+            kept = (saved[0][:, :rows], saved[1][:, :rows])
+        return output[: batch.num_prompts], kept
+
+    def _measured_costs(self) -> LaunchCosts | None:
+        """:class:`LaunchCosts` of this device: replays of the smallest rung and of the one nearest
+        8k tokens, and an eager run of the smallest (a few of each, the median; about a second on an
+        8B shape)."""
+        shapes = sorted(self.graphs, key=lambda shape: shape.tokens)
+        if len(shapes) < 2:
+            return None
+        small = shapes[0]
+        mid = min(shapes[1:], key=lambda shape: abs(shape.tokens - 8192))
+        device = self.decoder.device
+
+        def seconds(run: Callable[[], object]) -> float:
+            times = []
+            for _ in range(3):
+                torch.cuda.synchronize(device)
+                started = time.perf_counter()
+                run()
+                torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - started)
+            return sorted(times)[1]
+
+        replay_small = seconds(self.graphs[small].replay)
+        replay_mid = seconds(self.graphs[mid].replay)
+        eager_small = seconds(lambda: self.decoder.run(self.graphs[small].dev, self._loaded))
+        per_token = max(replay_mid - replay_small, 0.0) / (mid.tokens - small.tokens)
+        return LaunchCosts(per_token=per_token, launch=max(eager_small - replay_small, 0.0))
 
     def _capture(self, shape: StaticShape) -> None:
         decoder = self.decoder
