@@ -84,8 +84,24 @@ def built_and_reported(report: Report, model: Any, tokenizer: Any, device: str) 
         graphs = getattr(scorer.engine.forward, "graphs", None)
         rungs, capture = len(getattr(graphs, "graphs", ())), getattr(graphs, "capture_seconds", 0.0)
         report.add("load", "seconds to build the scorer", seconds, "s",
-                   note=f"{rungs} CUDA graphs captured in {capture:.1f} s; {kept:.2f} GiB of device memory kept")  # fmt: skip
+                   note=f"{rungs} CUDA graphs captured in {capture:.1f} s; {kept:.2f} GiB of device memory kept"
+                        + launch_costs(graphs))  # fmt: skip
     return scorer
+
+
+def launch_costs(graphs: Any) -> str:
+    """The costs the ladder measured when captured, which decide when a batch runs eagerly."""
+    costs = getattr(graphs, "costs", None)
+    if costs is None:
+        return ""
+    return f"; {costs.per_token * 1e6:.2f} us a token, launches {costs.launch * 1e3:.2f} ms"
+
+
+def eager_runs(scorer: GenerativeScorer) -> str:
+    """How many batches the ladder ran eagerly (padding cost more than launches) so far."""
+    graphs = getattr(scorer.engine.forward, "graphs", None)
+    runs = getattr(graphs, "eager_runs", None)
+    return "" if runs is None else f"; {runs} batches eager, {getattr(graphs, 'replays', 0)} replayed so far"
 
 
 def distinct_queries(report: Report, scorer: GenerativeScorer, texts: Texts, pairs: int, calls: int) -> None:
@@ -156,7 +172,8 @@ def run(args: argparse.Namespace, report: Report) -> None:
         e, e_off = errors(got, ref), errors(off_scores, ref)
         note += (f"{'; ' if note else ''}vs fp32 recipe max {e[0]:.2e} mean {e[1]:.2e} "
                  f"(official recipe in {str(dtype).removeprefix('torch.')} {e_off[0]:.2e} / {e_off[1]:.2e})")  # fmt: skip
-    report.add("W1", f"pairs/s, 1 x {w1_docs}, documents repeated", w1_docs / w1_s, "pairs/s", off_w1, note)
+    report.add("W1", f"pairs/s, 1 x {w1_docs}, documents repeated", w1_docs / w1_s, "pairs/s", off_w1,
+               note + eager_runs(scorer))  # fmt: skip
     engine_s = engine_alone(scorer, w1_pairs, repeats)
     report.add("W1 engine alone", "pairs/s, the same prompts as token ids into the backend", w1_docs / engine_s,
                "pairs/s", note=f"text in is {engine_s / w1_s:.1%} of it")  # fmt: skip
@@ -174,7 +191,8 @@ def run(args: argparse.Namespace, report: Report) -> None:
     large = shape in ("4b", "8b")  # W2 scaled down with W1, so that a run stays within minutes
     w2 = (4, 8) if dry else (4, 64) if large else (16, 64)
     for n_q, n_d in [w2] + ([(64, 100)] if args.w2_large else []):
-        pairs = [(texts.query(), d) for _ in range(n_q) for d in texts.documents(n_d)]
+        # n_q queries of n_d documents each (not a new query for every pair: that is the row below)
+        pairs = [(q, d) for q in [texts.query() for _ in range(n_q)] for d in texts.documents(n_d)]
         scorer.score_pairs(pairs), scorer.score_pairs(pairs)
         t2 = median(call_times([lambda p=pairs: scorer.score_pairs(p)] * (2 if dry else 5)))
         report.add(f"W2 {n_q}x{n_d}", "pairs/s, score_pairs", len(pairs) / t2, "pairs/s",
