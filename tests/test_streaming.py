@@ -843,3 +843,22 @@ def test_distinct_queries_score_as_the_official_recipe_through_both_paths(
     for got in (streamed, whole):
         worst = max(abs(a - b) for a, b in zip(got, expected, strict=True))
         assert worst <= 1e-5, f"max |score - official| = {worst:.3g}"
+
+
+def test_pair_parts_cover_every_document_in_order_and_mix_queries_in_a_part() -> None:
+    from genscore_core.frontend import pair_parts
+
+    # One query: the ranges a query's documents always had (first part 100 chars and two documents).
+    one = [["x" * 30] * 10]
+    assert [r for part in pair_parts(one, 100, 200) for r in part] == [(0, 0, 4), (0, 4, 10)]
+    assert [len(part) for part in pair_parts(one, 100, 200)] == [1, 1]
+    # Many distinct queries of one document each: a part holds several queries, each whole.
+    distinct = [["y" * 40] for _ in range(12)]
+    parts = list(pair_parts(distinct, 100, 200))
+    assert [len(part) for part in parts] == [3, 5, 4]
+    assert [r for part in parts for r in part] == [(j, 0, 1) for j in range(12)]
+    # A query's first range holds two of its documents even where the part is nearly full.
+    mixed = [["z" * 90], ["z" * 5] * 3, ["z" * 300]]
+    ranges = [r for part in pair_parts(mixed, 100, 200) for r in part]
+    assert ranges[:2] == [(0, 0, 1), (1, 0, 2)] and ranges[-1] == (2, 0, 1)
+    assert sum(stop - start for _, start, stop in ranges) == 5
