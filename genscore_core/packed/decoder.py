@@ -437,8 +437,11 @@ class DeviceBatch:
     def static(cls, shape: StaticShape, device: torch.device, like: PackedBatch) -> DeviceBatch:
         """A device buffer of ``shape``'s sizes holding ``like`` padded (see :func:`host_layout`);
         :meth:`fill` puts another batch of that shape in its place."""
-        host, sizes, table, last = flat_layout(like, shape)
-        flat = host.to(device)
+        # Page-locked and queued: a batch run eagerly in a call (graphs.DecoderGraphs) must not make
+        # the host wait for the batches before it, as a copy from pageable memory does.
+        on_gpu = device.type == "cuda"
+        host, sizes, table, last = flat_layout(like, shape, pinned=on_gpu)
+        flat = host.to(device, non_blocking=on_gpu)
         # Every position of a batch of this shape is below its stream and loaded rows together.
         rows = shape.tokens + shape.load
         return cls.of_buffer(flat, sizes, table, last, like, shape.tokens, rows, rows)
