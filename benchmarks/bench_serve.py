@@ -3,6 +3,8 @@
     python benchmarks/bench_serve.py                 # one GPU: the 0.6B shape, bf16
     python benchmarks/bench_serve.py --fresh         # every request brings new documents
     python benchmarks/bench_serve.py --dry-run       # a tiny model on the CPU, short windows
+    python benchmarks/bench_serve.py --one-client    # one client's p50 against the in-process call
+    python benchmarks/bench_serve.py --one-client --cpu   # the same with the tiny model on the CPU
 
 The random-init model (``common.SHAPES``) and the Qwen3 tokenizer are saved to a temporary folder and
 served by a real ``genscore serve`` process (the console script's entry point, ``genscore_core.cli``).
@@ -10,6 +12,14 @@ Each level's window of ``--seconds`` opens after ``--warmup`` seconds of its own
 together come back together, and the first seconds of a load alternate large and small batches.
 Pairs/s counts the requests answered inside the window; p50/p99 are over the requests sent inside it,
 each followed to its answer. Needs httpx besides the server's own dependencies.
+
+``--one-client``: what the server adds to a lone request. One client sends 1 x 20 requests of fresh
+documents one after another; in the same process the same scorer (``GenerativeScorer`` on the same
+folder, as the server builds it) reranks fresh 1 x 20 calls in process (W4 fresh), and the same client
+sends the same kind of bodies to a bare uvicorn app that parses the JSON and answers the server's own
+answer bytes (the HTTP floor: the client, the connection and uvicorn, no genscore). Blocks of each
+alternate, so that a shared machine's load falls on all three alike; p50 of each and the server's
+excess over the in-process call.
 """
 
 from __future__ import annotations
@@ -119,6 +129,97 @@ async def client_load(
     return latencies, answered
 
 
+FLOOR = """
+import json, sys, uvicorn
+answer = open(sys.argv[2], "rb").read()
+headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    body = b""
+    more = True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    if body:
+        json.loads(body)
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", http="h11")
+"""
+
+
+def start_floor(answer: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A bare uvicorn app (the server's h11 protocol) answering ``answer``'s bytes to any request."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", FLOOR, str(port), str(answer)])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=2.0)
+            return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise TimeoutError("the HTTP floor's app did not start")
+
+
+def one_client(
+    folder: Path, url: str, texts: Texts, requests: int, block: int, report: Report, cpu: bool
+) -> None:
+    """A lone client's p50 against the in-process call and the HTTP floor (``--one-client``)."""
+    from genscore_core.scorer import GenerativeScorer
+
+    scorer = GenerativeScorer(str(folder), device="cpu") if cpu else GenerativeScorer(str(folder))
+    answer = httpx.post(f"{url}/v1/rerank", json={"query": texts.query(), "documents": texts.documents(20)},
+                        timeout=120.0)  # fmt: skip
+    answer.raise_for_status()
+    (folder / "answer.json").write_bytes(answer.content)
+    floor, floor_url = start_floor(folder / "answer.json")
+    times: dict[str, list[float]] = {"in-process": [], "server": [], "floor": []}
+
+    async def measure() -> None:
+        limits = httpx.Limits(max_connections=1)
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as server,
+            httpx.AsyncClient(base_url=floor_url, timeout=120.0, limits=limits) as bare,
+        ):
+            clients = {"server": server, "floor": bare}
+            for turn in range(-1, requests // block):  # turn -1: untimed, each path warmed
+                order = list(times) if turn % 2 else list(reversed(times))
+                for name in order:
+                    bodies = [(texts.query(), texts.documents(20)) for _ in range(block)]
+                    for query, documents in bodies:
+                        start = time.perf_counter()
+                        if name == "in-process":
+                            scorer.rerank(query, documents)
+                        else:
+                            answered = await clients[name].post(
+                                "/v1/rerank", json={"query": query, "documents": documents}
+                            )
+                            answered.raise_for_status()
+                        if turn >= 0:
+                            times[name].append(time.perf_counter() - start)
+
+    try:
+        asyncio.run(measure())
+    finally:
+        stop_server(floor)
+    p50 = {name: quantile(values, 0.5) * 1e3 for name, values in times.items()}
+    report.add("W4 fresh, in process", "p50 latency, 1 x 20, beside W5 1 client", p50["in-process"], "ms",
+               note=f"{len(times['in-process'])} calls")  # fmt: skip
+    report.add("W5 1 client fresh", "p50 latency, /v1/rerank 1 x 20", p50["server"], "ms",
+               note=f"{p50['server'] - p50['in-process']:+.2f} ms over the in-process call; "
+                    f"p99 {quantile(times['server'], 0.99) * 1e3:.1f} ms")  # fmt: skip
+    report.add("HTTP floor", "p50 latency, the same client and bodies, a bare uvicorn app", p50["floor"], "ms",
+               note="the answer's bytes canned; no genscore")  # fmt: skip
+
+
 def forward_stats(url: str) -> dict[str, int]:
     """The server's forward counters (``/stats``): batches replayed as graphs, batches run eagerly."""
     answer = httpx.get(f"{url}/stats", timeout=30).json()
@@ -137,14 +238,22 @@ def run(args: argparse.Namespace, report: Report) -> None:
     )
     levels = [1, 4] if dry else args.clients
     seconds, warmup = (3.0, 1.0) if dry else (args.seconds, args.warmup)
+    small = dry or args.cpu
     with tempfile.TemporaryDirectory(prefix="genscore-bench-") as tmp:
         folder = Path(tmp)
-        model = build_model("tiny" if dry else args.shape, "cpu", torch.float32 if dry else torch.bfloat16)
+        model = build_model(
+            "tiny" if small else args.shape, "cpu", torch.float32 if small else torch.bfloat16
+        )
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         del model
-        proc, url = start_server(folder, shlex.split(args.server_args))
+        server_args = shlex.split(args.server_args) + (["--device", "cpu"] if args.cpu else [])
+        proc, url = start_server(folder, server_args)
         try:
+            if args.one_client:
+                requests, block = (20, 5) if dry else (args.requests, args.block)
+                one_client(folder, url, texts, requests, block, report, args.cpu)
+                return
             asyncio.run(client_load(url, texts, pool, 4, 0.0, seconds / 2))  # compilation, allocator, graphs
             for clients in levels:
                 before = forward_stats(url)
@@ -171,6 +280,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="each level's measuring window")
     parser.add_argument("--warmup", type=float, default=8.0, help="each level's load before its window")
     parser.add_argument("--fresh", action="store_true", help="new documents in every request")
+    parser.add_argument(
+        "--one-client",
+        action="store_true",
+        help="a lone client's p50 against the in-process call and the HTTP floor, instead of the levels",
+    )
+    parser.add_argument(
+        "--requests", type=int, default=200, help="--one-client: requests (and calls) of each"
+    )
+    parser.add_argument("--block", type=int, default=20, help="--one-client: requests of each in a row")
+    parser.add_argument(
+        "--cpu", action="store_true", help="the tiny model on the CPU in fp32 (with --one-client)"
+    )
     parser.add_argument(
         "--server-args", default="", help='more `genscore serve` flags, e.g. "--batch-max-wait-ms 2"'
     )
