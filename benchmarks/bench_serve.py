@@ -169,21 +169,38 @@ def start_floor(answer: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise TimeoutError("the HTTP floor's app did not start")
 
 
-def one_client(
-    folder: Path, url: str, texts: Texts, requests: int, block: int, report: Report, cpu: bool
-) -> None:
+def loop_thread_seconds(pid: int) -> float | None:
+    """CPU seconds the server's main thread (uvicorn's event loop) has run; None off Linux."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def one_client(args: argparse.Namespace, folder: Path, proc: subprocess.Popen[bytes], url: str,
+               texts: Texts, report: Report) -> None:  # fmt: skip
     """A lone client's p50 against the in-process call and the HTTP floor (``--one-client``)."""
     from genscore_core.scorer import GenerativeScorer
 
-    scorer = GenerativeScorer(str(folder), device="cpu") if cpu else GenerativeScorer(str(folder))
-    answer = httpx.post(f"{url}/v1/rerank", json={"query": texts.query(), "documents": texts.documents(20)},
+    requests, block = (20, 5) if args.dry_run else (args.requests, args.block)
+    words = args.doc_words
+
+    def documents() -> list[str]:
+        if not words:
+            return texts.documents(20)
+        return [texts.text(texts.rng.randint(max(1, words // 2), words)) for _ in range(20)]
+
+    scorer = GenerativeScorer(str(folder), device="cpu") if args.cpu else GenerativeScorer(str(folder))
+    answer = httpx.post(f"{url}/v1/rerank", json={"query": texts.query(), "documents": documents()},
                         timeout=120.0)  # fmt: skip
     answer.raise_for_status()
     (folder / "answer.json").write_bytes(answer.content)
     floor, floor_url = start_floor(folder / "answer.json")
     times: dict[str, list[float]] = {"in-process": [], "server": [], "floor": []}
+    loop_cpu = 0.0  # the server's event-loop thread, over its timed blocks
 
     async def measure() -> None:
+        nonlocal loop_cpu
         limits = httpx.Limits(max_connections=1)
         async with (
             httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as server,
@@ -193,18 +210,22 @@ def one_client(
             for turn in range(-1, requests // block):  # turn -1: untimed, each path warmed
                 order = list(times) if turn % 2 else list(reversed(times))
                 for name in order:
-                    bodies = [(texts.query(), texts.documents(20)) for _ in range(block)]
-                    for query, documents in bodies:
+                    bodies = [(texts.query(), documents()) for _ in range(block)]
+                    before = loop_thread_seconds(proc.pid)
+                    for query, docs in bodies:
                         start = time.perf_counter()
                         if name == "in-process":
-                            scorer.rerank(query, documents)
+                            scorer.rerank(query, docs)
                         else:
                             answered = await clients[name].post(
-                                "/v1/rerank", json={"query": query, "documents": documents}
+                                "/v1/rerank", json={"query": query, "documents": docs}
                             )
                             answered.raise_for_status()
                         if turn >= 0:
                             times[name].append(time.perf_counter() - start)
+                    after = loop_thread_seconds(proc.pid)
+                    if name == "server" and turn >= 0 and before is not None and after is not None:
+                        loop_cpu += after - before
 
     try:
         asyncio.run(measure())
@@ -213,9 +234,13 @@ def one_client(
     p50 = {name: quantile(values, 0.5) * 1e3 for name, values in times.items()}
     report.add("W4 fresh, in process", "p50 latency, 1 x 20, beside W5 1 client", p50["in-process"], "ms",
                note=f"{len(times['in-process'])} calls")  # fmt: skip
+    sizes = f"documents of {max(1, words // 2)}-{words} words" if words else "W4's documents"
     report.add("W5 1 client fresh", "p50 latency, /v1/rerank 1 x 20", p50["server"], "ms",
                note=f"{p50['server'] - p50['in-process']:+.2f} ms over the in-process call; "
-                    f"p99 {quantile(times['server'], 0.99) * 1e3:.1f} ms")  # fmt: skip
+                    f"p99 {quantile(times['server'], 0.99) * 1e3:.1f} ms; {sizes}")  # fmt: skip
+    if loop_cpu:
+        report.add("W5 1 client fresh", "server event-loop thread CPU per request", loop_cpu / len(times["server"]) * 1e3,
+                   "ms", note="uvicorn's loop: HTTP, the app, the batcher's worker (not tokenizing, not the model)")  # fmt: skip
     report.add("HTTP floor", "p50 latency, the same client and bodies, a bare uvicorn app", p50["floor"], "ms",
                note="the answer's bytes canned; no genscore")  # fmt: skip
 
@@ -251,8 +276,7 @@ def run(args: argparse.Namespace, report: Report) -> None:
         proc, url = start_server(folder, server_args)
         try:
             if args.one_client:
-                requests, block = (20, 5) if dry else (args.requests, args.block)
-                one_client(folder, url, texts, requests, block, report, args.cpu)
+                one_client(args, folder, proc, url, texts, report)
                 return
             asyncio.run(client_load(url, texts, pool, 4, 0.0, seconds / 2))  # compilation, allocator, graphs
             for clients in levels:
@@ -289,6 +313,12 @@ def main() -> None:
         "--requests", type=int, default=200, help="--one-client: requests (and calls) of each"
     )
     parser.add_argument("--block", type=int, default=20, help="--one-client: requests of each in a row")
+    parser.add_argument(
+        "--doc-words",
+        type=int,
+        default=0,
+        help="--one-client: documents of N/2-N words (default: W4's 128-512); on the CPU, a small forward",
+    )
     parser.add_argument(
         "--cpu", action="store_true", help="the tiny model on the CPU in fp32 (with --one-client)"
     )
