@@ -10,7 +10,13 @@
 
 The model is ``bench_text.py --cpu``'s (the real Qwen3 vocabulary, hidden 256, 4 layers, fp32); each
 process times ``rerank`` of one query and ``--docs`` documents of 128-512 words, text in, after one
-untimed call, and reports the median of ``--calls`` calls.
+untimed call, and reports the median of ``--calls`` calls and the CPU seconds the process spent a call
+(all its threads; on a machine shared with other jobs the wall time also holds the time its threads
+waited for a core, which the CPU seconds do not).
+
+Each round runs the settings in a turned order (the first of one round is the last of the next): on a
+shared machine whose load rises or falls during the run, a fixed order hands one setting the quieter
+moments every round (docs/benchmarks.md, "CPU threads").
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 from common import Report, Texts, build_model, call_times, load_tokenizer, median, run_reported, word_list
@@ -39,16 +46,20 @@ def child(mode: str, docs: int, calls: int) -> None:
     settings: dict[str, Any] = {"cpu_threads": torch.get_num_threads()} if mode == "torch default" else {}
     scorer = GenerativeScorer.from_model(model, tokenizer, **settings)
     scorer.rerank(*work)
+    cpu = time.process_time()
     seconds = median(call_times([lambda: scorer.rerank(*work)] * calls))
-    print(json.dumps({"seconds": seconds, "threads": torch.get_num_threads()}))
+    cpu = (time.process_time() - cpu) / calls
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "threads": torch.get_num_threads()}))
 
 
 def run(args: argparse.Namespace, report: Report) -> None:
     docs, calls, rounds = (8, 1, 1) if args.dry_run else (args.docs, args.calls, args.rounds)
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
     threads: dict[str, int] = {}
-    for _ in range(rounds):
-        for mode in MODES:
+    for turn in range(rounds):
+        shift = turn % len(MODES)
+        for mode in MODES[shift:] + MODES[:shift]:
             env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
             if mode == "OMP_NUM_THREADS=1":
                 env["OMP_NUM_THREADS"] = "1"
@@ -58,14 +69,20 @@ def run(args: argparse.Namespace, report: Report) -> None:
             )  # fmt: skip
             result = json.loads(done.stdout.strip().splitlines()[-1])
             times[mode].append(result["seconds"])
+            cpu[mode].append(result["cpu"])
             threads[mode] = result["threads"]
+            print(
+                f"round {turn + 1}, {mode}: {result['seconds']:.2f} s a call, {result['cpu']:.2f} CPU s",
+                flush=True,
+            )
     one = median(times["OMP_NUM_THREADS=1"])
     for mode in MODES:
         seconds = median(times[mode])
         report.add(
             f"W1 CPU, {mode}", f"seconds a call, 1 x {docs}", seconds, "s",
             note=f"{threads[mode]} torch threads, {os.cpu_count()} cores; {seconds / one:.2f}x OMP_NUM_THREADS=1's; "
-            f"each round: {', '.join(f'{t:.2f}' for t in times[mode])} s",
+            f"each round: {', '.join(f'{t:.2f}' for t in times[mode])} s; CPU seconds a call "
+            f"{median(cpu[mode]):.2f} (each round: {', '.join(f'{t:.2f}' for t in cpu[mode])})",
         )  # fmt: skip
 
 
