@@ -13,6 +13,15 @@ So without a setting genscore gives torch one thread per usable core, one fewer 
 count alone when the user chose it: ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set, or
 ``torch.set_num_threads`` called after genscore was imported (to a count below the usable cores, also
 before). ``cpu_threads`` sets it outright.
+
+Only torch's count is set. The other pools of the process cost a call nothing measurable on a
+2-core machine (per-thread CPU time, docs/benchmarks.md, "CPU threads"): the tokenizer's own (Rust)
+threads work only while the producer tokenizes, 3-4% of a call's CPU time there, and are bounded by
+the user with ``TOKENIZERS_PARALLELISM=false`` or ``RAYON_NUM_THREADS``; the pools started before the
+scorer at the machine's count (torch's OpenMP worker, numpy's and scipy's OpenBLAS servers, which
+``OMP_NUM_THREADS=1`` keeps from starting) sleep once torch runs on one thread. That default is as
+fast as ``OMP_NUM_THREADS=1``: the same CPU time a call, and the same wall time in processes run side
+by side; the main thread never waits for the producer, only, on a busy machine, for a core.
 """
 
 from __future__ import annotations
