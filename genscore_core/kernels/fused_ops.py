@@ -190,9 +190,8 @@ def silu_mul_fp8(
 
 def quantize_rows_fp8(x: torch.Tensor, *, impl: KernelImpl = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of ``x`` [M, N] (any float dtype; rows may have a stride) quantised as
-    :func:`quantize_rows_e4m3` does: the input of a product that no norm or SiLU kernel precedes.
-    The decoder has none now (attention's output projection stays in bf16, :mod:`genscore_core.packed.fp8`
-    says why); the kernel is kept as the plain quantiser the FP8 kernels' shared store is tested by."""
+    :func:`quantize_rows_e4m3` does: the input of a product that no norm or SiLU kernel precedes
+    (the attention output going into the output projection)."""
     if x.dim() != 2:
         raise ValueError(f"quantize_rows_fp8: x must be [rows, columns], got {_dims(x)}")
     if use_triton(impl, x.device, kernel="quantize_rows_fp8"):

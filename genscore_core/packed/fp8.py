@@ -1,18 +1,13 @@
 """Opt-in FP8 products of the packed decoder (``LocalSettings.quantization="fp8"``).
 
-The scheme: each weight matrix of a decoder layer's q/k/v, gate/up and down products is quantised
-once, per output channel, to float8 e4m3 with a float32 scale per row (its absolute maximum / 448);
-each product's input is quantised per token the same way, inside the kernel that makes it
-(add+RMSNorm, silu*mul), and the product runs as ``torch._scaled_mm`` with row-wise scales and a bf16
-output. Everything else is untouched: the embeddings, every norm and the residual stream (float32),
-attention and its output projection (bf16), the last norm and the label rows of the head (which read
-the float32 hidden state; quantising the head is what broke Qwen3-Reranker in public reports).
-
-The output projection stays bf16 because its input, attention's output, is close to one common vector
-at every token (an average over the context), so its weight's rounding error is added to every row
-alike and shifts all scores one way: on the 0.6B shape, quantising it alone erred as much as
-quantising every product (docs/benchmarks.md, FP8). It is an eighth (0.6B shape) to a twelfth (8B)
-of a layer's multiply-adds.
+The scheme: each weight matrix of a decoder layer (q/k/v, o, gate/up, down) is quantised once, per
+output channel, to float8 e4m3 with a float32 scale per row (its absolute maximum / 448); each
+product's input is quantised per token the same way, inside the kernel that makes it (add+RMSNorm,
+silu*mul; the attention output through a row-quantising kernel), and the product runs as
+``torch._scaled_mm`` with row-wise scales and a bf16 output. Everything else is untouched: the
+embeddings, every norm and the residual stream (float32), attention (bf16), the last norm and the
+label rows of the head (which read the float32 hidden state; quantising the head is what broke
+Qwen3-Reranker in public reports).
 
 The FP8 weights are held beside the model's own (which its own forward, ``save_pretrained`` and a
 rebuild still read): about half the bf16 weights' memory more.
@@ -108,12 +103,12 @@ class Fp8Linear:
 
 @dataclass(frozen=True)
 class Fp8Layer:
-    """One decoder layer's quantised products, named as the fields of the decoder's ``_Layer`` (the
-    output projection ``o`` is not one: it stays in the model's dtype)."""
+    """One decoder layer's quantised products, named as the fields of the decoder's ``_Layer``."""
 
     qkv: Fp8Linear
     q: Fp8Linear
     kv: Fp8Linear
+    o: Fp8Linear
     gate_up: Fp8Linear
     down: Fp8Linear
 
@@ -126,6 +121,7 @@ class Fp8Layer:
             qkv=qkv,
             q=qkv.rows(0, q_rows),
             kv=qkv.rows(q_rows),
+            o=Fp8Linear.of(layer.o, out_dtype),
             gate_up=Fp8Linear.of(layer.gate_up, out_dtype),
             down=Fp8Linear.of(layer.down, out_dtype),
         )
