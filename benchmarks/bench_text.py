@@ -111,6 +111,11 @@ def distinct_queries(report: Report, scorer: GenerativeScorer, texts: Texts, pai
     times = call_times([lambda p=p: scorer.score_pairs(p) for p in work[1:]])
     report.add(f"W2 {pairs} distinct queries", "pairs/s, score_pairs, new pairs every call",
                pairs / median(times), "pairs/s")  # fmt: skip
+    # The front end alone on new pairs: what tokenizing and templating distinct queries costs.
+    fresh = [[(texts.query(), d) for d in texts.documents(pairs)] for _ in range(calls)]
+    front = median(call_times([lambda p=p: scorer.prepare_pairs(p) for p in fresh]))
+    report.add(f"W2 {pairs} distinct queries, front end alone", "pairs/s, prepare_pairs, new pairs every call",
+               pairs / front, "pairs/s", note=f"{front * 1e3:.0f} ms a call")  # fmt: skip
 
 
 def engine_alone(scorer: GenerativeScorer, pairs: list[tuple[str, str]], repeats: int) -> float:
