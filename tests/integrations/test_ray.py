@@ -658,8 +658,17 @@ def ray_serve(ray_instance: Any, tiny_model_dir: Path) -> str:
 
     from genscore_integrations.ray import serve_app
 
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    # The port is free when chosen, but Ray starts processes of its own (each taking ports) before its
+    # proxy binds it: once in CI one of them took it first. Another port is tried then.
+    for attempt in range(3):
+        port = free_port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            break
+        except Exception as error:  # ray.exceptions.RayTaskError of the proxy: "Failed to bind"
+            serve.shutdown()
+            if "bind" not in str(error) or attempt == 2:
+                raise
     app = serve_app(
         str(tiny_model_dir),
         num_gpus=0,
