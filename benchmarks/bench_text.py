@@ -41,17 +41,11 @@ from common import (
     peak_beyond,
     quantile,
     run_reported,
+    scored_in_order,
     word_list,
 )
 
 from genscore_core import GenerativeScorer
-
-
-def scored_in_order(results: Any, n: int) -> list[float]:
-    scores = [0.0] * n
-    for r in results:
-        scores[r.index] = r.score
-    return scores
 
 
 def per_call(n: int, make: Callable[[], Callable[[], Any]]) -> list[Callable[[], Any]]:

@@ -201,6 +201,14 @@ def peak_beyond(call: Callable[[], Any]) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
+def scored_in_order(results: Any, n: int) -> list[float]:
+    """The scores of ``rerank``'s results (best first) back in the documents' order."""
+    scores = [0.0] * n
+    for r in results:
+        scores[r.index] = r.score
+    return scores
+
+
 def errors(got: Sequence[float], ref: Sequence[float]) -> tuple[float, float]:
     """Max and mean absolute difference."""
     diff = [abs(a - b) for a, b in zip(got, ref, strict=True)]

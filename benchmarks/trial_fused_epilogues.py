@@ -58,9 +58,11 @@ from common import (
     load_tokenizer,
     median,
     run_reported,
+    scored_in_order,
     word_list,
 )
 
+from genscore_core.kernels.gated_mlp import gated_mlp
 from genscore_core.packed.decoder import GATED_MLP_MAX_TOKENS
 
 SHAPE = SHAPES["0.6b"]
@@ -85,9 +87,8 @@ def gated_reference(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(x @ Wg^T) * (x @ Wu^T)`` in float32 (float64 stays) from the rounded inputs;
     ``gate_up`` = [Wg; Wu]."""
     wide = torch.promote_types(x.dtype, torch.float32)
-    product = x.to(wide) @ gate_up.to(wide).t()
-    half = product.shape[1] // 2
-    return F.silu(product[:, :half]) * product[:, half:]
+    gate, up = gate_up.to(wide).chunk(2)
+    return gated_mlp(x.to(wide), (gate, None), (up, None), impl="torch")  # genscore's torch reference
 
 
 def interleaved(gate_up: torch.Tensor) -> torch.Tensor:
@@ -347,13 +348,6 @@ def decoder_class(gated: GatedFn, min_rows: int) -> type:
             return super()._gated(layer, h)
 
     return FusedMLPDecoder
-
-
-def scored_in_order(results: Any, n: int) -> list[float]:
-    scores = [0.0] * n
-    for r in results:
-        scores[r.index] = r.score
-    return scores
 
 
 def w1_rows(report: Report, args: argparse.Namespace, saved: Savings) -> None:

@@ -305,8 +305,7 @@ class ScoringEngine(ScoringBackend, LaunchAhead):
         def scores(hidden: torch.Tensor, keys: list[RowKey]) -> torch.Tensor:
             kinds: dict[tuple[tuple[int, ...], ScoreMode, float], list[int]] = {}
             for row, key in enumerate(keys):
-                job = jobs[key.job]
-                kinds.setdefault((tuple(job.label_ids), job.mode, job.logit_temperature), []).append(row)
+                kinds.setdefault(_head_kind(jobs[key.job]), []).append(row)
             if len(kinds) == 1:
                 [(label_ids, mode, temperature)] = kinds
                 return head.scores(hidden, list(label_ids), mode, temperature)
@@ -550,13 +549,18 @@ def _check_rows(host: torch.Tensor, jobs: Sequence[tuple[ScoreMode, int, int, Se
         offset += count
 
 
+def _head_kind(job: ScoringJob | StreamedJob) -> tuple[tuple[int, ...], ScoreMode, float]:
+    """What the head reads a job's scores by: jobs of one kind are scored in one head call."""
+    return tuple(job.label_ids), job.mode, job.logit_temperature
+
+
 def _runs_of_one_kind(jobs: Sequence[ScoringJob]) -> list[list[int]]:
     """Indices of ``jobs`` in runs of consecutive jobs whose scores the head reads the same way
     (label ids, score mode, temperature)."""
     runs: list[list[int]] = []
-    last: tuple[tuple[int, ...], object, float] | None = None
+    last: tuple[tuple[int, ...], ScoreMode, float] | None = None
     for index, job in enumerate(jobs):
-        kind = (tuple(job.label_ids), job.mode, job.logit_temperature)
+        kind = _head_kind(job)
         if kind != last:
             runs.append([])
             last = kind

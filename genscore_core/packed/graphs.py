@@ -203,20 +203,38 @@ class DecoderGraphs:
             return None
         eager = self._eager_shape(batch, shape)
         if eager is not None:
-            return self._run_eagerly(batch, eager, loaded)
+            self._load(loaded)
+            self.eager_runs += 1
+            # Buffers laid out as a rung's (static inputs, loaded rows), outputs of the run's own.
+            dev = DeviceBatch.static(eager, self.decoder.device, batch)
+            return self._batch_rows(batch, *self.decoder.run(dev, self._loaded), copy=False)
         graph.dev.fill(batch, shape)
+        self._load(loaded)
+        self.replays += 1
+        # The static outputs are overwritten by the next replay: hand out copies.
+        return self._batch_rows(batch, *graph.replay(), copy=True)
+
+    def _load(self, loaded: KV | None) -> None:
+        """Copy a batch's loaded prefix keys/values into the rows every rung reads them from."""
         if loaded is not None:
             rows = loaded[0].shape[1]
             self._loaded[0][:, :rows].copy_(loaded[0])
             self._loaded[1][:, :rows].copy_(loaded[1])
-        self.replays += 1
-        # The static outputs are overwritten by the next replay: hand out copies.
-        output, saved = graph.replay()
+
+    @staticmethod
+    def _batch_rows(
+        batch: PackedBatch, output: torch.Tensor, saved: KV | None, *, copy: bool
+    ) -> tuple[torch.Tensor, KV | None]:
+        """The rows of ``batch``'s own prompts and the prefix keys/values it saves, out of a padded run
+        (copies, with ``copy``, of outputs that another run overwrites)."""
         kept = None
         if batch.save and saved is not None:
             rows = save_rows(batch)
-            kept = (saved[0][:, :rows].clone(), saved[1][:, :rows].clone())
-        return output[: batch.num_prompts].clone(), kept
+            kept = (saved[0][:, :rows], saved[1][:, :rows])
+        output = output[: batch.num_prompts]
+        if copy:
+            output, kept = output.clone(), None if kept is None else (kept[0].clone(), kept[1].clone())
+        return output, kept
 
     def _eager_shape(self, batch: PackedBatch, rung: StaticShape) -> StaticShape | None:
         """The shape ``batch`` runs eagerly at when that costs less than replaying ``rung``, else None."""
@@ -226,24 +244,6 @@ class DecoderGraphs:
             return None
         shape = self.ladder.shape(tokens)
         return shape if shape.fits(batch) else None
-
-    def _run_eagerly(
-        self, batch: PackedBatch, shape: StaticShape, loaded: KV | None
-    ) -> tuple[torch.Tensor, KV | None]:
-        """``batch`` padded to ``shape`` through the decoder, eagerly: buffers laid out as a rung's
-        (the static inputs and loaded rows), outputs of its own."""
-        dev = DeviceBatch.static(shape, self.decoder.device, batch)
-        if loaded is not None:
-            rows = loaded[0].shape[1]
-            self._loaded[0][:, :rows].copy_(loaded[0])
-            self._loaded[1][:, :rows].copy_(loaded[1])
-        self.eager_runs += 1
-        output, saved = self.decoder.run(dev, self._loaded)
-        kept = None
-        if batch.save and saved is not None:
-            rows = save_rows(batch)
-            kept = (saved[0][:, :rows], saved[1][:, :rows])
-        return output[: batch.num_prompts], kept
 
     def _measured_costs(self) -> LaunchCosts | None:
         """:class:`LaunchCosts` of this device: replays of the smallest rung and of the one nearest
