@@ -15,8 +15,10 @@ so padding costs little.
 Every rung is captured up front (:meth:`DecoderGraphs.capture_all`, when the packed forward is
 built), never inside a user's call: a capture runs the batch eagerly, then records it, and
 ``torch.cuda.graph`` synchronises the device and empties the allocator's cache, about 60-125 ms each
-(docs/benchmarks.md, "CUDA graphs"). A batch that fits no rung runs eagerly. The graphs share one memory pool and one set of
-output buffers, so together they hold about the memory of the largest rung's run, not the sum; the
+(docs/benchmarks.md, "CUDA graphs"). A batch that fits no rung runs eagerly, and so does one whose
+padding to its rung costs more than the launches a graph saves (:class:`LaunchCosts`, measured once
+the ladder is captured; docs/benchmarks.md, "Eager or replay"). The graphs share one memory pool and
+one set of output buffers, so together they hold about the memory of the largest rung's run, not the sum; the
 load time and memory of the ladder are in docs/benchmarks.md, "CUDA-graph ladder". If a capture
 fails, graphs are switched off for this decoder with a warning and every batch runs eagerly.
 """
