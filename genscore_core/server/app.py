@@ -47,6 +47,7 @@ try:
     from fastapi.responses import JSONResponse, PlainTextResponse
     from fastapi.routing import APIRoute
     from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.middleware import Middleware
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         'genscore\'s server needs fastapi and uvicorn; install them with: pip install "genscore[server]"'
@@ -68,6 +69,7 @@ from genscore_core.request_life import AbandonStats, RequestAbandoned
 from genscore_core.scorer import GenerativeScorer
 from genscore_core.server.batcher import RequestBatcher
 from genscore_core.server.connections import AbandonedRequestMiddleware
+from genscore_core.server.direct_route import DirectEndpoint, DirectRoutes, DirectRouteTable
 from genscore_core.server.limits import ServerLimits
 from genscore_core.server.metrics import METRICS_CONTENT_TYPE, MetricsMiddleware, ServerMetrics, count_usage
 from genscore_core.server.middleware import HttpMiddleware
@@ -446,6 +448,24 @@ def create_app(
     rerank_v1.__annotations__["request"] = rerank_v2.__annotations__["request"] = rerank_request
     app.post("/v2/rerank", **reranking)(rerank_v2)
     app.post("/v1/rerank", **reranking)(rerank_v1)
+    # The same two answered without FastAPI's routing where the body needs nothing of it (a lone
+    # request's latency); FastAPI still answers every other body, and documents both.
+    direct = DirectRouteTable(
+        {
+            "/v1/rerank": DirectEndpoint(rerank_request, rerank_v1),
+            "/v2/rerank": DirectEndpoint(rerank_request, rerank_v2),
+        }
+    )
+    app.state.direct_routes = direct
+    # Appended: innermost of the app's middlewares, so that every one of them still applies.
+    app.user_middleware.append(
+        Middleware(
+            DirectRoutes,
+            table=direct,
+            handlers=lambda: app.exception_handlers,
+            largest_body=lambda: PARSED_OFF_THE_LOOP_BYTES,
+        )
+    )
 
     # /rerank is both Cohere's path and TEI's: the body says which (tei.rerank_dialect).
     either_body = rerank_body_type(rerank_request)
