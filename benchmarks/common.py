@@ -306,7 +306,7 @@ class Report:
         new = not path.exists()
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
         with path.open("a", newline="") as handle:
-            writer = csv.writer(handle)
+            writer = csv.writer(handle, lineterminator="\n")  # the file's own line ends, not csv's \r\n
             if new:
                 writer.writerow(CSV_FIELDS)
             for r in self.rows:
