@@ -18,7 +18,8 @@ This trial measures that scheme inside genscore's decoder on the GPU:
   beside genscore's bf16 and FP8 scorers without graphs as well as with their graph ladders.
 * W1 (1 query x ``--docs`` fresh documents of 128-512 words, ``rerank``), the scorers in turn, two
   rounds; then the first call's scores of each against the official recipe in fp32 (and the official
-  recipe in bf16, the yardstick), max / mean error, Kendall tau, top-10 overlap.
+  recipe in bf16, the yardstick), max / mean error, Kendall tau, top-10 overlap. ``--profile``: the
+  GPU kernel time of one call of each eager scorer (torch profiler), what its graph would take.
 
 ``--dry-run`` checks the plumbing on the CPU (``torch._scaled_mm`` runs there): with every row exact the
 decoder must give the bf16 decoder's rows, with none the FP8 decoder's.
@@ -188,6 +189,19 @@ def dry_checks(report: Report, tokenizer: Any, texts: Texts, tail: int) -> None:
                f"{cls.rows[0]} of {cls.rows[1]} rows exact")  # fmt: skip
 
 
+def kernel_ms(scorer: Any, query: str, documents: list[str]) -> float:
+    """GPU kernel time of one call (torch profiler): the device time of every entry, less the aten
+    operators' own entries, which count their kernels a second time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        scorer.rerank(query, documents)
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    return sum(e.self_device_time_total for e in events if not e.key.startswith("aten::")) / 1e3
+
+
 def run(args: argparse.Namespace, report: Report) -> None:
     tokenizer = load_tokenizer()
     texts = Texts(word_list(tokenizer))
@@ -232,6 +246,12 @@ def run(args: argparse.Namespace, report: Report) -> None:
                 if name not in first:
                     first[name] = scored_in_order(scorer.rerank(*work[0]), docs)
                 times[name] += call_times([lambda q=q, d=d, s=scorer: s.rerank(q, d) for q, d in work])
+        if args.profile:  # the eager scorers' GPU time alone: what a graph of each would cost
+            query, documents = texts.query(), texts.documents(docs)
+            for name, scorer in scorers.items():
+                if "no graphs" in name:
+                    report.add(f"{shape} W1 1 x {docs} fresh, one call", f"{name}: GPU kernel time",
+                               kernel_ms(scorer, query, documents), "ms")  # fmt: skip
         bf16_eager = median(times["bf16, no graphs"])
         for name in scorers:
             s = median(times[name])
@@ -252,6 +272,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=["0.6b", "8b"], choices=["0.6b", "4b", "8b"])
     parser.add_argument("--docs", type=int, default=0, help="W1 documents (default 256 for 0.6b, 128 else)")
     parser.add_argument("--calls", type=int, default=4, help="W1 calls per scorer and round (default 4)")
+    parser.add_argument("--profile", action="store_true", help="also each eager scorer's GPU kernel time")
     parser.add_argument("--tail", type=int, default=None,
                         help="each prompt's last rows kept exact (default: the official suffix's tokens)")  # fmt: skip
     run_reported(parser, "trial_fp8_exact_rows.py", run, dry_run="the CPU: plumbing checks only",
