@@ -20,6 +20,8 @@ This trial measures that scheme inside genscore's decoder on the GPU:
   rounds; then the first call's scores of each against the official recipe in fp32 (and the official
   recipe in bf16, the yardstick), max / mean error, Kendall tau, top-10 overlap. ``--profile``: the
   GPU kernel time of one call of each eager scorer (torch profiler), what its graph would take.
+  ``--output-bf16``: also genscore's FP8 with the attention's output projection left in bf16 (the one
+  product whose input FP8 quantises in a kernel of its own), on its own graph ladder.
 
 ``--dry-run`` checks the plumbing on the CPU (``torch._scaled_mm`` runs there): with every row exact the
 decoder must give the bf16 decoder's rows, with none the FP8 decoder's.
@@ -160,6 +162,27 @@ def decoder_class(tail: int, every_row: bool = False) -> Any:
     return ExactRowsDecoder
 
 
+def output_bf16_scorer(model: Any, tokenizer: Any) -> Any:
+    """EXPERIMENTAL, this trial only: genscore's FP8 decoder with the attention's output projection in
+    bf16 (its input is the attention's output, not a norm's or SiLU's, so FP8 quantises it in a kernel
+    of its own), on a graph ladder captured with the public ``DecoderGraphs``."""
+    from genscore_core.packed.graphs import DecoderGraphs, GraphLadder
+
+    class OutputBf16Decoder(PackedDecoder):
+        def _output(self, index: int, attn: torch.Tensor) -> torch.Tensor:
+            return F.linear(attn.view(attn.shape[0], -1), *self.layers[index].o)
+
+    scorer = GenerativeScorer.from_model(model, tokenizer, quantization="fp8", cuda_graphs=False)
+    forward = scorer.engine.forward
+    forward.decoder = OutputBf16Decoder(model, forward.decoder.options)
+    graphs = DecoderGraphs(forward.decoder, GraphLadder.up_to(forward.max_batch_tokens))
+    graphs.capture_all()
+    if graphs.disabled is not None or not graphs.graphs:
+        raise RuntimeError(f"the trial decoder's ladder was not captured: {graphs.disabled}")
+    forward.graphs = graphs
+    return scorer
+
+
 def exact_scorer(model: Any, tokenizer: Any, tail: int, every_row: bool = False) -> tuple[Any, Any]:
     scorer = GenerativeScorer.from_model(model, tokenizer, quantization="fp8", cuda_graphs=False)
     forward = scorer.engine.forward
@@ -236,6 +259,8 @@ def run(args: argparse.Namespace, report: Report) -> None:
             ),
             f"FP8, prefix and last {tail} rows bf16, no graphs": exact,
         }
+        if args.output_bf16:
+            scorers["FP8, o_proj in bf16 (graph ladder)"] = output_bf16_scorer(model, tokenizer)
         for scorer in scorers.values():
             for query, documents in warm:
                 scorer.rerank(query, documents)
@@ -272,6 +297,9 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=["0.6b", "8b"], choices=["0.6b", "4b", "8b"])
     parser.add_argument("--docs", type=int, default=0, help="W1 documents (default 256 for 0.6b, 128 else)")
     parser.add_argument("--calls", type=int, default=4, help="W1 calls per scorer and round (default 4)")
+    parser.add_argument(
+        "--output-bf16", action="store_true", help="also FP8 with the attention's output projection in bf16"
+    )
     parser.add_argument("--profile", action="store_true", help="also each eager scorer's GPU kernel time")
     parser.add_argument("--tail", type=int, default=None,
                         help="each prompt's last rows kept exact (default: the official suffix's tokens)")  # fmt: skip
