@@ -6,8 +6,8 @@ a sixth of it, and more of a lone client's latency (docs/benchmarks.md, "Server 
 :class:`DirectRoutes` sits inside the app's own middlewares (API key, metrics, abandoned requests, body
 size, internal errors: all still apply) and answers a POST to one of its paths itself, but only when
 the body is JSON under a JSON content type, small enough to parse on the event loop, parses as
-strict JSON and validates as the endpoint's request type. Anything else (another path or method, a body that fails any of those) goes on to
-FastAPI with the body it sent, and is answered there as it always was: every refusal comes from one
+strict JSON and validates as the endpoint's request type. Anything else (another path or method, a
+body that fails any of those) goes on to FastAPI with the body it sent, and is answered there as it always was: every refusal comes from one
 place. An error raised while reading the body or by the endpoint is answered by the app's exception
 handler for it, as FastAPI would, and an error without one propagates to the middlewares outside.
 """
@@ -149,8 +149,9 @@ async def _handled(handler: Handler, request: Request, error: Exception) -> Resp
 
 def _handler_for(handlers: Handlers, error: Exception) -> Handler | None:
     """The app's handler of ``error`` as Starlette's exception middleware finds it: an HTTP error's
-    status first, then its class or nearest base. ``Exception``'s handler a 500's) are the outermost middleware's, behind the app's own, as for an error raised through
-    FastAPI."""
+    status first, then its class or nearest base. None for a handler of ``Exception`` or of status
+    500: those belong to the outermost middleware (Starlette's ServerErrorMiddleware), which answers
+    the error once it has passed the app's own middlewares, as for an error raised through FastAPI."""
     if isinstance(error, HTTPException) and error.status_code != 500 and error.status_code in handlers:
         return handlers[error.status_code]
     for kind in type(error).__mro__:
