@@ -1,10 +1,11 @@
 """What the FP8 measurements share: a plain-torch fake-quantisation of genscore's FP8 scheme, ranking
 agreement (Kendall tau, top-10 overlap), and the weight scales of the issue's experiment.
 
-The scheme, written here apart from genscore's code: every ``nn.Linear`` of the decoder layers runs in
-float32 on a quantised-then-dequantised weight (float8 e4m3, one scale per output channel: the row's
-absolute maximum / 448) and a quantised-then-dequantised input (the same, one scale per token).
-Embeddings, norms, attention and the head are untouched.
+The scheme, written here apart from genscore's code: every ``nn.Linear`` of the decoder layers but the
+attention's output projection (``o_proj``) runs in float32 on a quantised-then-dequantised weight
+(float8 e4m3, one scale per output channel: the row's absolute maximum / 448) and a
+quantised-then-dequantised input (the same, one scale per token). Embeddings, norms, attention, the
+output projection and the head are untouched.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ class FakeQuantLinear(torch.nn.Module):
 
 @contextlib.contextmanager
 def fake_quantised(model: Any) -> Iterator[Any]:
-    """``model`` (float32) with its decoder layers' linear layers fake-quantised; restored after."""
+    """``model`` (float32) with its decoder layers' linear layers but ``o_proj`` fake-quantised;
+    restored after."""
     swapped = []
     for layer in model.model.layers:
         for parent in (layer.self_attn, layer.mlp):
             for name, child in list(parent.named_children()):
-                if isinstance(child, torch.nn.Linear):
+                if isinstance(child, torch.nn.Linear) and name != "o_proj":
                     swapped.append((parent, name, child))
                     setattr(parent, name, FakeQuantLinear(child))
     try:

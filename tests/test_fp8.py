@@ -18,7 +18,7 @@ from genscore_core.cli_args import add_config_arguments
 from genscore_core.config import LocalSettings, ScorerConfig
 from genscore_core.engine import select_forward
 from genscore_core.errors import ConfigurationError
-from genscore_core.kernels.fused_ops import quantize_rows_fp8
+from genscore_core.kernels.fused_ops import quantize_rows_e4m3
 from genscore_core.packed import PackedForward, PackedOptions
 from genscore_core.packed.fp8 import Fp8Linear, Fp8Rows, unsupported_reason
 from tests.helpers.fp8_reference import fake_quant_rows, fake_quantised
@@ -36,7 +36,7 @@ def test_scaled_mm_glue_is_the_dequantised_product(out_dtype: torch.dtype) -> No
     torch.manual_seed(0)
     weight, bias = torch.randn(48, 64), torch.randn(48)
     linear = Fp8Linear.of((weight, bias), out_dtype)
-    x = Fp8Rows(*quantize_rows_fp8(torch.randn(5, 64) * 3))
+    x = Fp8Rows(*quantize_rows_e4m3(torch.randn(5, 64) * 3))
     torch.testing.assert_close(
         (linear.weight.float() * linear.scale[:, None]), fake_quant_rows(weight), atol=0, rtol=0
     )
@@ -50,11 +50,11 @@ def test_scaled_mm_glue_is_the_dequantised_product(out_dtype: torch.dtype) -> No
     torch.testing.assert_close(out[:5].float(), expected, atol=tol, rtol=tol)
     assert not out[5:].any()
     torch.testing.assert_close(linear.rows(16)(x).float(), expected[:, 16:], atol=tol, rtol=tol)
-    assert linear(Fp8Rows(*quantize_rows_fp8(torch.empty(0, 64)))).shape == (0, 48)
+    assert linear(Fp8Rows(*quantize_rows_e4m3(torch.empty(0, 64)))).shape == (0, 48)
 
 
 def test_fp8_rows_select_rows() -> None:
-    x = Fp8Rows(*quantize_rows_fp8(torch.randn(6, 32)))
+    x = Fp8Rows(*quantize_rows_e4m3(torch.randn(6, 32)))
     picked = x.index_select(0, torch.tensor([4, 1]))
     assert torch.equal(picked.values.float(), x.values.float()[[4, 1]])
     assert torch.equal(picked.scale, x.scale[[4, 1]])

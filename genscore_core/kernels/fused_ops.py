@@ -186,16 +186,3 @@ def silu_mul_fp8(
 
         return fused_ops_triton.silu_mul_fp8(gate, up)
     return quantize_rows_e4m3(F.silu(gate.float()) * up.float())
-
-
-def quantize_rows_fp8(x: torch.Tensor, *, impl: KernelImpl = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of ``x`` [M, N] (any float dtype; rows may have a stride) quantised as
-    :func:`quantize_rows_e4m3` does: the input of a product that no norm or SiLU kernel precedes
-    (the attention output going into the output projection)."""
-    if x.dim() != 2:
-        raise ValueError(f"quantize_rows_fp8: x must be [rows, columns], got {_dims(x)}")
-    if use_triton(impl, x.device, kernel="quantize_rows_fp8"):
-        from genscore_core.kernels import fused_ops_triton
-
-        return fused_ops_triton.quantize_rows_fp8(x)
-    return quantize_rows_e4m3(x.float())

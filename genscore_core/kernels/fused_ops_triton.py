@@ -330,32 +330,3 @@ def silu_mul_fp8(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, to
         g, u, out, scale, n, g.stride(0), u.stride(0), BLOCK=block, num_warps=_row_warps(block)
     )
     return out, scale
-
-
-@triton.jit
-def _quantize_rows_kernel(  # type: ignore[no-untyped-def]  # triton reads annotations as arg types
-    x_ptr,  # [M, N] (row stride stride_x)
-    out_ptr,  # [M, N] float8 e4m3, contiguous
-    scale_ptr,  # [M] float32
-    N,
-    stride_x,
-    BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    _store_e4m3_row(x, mask, out_ptr + row * N + cols, scale_ptr, row)
-
-
-def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    assert x.dim() == 2
-    m, n = x.shape
-    out = torch.empty((m, n), dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
-    if m == 0:
-        return out, scale
-    x = _rows(x)
-    block = triton.next_power_of_2(n)
-    _quantize_rows_kernel[(m,)](x, out, scale, n, x.stride(0), BLOCK=block, num_warps=_row_warps(block))
-    return out, scale

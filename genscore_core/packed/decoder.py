@@ -677,11 +677,9 @@ class PackedDecoder:
         return self._output(index, attn)  # [T, H]
 
     def _output(self, index: int, attn: torch.Tensor) -> torch.Tensor:
-        """The output projection of attention [rows, Hq, D]: [rows, H]."""
-        attn = attn.view(attn.shape[0], -1)
-        if self.fp8 is not None:
-            return self.fp8[index].o(Fp8Rows(*fused_ops.quantize_rows_fp8(attn, impl=self.ops_impl)))
-        return F.linear(attn, *self.layers[index].o)
+        """The output projection of attention [rows, Hq, D]: [rows, H], in the model's dtype with FP8
+        too (:mod:`genscore_core.packed.fp8` says why)."""
+        return F.linear(attn.view(attn.shape[0], -1), *self.layers[index].o)
 
     def _qkv(self, step: _Pass, index: int, h: Rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries [T, Hq, D] (not yet rotated), keys and values [KV, Hkv, D]: one GEMM's column

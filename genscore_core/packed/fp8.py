@@ -1,16 +1,22 @@
 """Opt-in FP8 products of the packed decoder (``LocalSettings.quantization="fp8"``).
 
-The scheme: each weight matrix of a decoder layer (q/k/v, o, gate/up, down) is quantised once, per
-output channel, to float8 e4m3 with a float32 scale per row (its absolute maximum / 448); each
-product's input is quantised per token the same way, inside the kernel that makes it (add+RMSNorm,
-silu*mul; the attention output through a row-quantising kernel), and the product runs as
-``torch._scaled_mm`` with row-wise scales and a bf16 output. Everything else is untouched: the
-embeddings, every norm and the residual stream (float32), attention (bf16), the last norm and the
+The scheme: the weight matrices of a decoder layer that a norm or SiLU feeds (q/k/v, gate/up, down)
+are quantised once, per output channel, to float8 e4m3 with a float32 scale per row (its absolute
+maximum / 448); each of those products' input is quantised per token the same way, inside the kernel
+that makes it (add+RMSNorm, silu*mul), and the product runs as ``torch._scaled_mm`` with row-wise
+scales and a bf16 output. Everything else is untouched: the embeddings, every norm and the residual
+stream (float32), attention (bf16), the attention's output projection (bf16), the last norm and the
 label rows of the head (which read the float32 hidden state; quantising the head is what broke
 Qwen3-Reranker in public reports).
 
+Why the output projection stays in bf16: its input, the attention output, is made by no norm or SiLU
+kernel, so quantising it took a kernel of its own, and on random-initialised Qwen3-0.6B weights at
+scale 1 it was the product that pushed FP8's error past 5x the bf16 recipe's (3.3x max / 7.8x mean
+with it in FP8, 1.5x / 2.5x without; docs/benchmarks.md, "FP8"). It is about an eighth of a layer's
+weights.
+
 The FP8 weights are held beside the model's own (which its own forward, ``save_pretrained`` and a
-rebuild still read): about half the bf16 weights' memory more.
+rebuild still read): about half the quantised bf16 weights' memory more.
 """
 
 from __future__ import annotations
@@ -103,12 +109,12 @@ class Fp8Linear:
 
 @dataclass(frozen=True)
 class Fp8Layer:
-    """One decoder layer's quantised products, named as the fields of the decoder's ``_Layer``."""
+    """One decoder layer's quantised products, named as the fields of the decoder's ``_Layer`` (the
+    output projection ``o`` is not one: it runs in bf16)."""
 
     qkv: Fp8Linear
     q: Fp8Linear
     kv: Fp8Linear
-    o: Fp8Linear
     gate_up: Fp8Linear
     down: Fp8Linear
 
@@ -121,7 +127,6 @@ class Fp8Layer:
             qkv=qkv,
             q=qkv.rows(0, q_rows),
             kv=qkv.rows(q_rows),
-            o=Fp8Linear.of(layer.o, out_dtype),
             gate_up=Fp8Linear.of(layer.gate_up, out_dtype),
             down=Fp8Linear.of(layer.down, out_dtype),
         )

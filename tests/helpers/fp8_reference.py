@@ -1,9 +1,10 @@
 """A plain-torch fake-quantisation reference of genscore's FP8 scheme, written apart from it.
 
-Every ``nn.Linear`` of the decoder layers runs in float32 on a quantised-then-dequantised weight (per
-output channel: scale = the row's absolute maximum / 448, values rounded to the nearest e4m3) and a
-quantised-then-dequantised input (the same, per token). Nothing else changes: embeddings, norms,
-attention and the head are the model's own, in float32. It runs the model's own Hugging Face forward.
+Every ``nn.Linear`` of the decoder layers except the attention's output projection (``o_proj``) runs in
+float32 on a quantised-then-dequantised weight (per output channel: scale = the row's absolute maximum /
+448, values rounded to the nearest e4m3) and a quantised-then-dequantised input (per token). Nothing
+else changes: embeddings, norms, attention, ``o_proj`` and the head are the model's own, in float32. It
+runs the model's own Hugging Face forward.
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ class _FakeQuantLinear(torch.nn.Module):
 
 @contextlib.contextmanager
 def fake_quantised(model: Any) -> Iterator[Any]:
-    """``model`` (float32) with its decoder layers' linear layers fake-quantised, restored after."""
+    """``model`` (float32) with its decoder layers' linear layers but ``o_proj`` fake-quantised,
+    restored after."""
     swapped: list[tuple[Any, str, torch.nn.Module]] = []
     for layer in model.model.layers:
         for parent in (layer.self_attn, layer.mlp):
             for name, child in list(parent.named_children()):
-                if isinstance(child, torch.nn.Linear):
+                if isinstance(child, torch.nn.Linear) and name != "o_proj":
                     swapped.append((parent, name, child))
                     setattr(parent, name, _FakeQuantLinear(child))
     try:

@@ -1,4 +1,4 @@
-"""The FP8-output kernels (add+RMSNorm, silu*mul, row quantisation): each Triton kernel (through the
+"""The FP8-output kernels (add+RMSNorm, silu*mul): each Triton kernel (through the
 CPU interpreter, conftest.py) against its torch version bit for bit, and the torch versions against
 the fake-quantisation reference written apart in tests/helpers/fp8_reference.py. Then the packed
 decoder with FP8 products and every Triton kernel against that reference's forward."""
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from genscore_core.kernels import fused_ops
+from genscore_core.kernels.dispatch import KernelImpl
 from genscore_core.packed import PackedForward, PackedOptions
 from tests.helpers.fp8_reference import fake_quant_rows, fake_quantised
 from tests.helpers.packed_reference import random_groups, reference_rows
@@ -58,12 +59,18 @@ def test_silu_mul_fp8_reads_strided_halves() -> None:
     torch.testing.assert_close(_dequantised(a), fake_quant_rows(F.silu(gate) * up), atol=0, rtol=0)
 
 
-def test_quantize_rows_fp8_over_magnitudes_and_zero_rows() -> None:
+def _silu_mul_fp8_of(x: torch.Tensor, impl: KernelImpl) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` quantised through silu_mul_fp8: silu(32) is exactly 32 in float32 (exp(-32) vanishes
+    beside 1) and ``x / 32 * 32`` is ``x`` exactly, so the kernel's rounding sees ``x`` itself."""
+    return fused_ops.silu_mul_fp8(torch.full_like(x, 32.0), x / 32, impl=impl)
+
+
+def test_e4m3_rows_over_magnitudes_and_zero_rows() -> None:
     """Rows from 1e-8 to 1e3 (normal and subnormal e4m3 values), a strided view and an all-zero row."""
     x = (torch.randn(6, 2, 33) * torch.logspace(-8, 3, 6)[:, None, None])[:, 0]
     x[2] = 0
-    a = fused_ops.quantize_rows_fp8(x, impl="torch")
-    _same_bits(a, fused_ops.quantize_rows_fp8(x, impl="triton"))
+    a = _silu_mul_fp8_of(x, "torch")
+    _same_bits(a, _silu_mul_fp8_of(x, "triton"))
     torch.testing.assert_close(_dequantised(a), fake_quant_rows(x), atol=0, rtol=0)
     assert torch.isfinite(a[1]).all() and not a[0][2].float().any()
 
@@ -72,7 +79,7 @@ def test_rounding_carries_into_the_next_binade_and_ties_go_to_even() -> None:
     """127.6 rounds up to 128 (Triton's interpreter conversion gave 64), 1.0625 (a tie between 1 and
     1.125) to 1, 1.1875 (between 1.125 and 1.25) to 1.25; the row maximum maps to 448."""
     x = torch.tensor([[127.6, 1.0625, 1.1875, -31.9, 448.0, 0.0]])
-    values, scale = fused_ops.quantize_rows_fp8(x, impl="triton")
+    values, scale = _silu_mul_fp8_of(x, "triton")
     assert scale.item() == 1.0
     assert values.float().tolist() == [[128.0, 1.0, 1.25, -32.0, 448.0, 0.0]]
 
