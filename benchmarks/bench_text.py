@@ -52,16 +52,24 @@ def per_call(n: int, make: Callable[[], Callable[[], Any]]) -> list[Callable[[],
     return [make() for _ in range(n)]
 
 
-def fresh_calls(report: Report, scorer: GenerativeScorer, texts: Texts, name: str, docs: int) -> None:
-    """40 calls, each on a query and documents never seen before (text made before the timing)."""
+def fresh_calls(
+    report: Report, scorer: GenerativeScorer, texts: Texts, name: str, docs: int,
+    bf16: dict[str, float] | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """40 calls, each on a query and documents never seen before (text made before the timing): the
+    p50 seconds of calls 1-20 and 21-40. ``bf16``: those of the bf16 scorer, to set beside."""
     work = [(texts.query(), texts.documents(docs)) for _ in range(40)]
     times = call_times([lambda q=q, d=d: scorer.rerank(q, d) for q, d in work])
+    p50 = {"calls 1-20": median(times[:20]), "calls 21-40": median(times[20:])}
     for span, part in (("calls 1-20", times[:20]), ("calls 21-40", times[20:])):
+        against = "" if bf16 is None else f"{bf16[span] / p50[span]:.2f}x bf16's {span} in this run"
         if docs >= 100:
-            report.add(f"{name} fresh", f"p50 pairs/s, {span}", docs / median(part), "pairs/s")
+            report.add(f"{name} fresh", f"p50 pairs/s, {span}", docs / p50[span], "pairs/s", note=against)
         else:
-            report.add(f"{name} fresh", f"p50 latency, {span}", median(part) * 1e3, "ms",
-                       note=f"p99 {quantile(part, 0.99) * 1e3:.1f} ms, max {max(part) * 1e3:.1f} ms")  # fmt: skip
+            report.add(f"{name} fresh", f"p50 latency, {span}", p50[span] * 1e3, "ms",
+                       note=f"p99 {quantile(part, 0.99) * 1e3:.1f} ms, max {max(part) * 1e3:.1f} ms"
+                       + (f"; {against}" if against else ""))  # fmt: skip
+    return p50
 
 
 def built_and_reported(report: Report, model: Any, tokenizer: Any, device: str) -> GenerativeScorer:
@@ -159,9 +167,10 @@ def run(args: argparse.Namespace, report: Report) -> None:
             torch.cuda.empty_cache()
 
     scorer = built_and_reported(report, model, tokenizer, device)
+    fresh_w1 = fresh_w4 = None
     if args.fresh:  # before any other call, so that the first call after loading is timed
-        fresh_calls(report, scorer, texts, "W1", w1_docs)
-        fresh_calls(report, scorer, texts, "W4", 20)
+        fresh_w1 = fresh_calls(report, scorer, texts, "W1", w1_docs)
+        fresh_w4 = fresh_calls(report, scorer, texts, "W4", 20)
 
     def w1_call() -> Any:
         return scorer.rerank(*w1)
@@ -234,10 +243,16 @@ def run(args: argparse.Namespace, report: Report) -> None:
 
         if dry:
             allow_fp8_on_the_cpu()
+
+        def fp8_fresh(fp8: GenerativeScorer) -> None:  # the FP8 scorer's first calls, as bf16's above
+            fresh_calls(report, fp8, texts, "W1 FP8", w1_docs, fresh_w1)
+            fresh_calls(report, fp8, texts, "W4 FP8", 20, fresh_w4)
+
         fp8_section(
             report, build=lambda d: build_model(shape, device, d), model=model, tokenizer=tokenizer, w1=w1,
             w4_sets=w4_sets, bf16_w1_s=w1_s, bf16_w4_s=median(t4), repeats=repeats,
             scales=[float(s) for s in args.fp8_scales.split(",") if s],
+            fresh=fp8_fresh if args.fresh else None,
         )  # fmt: skip
 
 

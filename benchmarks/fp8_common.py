@@ -11,7 +11,7 @@ output projection and the head are untouched.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -130,18 +130,23 @@ def fp8_section(
     bf16_w4_s: float,
     repeats: int,
     scales: Sequence[float],
+    fresh: Callable[[Any], None] | None = None,
 ) -> None:
     """FP8 beside bf16 in one run: W1 and W4 speed on ``model``; then, at each weight scale, W1's
     accuracy against the official recipe in fp32 of genscore's FP8 and bf16 paths, the official bf16
     recipe, and the scheme simulated in plain torch (fp32, and bf16 as its own yardstick).
 
-    ``build(dtype)``: a new model of the benchmark's shape in ``dtype`` (weights to be loaded)."""
+    ``build(dtype)``: a new model of the benchmark's shape in ``dtype`` (weights to be loaded).
+    ``fresh(scorer)``: times the FP8 scorer's calls on fresh documents, before any other call."""
     from common import OfficialRecipe
 
     from genscore_core import GenerativeScorer
 
-    _fp8_speed(report, GenerativeScorer.from_model(model, tokenizer, quantization="fp8"), w1, w4_sets,
-               bf16_w1_s, bf16_w4_s, repeats)  # fmt: skip
+    scorer = GenerativeScorer.from_model(model, tokenizer, quantization="fp8")
+    if fresh is not None:
+        fresh(scorer)
+    _fp8_speed(report, scorer, w1, w4_sets, bf16_w1_s, bf16_w4_s, repeats)
+    del scorer
     pairs = [(w1[0], d) for d in w1[1]]
     state = model.state_dict()
     for scale in scales:
