@@ -9,7 +9,7 @@ prompt at a time through its own forward. Against its fp32 scores, each line giv
 error, Kendall tau and top-10 overlap of:
 
 * the bf16 recipe: the same forward in bf16 (the yardstick);
-* the FP8 scheme simulated in plain torch (benchmarks/fp8_common.py: every decoder product on
+* the FP8 scheme simulated in plain torch (benchmarks/fp8_common.py: every decoder product but o_proj on
   quantised-then-dequantised weights, per output channel, and inputs, per token), in fp32;
 * genscore's FP8 path itself: the packed decoder with ``quantization="fp8"`` on the bf16 model, its
   norm and SiLU kernels' torch versions and ``torch._scaled_mm`` on the CPU, the label rows in fp32;

@@ -132,8 +132,9 @@ class LocalSettings(_Settings):
     seconds; docs/benchmarks.md, "CUDA-graph ladder") and pads each batch to the smallest rung it
     fits, so that no call pays for a capture; ``False``: every batch runs eagerly."""
     quantization: Literal["fp8"] | None = None
-    """``"fp8"``: the decoder layers' matrix products in float8 e4m3 (weights per output channel,
-    activations per token; embeddings, norms, attention and the head stay bf16/float32). Opt-in: it
+    """``"fp8"``: the decoder layers' matrix products that a norm or SiLU feeds (q/k/v, gate/up, down)
+    in float8 e4m3 (weights per output channel, activations per token; embeddings, norms, attention
+    and its output projection, and the head stay bf16/float32). Opt-in: it
     needs the packed forward, a bf16 model and a GPU with FP8 tensor cores (compute capability >= 8.9);
     check its scores on your own judged data (docs/python.md, "FP8"). ``None``: the model's dtype."""
     cpu_threads: int | None = Field(default=None, gt=0)

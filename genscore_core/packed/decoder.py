@@ -511,9 +511,10 @@ class PackedOptions(BaseModel):
     rows and the product otherwise."""
 
     quantization: Literal["fp8"] | None = None
-    """``"fp8"``: the layers' products in float8 e4m3 (:mod:`genscore_core.packed.fp8`); None: in the
-    model's dtype. The decoder runs FP8 wherever ``torch._scaled_mm`` runs; whether it may (a GPU with
-    FP8 tensor cores) is checked where a user asks for it (:func:`genscore_core.engine.select_forward`)."""
+    """``"fp8"``: the layers' q/k/v, gate/up and down products in float8 e4m3
+    (:mod:`genscore_core.packed.fp8`); None: in the model's dtype. The decoder runs FP8 wherever
+    ``torch._scaled_mm`` runs; whether it may (a GPU with FP8 tensor cores) is checked where a user
+    asks for it (:func:`genscore_core.engine.select_forward`)."""
 
     @classmethod
     def all_kernels(cls, impl: KernelImpl) -> PackedOptions:
