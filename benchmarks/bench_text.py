@@ -60,8 +60,9 @@ def fresh_calls(
     p50 seconds of calls 1-20 and 21-40. ``bf16``: those of the bf16 scorer, to set beside."""
     work = [(texts.query(), texts.documents(docs)) for _ in range(40)]
     times = call_times([lambda q=q, d=d: scorer.rerank(q, d) for q, d in work])
-    p50 = {"calls 1-20": median(times[:20]), "calls 21-40": median(times[20:])}
-    for span, part in (("calls 1-20", times[:20]), ("calls 21-40", times[20:])):
+    spans = {"calls 1-20": times[:20], "calls 21-40": times[20:]}
+    p50 = {span: median(part) for span, part in spans.items()}
+    for span, part in spans.items():
         against = "" if bf16 is None else f"{bf16[span] / p50[span]:.2f}x bf16's {span} in this run"
         if docs >= 100:
             report.add(f"{name} fresh", f"p50 pairs/s, {span}", docs / p50[span], "pairs/s", note=against)

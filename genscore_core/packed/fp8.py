@@ -12,11 +12,11 @@ Qwen3-Reranker in public reports).
 Why the output projection stays in bf16: its input, the attention output, is made by no norm or SiLU
 kernel, so quantising it took a kernel of its own, and on random-initialised Qwen3-0.6B weights at
 scale 1 it was the product that pushed FP8's error past 5x the bf16 recipe's (3.3x max / 7.8x mean
-with it in FP8, 1.5x / 2.5x without; docs/benchmarks.md, "FP8"). It is about an eighth of a layer's
-weights.
+with it in FP8, 1.5x / 2.5x without; docs/benchmarks.md, "FP8"). It holds 9-13% of a layer's
+weights (the 8B and 0.6B shapes).
 
 The FP8 weights are held beside the model's own (which its own forward, ``save_pretrained`` and a
-rebuild still read): about half the quantised bf16 weights' memory more.
+rebuild still read): more memory by about half the size of the bf16 weights they quantise.
 """
 
 from __future__ import annotations
