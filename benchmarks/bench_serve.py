@@ -19,7 +19,9 @@ folder, as the server builds it) reranks fresh 1 x 20 calls in process (W4 fresh
 sends the same kind of bodies to a bare uvicorn app that parses the JSON and answers the server's own
 answer bytes (the HTTP floor: the client, the connection and uvicorn, no genscore). Blocks of each
 alternate, so that a shared machine's load falls on all three alike; p50 of each and the server's
-excess over the in-process call.
+excess over the in-process call. Where that excess goes: the server's own split of its requests'
+time (``genscore_request_stage_seconds`` in ``/metrics``, scraped around the timed blocks), each
+stage's mean beside the in-process call's and the client's means.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ from common import (
     run_reported,
     word_list,
 )
+from prometheus_client.parser import text_string_to_metric_families
+
+from genscore_core.request_timing import STAGES
 
 SERVE = "import sys; from genscore_core.cli import main; sys.exit(main())"
 
@@ -177,6 +182,27 @@ def loop_thread_seconds(pid: int) -> float | None:
         return None
 
 
+async def stage_sums(client: httpx.AsyncClient) -> dict[str, float]:
+    """The server's seconds so far in each stage of its ``/v1/rerank`` requests, and in whole ones
+    (``total``), with the number of requests (``count``), from ``/metrics``."""
+    answer = await client.get("/metrics")
+    answer.raise_for_status()
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            if sample.labels.get("route") != "/v1/rerank":
+                continue
+            if sample.name == "genscore_request_stage_seconds_sum":
+                sums[sample.labels["stage"]] = sample.value
+            elif sample.name == "genscore_request_duration_seconds_sum" and sample.labels["status"] == "200":
+                sums["total"] = sample.value
+            elif (
+                sample.name == "genscore_request_duration_seconds_count" and sample.labels["status"] == "200"
+            ):
+                sums["count"] = sample.value
+    return sums
+
+
 def one_client(args: argparse.Namespace, folder: Path, proc: subprocess.Popen[bytes], url: str,
                texts: Texts, report: Report) -> None:  # fmt: skip
     """A lone client's p50 against the in-process call and the HTTP floor (``--one-client``)."""
@@ -198,6 +224,7 @@ def one_client(args: argparse.Namespace, folder: Path, proc: subprocess.Popen[by
     floor, floor_url = start_floor(folder / "answer.json")
     times: dict[str, list[float]] = {"in-process": [], "server": [], "floor": []}
     loop_cpu = 0.0  # the server's event-loop thread, over its timed blocks
+    stages: dict[str, float] = {}  # the server's own split of the timed requests' time, summed
 
     async def measure() -> None:
         nonlocal loop_cpu
@@ -208,6 +235,8 @@ def one_client(args: argparse.Namespace, folder: Path, proc: subprocess.Popen[by
         ):
             clients = {"server": server, "floor": bare}
             for turn in range(-1, requests // block):  # turn -1: untimed, each path warmed
+                if turn == 0:
+                    stages.update(await stage_sums(server))
                 order = list(times) if turn % 2 else list(reversed(times))
                 for name in order:
                     bodies = [(texts.query(), documents()) for _ in range(block)]
@@ -226,6 +255,8 @@ def one_client(args: argparse.Namespace, folder: Path, proc: subprocess.Popen[by
                     after = loop_thread_seconds(proc.pid)
                     if name == "server" and turn >= 0 and before is not None and after is not None:
                         loop_cpu += after - before
+            ended = await stage_sums(server)
+            stages.update({key: ended.get(key, 0.0) - stages.get(key, 0.0) for key in ended})
 
     try:
         asyncio.run(measure())
@@ -243,6 +274,27 @@ def one_client(args: argparse.Namespace, folder: Path, proc: subprocess.Popen[by
                    "ms", note="uvicorn's loop: HTTP, the app, the batcher's worker (not tokenizing, not the model)")  # fmt: skip
     report.add("HTTP floor", "p50 latency, the same client and bodies, a bare uvicorn app", p50["floor"], "ms",
                note="the answer's bytes canned; no genscore")  # fmt: skip
+    report_stages(report, stages, times)
+
+
+def report_stages(report: Report, stages: dict[str, float], times: dict[str, list[float]]) -> None:
+    """Means per request: the client's and the in-process call's, the server's time inside the app
+    and its stages (they add up to it), and what lies outside the app (HTTP, the client)."""
+    count = stages.get("count", 0.0)
+    if count != len(times["server"]):  # another client, or a request refused: the sums are not these
+        print(
+            f"stages: {count:.0f} requests in /metrics against {len(times['server'])} sent", file=sys.stderr
+        )
+        return
+    mean = {name: sum(values) / len(values) * 1e3 for name, values in times.items()}
+    inside = stages["total"] / count * 1e3
+    report.add("W5 1 client fresh", "mean latency, /v1/rerank 1 x 20 (client)", mean["server"], "ms",
+               note=f"in process {mean['in-process']:.2f} ms; HTTP floor {mean['floor']:.2f} ms")  # fmt: skip
+    report.add("W5 1 client fresh", "mean time inside the server's app", inside, "ms",
+               note=f"outside it (the client, HTTP): {mean['server'] - inside:.2f} ms")  # fmt: skip
+    for stage in STAGES:
+        report.add("W5 1 client fresh", f"mean {stage} stage (server)", stages.get(stage, 0.0) / count * 1e3, "ms",
+                   note="genscore_request_stage_seconds")  # fmt: skip
 
 
 def forward_stats(url: str) -> dict[str, int]:

@@ -10,6 +10,7 @@ tokenizing for nobody. Outside a server no life is set and the lock is a plain l
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from genscore_core.errors import RequestAbandoned as RequestAbandoned
+from genscore_core.request_timing import current_timing
 
 
 @dataclass
@@ -74,7 +76,8 @@ class TokenizerLock:
     """A lock around the (not thread-safe) Rust tokenizer that drops abandoned requests at the door.
 
     Used like ``threading.Lock`` (``with lock:``). Taking it raises :class:`RequestAbandoned`, the lock
-    released again, when the current request's caller has gone.
+    released again, when the current request's caller has gone. The time a timed request holds it
+    goes to its :class:`~genscore_core.request_timing.RequestTiming` (``tokenize`` in ``/metrics``).
     """
 
     def __init__(self) -> None:
@@ -82,6 +85,7 @@ class TokenizerLock:
         self._count_lock = threading.Lock()
         self.waiting = 0
         """Threads waiting for the tokenizer now."""
+        self._taken_at = 0.0  # written and read only by the thread holding the lock
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         with self._count_lock:
@@ -93,6 +97,7 @@ class TokenizerLock:
                 self.waiting -= 1
         if not taken:
             return False
+        self._taken_at = time.perf_counter()
         life = _current.get()
         if life is None:
             return True
@@ -106,6 +111,9 @@ class TokenizerLock:
         return True
 
     def release(self) -> None:
+        timing = current_timing()
+        if timing is not None:
+            timing.tokenizer_seconds += time.perf_counter() - self._taken_at
         self._lock.release()
 
     def locked(self) -> bool:

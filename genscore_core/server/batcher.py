@@ -52,7 +52,6 @@ differences are below 1e-6).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections import deque
@@ -70,6 +69,7 @@ from genscore_core.backend import (
     streamed,
 )
 from genscore_core.errors import InvalidRequestError, ScoreRangeError, ServerBusyError
+from genscore_core.request_timing import current_timing, note_queued
 from genscore_core.server.pacing import DevicePace
 from genscore_core.waiting import within
 
@@ -87,6 +87,8 @@ class _Entry:
     """Taken from the queue by the worker (into a call, or dropped as cancelled)."""
     dropped: bool = False
     """Cancelled while queued, and already left out of the queue's counts."""
+    ran: tuple[float, float] | None = None
+    """When the call that scored it began launching, and when its scores were on the host."""
 
 
 @dataclass
@@ -101,6 +103,8 @@ class _Call:
     """Prompt tokens of its jobs."""
     launch_started: float | None = None
     """When the engine's thread began launching it (``time.perf_counter()``); set before ``launched``."""
+    collected: float | None = None
+    """When its scores were on the host (or its error known), set before ``outcome`` is."""
 
 
 @dataclass
@@ -301,9 +305,10 @@ class RequestBatcher(ScoringBackend):
         entry = _Entry(job, sum(len(prompt) for prompt in job.prompts), future, self.stats.batches)
         self._pending.append(entry)
         self._pending_tokens += entry.tokens
+        note_queued()
         self._wakeup.set()
         try:
-            return await future
+            scores = await future
         except asyncio.CancelledError:
             # Its client left. The entry stays in the queue until the worker reaches it (removing it
             # from the middle of the deque costs a scan); until then it must not count: while a long
@@ -313,6 +318,10 @@ class RequestBatcher(ScoringBackend):
                 self._dropped += 1
                 self._pending_tokens -= entry.tokens
             raise
+        timing = current_timing()
+        if timing is not None and entry.ran is not None:
+            timing.ran(*entry.ran)
+        return scores
 
     # -- the worker ---------------------------------------------------------------------------------
 
@@ -354,9 +363,13 @@ class RequestBatcher(ScoringBackend):
                 outcomes = [error] * len(call.batch)
             calls.popleft()
             self._record(call.batch, outcomes)
+            ran = None
+            if call.launch_started is not None and call.collected is not None:
+                ran = (call.launch_started, call.collected)
             for entry, outcome in zip(call.batch, outcomes):
                 if entry.future.done():  # the request was cancelled meanwhile
                     continue
+                entry.ran = ran
                 if isinstance(outcome, BaseException):
                     entry.future.set_exception(outcome)
                 else:
@@ -392,27 +405,34 @@ class RequestBatcher(ScoringBackend):
         jobs = [e.job for e in batch]
         tokens = sum(e.tokens for e in batch)
 
-        backend = self._ahead
-        if backend is None:
-            on_run = functools.partial(_set_from_thread, loop, launched)
-            outcome = loop.run_in_executor(self._executor, self._score_isolated, jobs, on_run)
-            return _Call(batch, outcome, launched, tokens)
-        prepared: Future[Any] | None = None
-        if ahead and self._preparer is not None:
-            prepared = self._preparer.submit(self._lay_out, backend, jobs)
-            self.stats.prepared_ahead += 1
         result: asyncio.Future[list[list[float] | Exception]] = loop.create_future()
         call = _Call(batch, result, launched, tokens)
 
-        def on_launched(started: float) -> None:
-            call.launch_started = started  # read on the loop once `launched` is set
-            _set_from_thread(loop, launched)
-
         def settle(done: Future[Any]) -> None:  # any thread: the outcome goes to the event loop
+            call.collected = time.perf_counter()
             try:
                 loop.call_soon_threadsafe(_settle, result, done)
             except RuntimeError:  # the loop closed: the server is gone
                 pass
+
+        assert self._executor is not None
+        backend = self._ahead
+        if backend is None:
+
+            def on_run(started: float) -> None:  # on the engine's thread, the call over
+                call.launch_started = started
+                _set_from_thread(loop, launched)
+
+            self._executor.submit(self._score_isolated, jobs, on_run).add_done_callback(settle)
+            return call
+        prepared: Future[Any] | None = None
+        if ahead and self._preparer is not None:
+            prepared = self._preparer.submit(self._lay_out, backend, jobs)
+            self.stats.prepared_ahead += 1
+
+        def on_launched(started: float) -> None:
+            call.launch_started = started  # read on the loop once `launched` is set
+            _set_from_thread(loop, launched)
 
         def on_queued(launching: Future[Any]) -> None:
             # The engine's thread returned the collecting thread's future, or failed to queue it.
@@ -421,7 +441,6 @@ class RequestBatcher(ScoringBackend):
             else:
                 launching.result().add_done_callback(settle)
 
-        assert self._executor is not None
         self._executor.submit(self._launch_call, jobs, prepared, on_launched, tokens).add_done_callback(
             on_queued
         )
@@ -553,10 +572,11 @@ class RequestBatcher(ScoringBackend):
         return self._preparing is None or self._preparing()
 
     def _score_isolated(
-        self, jobs: list[ScoringJob], on_launched: Callable[[], None] | None = None
+        self, jobs: list[ScoringJob], on_run: Callable[[float], None] | None = None
     ) -> list[list[float] | Exception]:
         """Score the jobs together (a backend that does not launch ahead); if that fails, again one
-        by one, so one bad job fails alone. ``on_launched`` is called once the call is over."""
+        by one, so one bad job fails alone. ``on_run`` is called once the call is over, with when
+        it began (``time.perf_counter()``)."""
         started = time.perf_counter()
         try:
             return list(self._score(jobs))
@@ -566,8 +586,8 @@ class RequestBatcher(ScoringBackend):
             logger.warning("a batch of %d jobs failed (%s); scoring them one by one", len(jobs), error)
         finally:
             self.stats.engine_seconds += time.perf_counter() - started
-            if on_launched is not None:
-                on_launched()
+            if on_run is not None:
+                on_run(started)
         return _each_alone(jobs, lambda job: self._score([job])[0])
 
     def _score(self, jobs: list[ScoringJob]) -> list[list[float]]:

@@ -9,6 +9,11 @@ so that several servers in one process (tests, a Ray replica beside other code) 
   to score), ``genscore_prompt_tokens_total`` (the tokens of the prompts built for it) and the
   latency histogram ``genscore_request_duration_seconds``. :class:`MetricsMiddleware` measures each
   request; the endpoints tell it their pairs and tokens with :func:`count_usage`.
+* Per request scored by the engine, by ``route`` and ``stage``: the histogram
+  ``genscore_request_stage_seconds``, its time split into the stages of
+  :meth:`~genscore_core.request_timing.RequestTiming.stages` (prepare, tokenize, queue, inference,
+  answer), noted by the tokenizer lock and the batcher in the request's
+  :class:`~genscore_core.request_timing.RequestTiming`.
 * Read when scraped (:class:`_ServerState`): the queue depth, requests in flight, the batcher's
   engine calls and their sizes (a histogram of jobs per call), engine seconds, failures, abandoned
   requests, and the result cache's hits, misses, evictions, entries and bytes.
@@ -38,6 +43,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from genscore_core.request_life import AbandonStats
+from genscore_core.request_timing import RequestTiming, timed
 from genscore_core.result_cache import ResultCache
 from genscore_core.server.connections import ASGIApp, Message, Receive, Scope, Send
 from genscore_core.server.middleware import HttpMiddleware
@@ -51,6 +57,9 @@ METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Seconds: a rerank of a few documents answers in milliseconds, a request of a thousand long ones
 in seconds, and the scoring timeouts of clients are a minute or so."""
+
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, *LATENCY_BUCKETS)
+"""Seconds: a lone request's queue and answer stages take tens of microseconds."""
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 """Jobs per engine call (a ``/v1/rerank`` request is one job, a request of several queries one per
@@ -119,16 +128,30 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.stages = Histogram(
+            "genscore_request_stage_seconds",
+            "Seconds of a request scored by the engine in each stage: prepare (reading and checking "
+            "the body, building prompts besides tokenizing, waiting for a thread or the tokenizer), "
+            "tokenize (holding the tokenizer), queue (until its engine call began), inference (until "
+            "its scores were on the host), answer (until the last byte of the answer).",
+            ("route", "stage"),
+            buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_ServerState(batcher, abandon_stats, result_cache))
 
-    def observe(self, route: str, status: str, seconds: float, usage: RequestUsage) -> None:
-        """Count one request answered."""
+    def observe(
+        self, route: str, status: str, seconds: float, usage: RequestUsage, stages: Mapping[str, float] | None
+    ) -> None:
+        """Count one request answered (``stages``: its time by stage, for one the engine scored)."""
         self.requests.labels(route, status).inc()
         self.latency.labels(route, status).observe(seconds)
         if usage.pairs:
             self.pairs.labels(route, status).inc(usage.pairs)
         if usage.prompt_tokens:
             self.prompt_tokens.labels(route, status).inc(usage.prompt_tokens)
+        for stage, stage_seconds in (stages or {}).items():
+            self.stages.labels(route, stage).observe(stage_seconds)
 
     def render(self) -> bytes:
         """Every metric in Prometheus' text format (:data:`METRICS_CONTENT_TYPE`)."""
@@ -152,6 +175,7 @@ class MetricsMiddleware(HttpMiddleware):
         started = time.perf_counter()
         route = self._route(scope)
         usage = RequestUsage()
+        timing = RequestTiming(started)
         status = ABANDONED_STATUS
         counted = False
 
@@ -159,7 +183,8 @@ class MetricsMiddleware(HttpMiddleware):
             nonlocal counted
             if not counted:
                 counted = True
-                self.metrics.observe(route, status, time.perf_counter() - started, usage)
+                now = time.perf_counter()
+                self.metrics.observe(route, status, now - started, usage, timing.stages(now))
 
         async def counting_send(message: Message) -> None:
             nonlocal status
@@ -171,7 +196,8 @@ class MetricsMiddleware(HttpMiddleware):
 
         token = _usage.set(usage)
         try:
-            await self.app(scope, receive, counting_send)
+            with timed(timing):
+                await self.app(scope, receive, counting_send)
         finally:
             _usage.reset(token)
             count()  # a request that ended without a whole answer (its client left, an error)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from genscore_core import GenerativeScorer
+from genscore_core.request_life import TokenizerLock
+from genscore_core.request_timing import STAGES, RequestTiming, timed
 from genscore_core.server import create_app
 from tests.helpers.server import TEST_LIMITS, LiveServer, serve_in_thread
 
@@ -112,3 +116,87 @@ def test_each_app_counts_in_its_own_registry(live_server: LiveServer, cached_ser
     assert moved(plain_before, plain_after, "genscore_requests_total", route="other", status="404") == 1
     assert moved(plain_before, plain_after, "genscore_requests_total", route="/metrics", status="200") == 1
     assert not any(name.startswith("genscore_result_cache") for name, _ in plain_after)
+
+
+def stage_seconds(before: Samples, after: Samples, route: str) -> dict[str, tuple[float, float]]:
+    """Per stage of ``route``'s requests between two scrapes: (observations, seconds)."""
+    return {
+        stage: (
+            moved(before, after, "genscore_request_stage_seconds_count", route=route, stage=stage),
+            moved(before, after, "genscore_request_stage_seconds_sum", route=route, stage=stage),
+        )
+        for stage in STAGES
+    }
+
+
+def test_a_scored_request_is_split_into_stages_that_add_up_to_its_time(
+    live_server: LiveServer, cached_server: LiveServer, scorer: GenerativeScorer
+) -> None:
+    with httpx.Client(base_url=live_server.url, timeout=60) as http:
+        before = scrape(http)
+        assert http.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS}).status_code == 200
+        items = {"query": QUERY, "items": DOCUMENTS[:2], "label_token_ids": scorer.label_token_ids}
+        assert http.post("/generative_scoring", json=items).status_code == 200
+        refused = http.post("/v1/rerank", json={"query": QUERY, "documents": ["d"] * 65})  # --max-items 64
+        assert refused.status_code == 400
+        after = scrape(http)
+    for route in ("/v1/rerank", "/generative_scoring"):
+        stages = stage_seconds(before, after, route)
+        assert {stage: count for stage, (count, _) in stages.items()} == dict.fromkeys(STAGES, 1.0), route
+        # Each stage is a share of the request's own time, measured apart (arrival to last byte).
+        total = moved(before, after, "genscore_request_duration_seconds_sum", route=route, status="200")
+        assert sum(seconds for _, seconds in stages.values()) == pytest.approx(total, rel=1e-9, abs=1e-9)
+        assert stages["tokenize"][1] > 0 and stages["inference"][1] > 0, route
+    # The refused request reached no engine: its 400 is timed, but not split into stages.
+    refused_total = moved(
+        before, after, "genscore_request_duration_seconds_count", route="/v1/rerank", status="400"
+    )
+    assert refused_total == 1
+
+    # A request answered whole from the result cache never queues: no stages either.
+    with httpx.Client(base_url=cached_server.url, timeout=60) as http:
+        rerank = {"query": QUERY, "documents": DOCUMENTS[:1]}
+        assert http.post("/v1/rerank", json=rerank).status_code == 200
+        before = scrape(http)
+        assert http.post("/v1/rerank", json=rerank).status_code == 200
+        after = scrape(http)
+    assert moved(before, after, "genscore_requests_total", route="/v1/rerank", status="200") == 1
+    assert all(count == 0 for count, _ in stage_seconds(before, after, "/v1/rerank").values())
+
+
+def test_a_wait_for_company_is_counted_as_queue_time(scorer: GenerativeScorer) -> None:
+    # With --batch-wait always, a lone request waits --batch-max-wait-ms in the queue for others:
+    # that time must show as its queue stage, not in any other.
+    wait = 0.25
+    limits = TEST_LIMITS.model_copy(update={"batch_wait": "always", "batch_max_wait_ms": wait * 1000})
+    with (
+        serve_in_thread(create_app(scorer, limits)) as live,
+        httpx.Client(base_url=live.url, timeout=60) as http,
+    ):
+        before = scrape(http)
+        assert http.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS}).status_code == 200
+        after = scrape(http)
+    stages = {stage: seconds for stage, (_, seconds) in stage_seconds(before, after, "/v1/rerank").items()}
+    assert stages["queue"] >= wait - 0.01
+    assert all(seconds < wait - 0.01 for stage, seconds in stages.items() if stage != "queue"), stages
+
+
+def test_the_tokenize_stage_counts_holding_the_tokenizer_not_waiting_for_it() -> None:
+    lock = TokenizerLock()
+    held_by_other = threading.Event()
+
+    def other_request() -> None:  # untimed: holds the tokenizer 0.2 s first
+        with lock:
+            held_by_other.set()
+            time.sleep(0.2)
+
+    other = threading.Thread(target=other_request)
+    other.start()
+    held_by_other.wait()
+    timing = RequestTiming(time.perf_counter())
+    with timed(timing):
+        with lock:  # waits ~0.2 s for the other request, then holds it 0.05 s
+            time.sleep(0.05)
+    other.join()
+    assert 0.05 <= timing.tokenizer_seconds < 0.15
+    assert time.perf_counter() - timing.arrived >= 0.2  # the wait did happen
