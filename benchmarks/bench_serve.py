@@ -52,7 +52,7 @@ from common import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from genscore_core.request_timing import STAGES
+from genscore_core.request_timing import STAGES, RequestTiming, timed
 
 SERVE = "import sys; from genscore_core.cli import main; sys.exit(main())"
 
@@ -225,9 +225,10 @@ def one_client(args: argparse.Namespace, folder: Path, proc: subprocess.Popen[by
     times: dict[str, list[float]] = {"in-process": [], "server": [], "floor": []}
     loop_cpu = 0.0  # the server's event-loop thread, over its timed blocks
     stages: dict[str, float] = {}  # the server's own split of the timed requests' time, summed
+    in_process_tokenize = 0.0  # the in-process calls' time holding the tokenizer, summed
 
     async def measure() -> None:
-        nonlocal loop_cpu
+        nonlocal loop_cpu, in_process_tokenize
         limits = httpx.Limits(max_connections=1)
         async with (
             httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as server,
@@ -244,7 +245,11 @@ def one_client(args: argparse.Namespace, folder: Path, proc: subprocess.Popen[by
                     for query, docs in bodies:
                         start = time.perf_counter()
                         if name == "in-process":
-                            scorer.rerank(query, docs)
+                            # The server's own stage clock, around the library call: its tokenizer time.
+                            with timed(RequestTiming(start)) as timing:
+                                scorer.rerank(query, docs)
+                            if turn >= 0:
+                                in_process_tokenize += timing.tokenizer_seconds
                         else:
                             answered = await clients[name].post(
                                 "/v1/rerank", json={"query": query, "documents": docs}
@@ -274,12 +279,15 @@ def one_client(args: argparse.Namespace, folder: Path, proc: subprocess.Popen[by
                    "ms", note="uvicorn's loop: HTTP, the app, the batcher's worker (not tokenizing, not the model)")  # fmt: skip
     report.add("HTTP floor", "p50 latency, the same client and bodies, a bare uvicorn app", p50["floor"], "ms",
                note="the answer's bytes canned; no genscore")  # fmt: skip
-    report_stages(report, stages, times)
+    report_stages(report, stages, times, in_process_tokenize)
 
 
-def report_stages(report: Report, stages: dict[str, float], times: dict[str, list[float]]) -> None:
+def report_stages(
+    report: Report, stages: dict[str, float], times: dict[str, list[float]], in_process_tokenize: float
+) -> None:
     """Means per request: the client's and the in-process call's, the server's time inside the app
-    and its stages (they add up to it), and what lies outside the app (HTTP, the client)."""
+    and its stages (they add up to it), and what lies outside the app (HTTP, the client). The
+    in-process call's tokenizer time is measured the same way as the server's ``tokenize``."""
     count = stages.get("count", 0.0)
     if count != len(times["server"]):  # another client, or a request refused: the sums are not these
         print(
@@ -295,6 +303,9 @@ def report_stages(report: Report, stages: dict[str, float], times: dict[str, lis
     for stage in STAGES:
         report.add("W5 1 client fresh", f"mean {stage} stage (server)", stages.get(stage, 0.0) / count * 1e3, "ms",
                    note="genscore_request_stage_seconds")  # fmt: skip
+    tokenize = in_process_tokenize / len(times["in-process"]) * 1e3
+    report.add("W4 fresh, in process", "mean time holding the tokenizer", tokenize, "ms",
+               note=f"the rest of the call (the engine, host work): {mean['in-process'] - tokenize:.2f} ms")  # fmt: skip
 
 
 def forward_stats(url: str) -> dict[str, int]:
