@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 
 import pytest
 
 from genscore_core import GenerativeScorer
 from genscore_core.backend import ScoringJob
+from genscore_core.request_timing import RequestTiming, timed
 from genscore_core.server import RequestBatcher, ServerBusyError
 from tests.helpers.backends import RecordingBackend, job, started
 
@@ -132,3 +135,47 @@ async def test_stopping_as_a_request_wakes_the_worker_stops_it(scorer: Generativ
     with pytest.raises(ServerBusyError, match="shutting down"):
         await queued  # a queued request is answered, not left waiting
     assert batcher.stats.batches == 0
+
+
+async def _timed_scores(batcher: RequestBatcher, jobs: list[ScoringJob]) -> list[RequestTiming]:
+    """Each job scored as a request of its own, under a timing of its own (as the server sets one)."""
+    timings = []
+    tasks = []
+    for each in jobs:
+        timing = RequestTiming(time.perf_counter())
+        with timed(timing):  # the task copies the context: the timing follows the request
+            tasks.append(asyncio.ensure_future(batcher.score(each)))
+        timings.append(timing)
+    await asyncio.gather(*tasks)
+    return timings
+
+
+@pytest.mark.parametrize("launching", ["whole calls", "launched ahead"])
+async def test_each_request_is_timed_by_the_call_that_scored_it(
+    scorer: GenerativeScorer, launching: str
+) -> None:
+    # Calls run one after another; a request's moments must be those of its own call: queued before
+    # that call began, and every request of one call sharing its launch and its scores' moments.
+    backend = RecordingBackend() if launching == "whole calls" else scorer.backend
+    if isinstance(backend, RecordingBackend):
+        backend.release.clear()  # hold the first call so that the rest queue behind it
+    async with started(backend, max_batch_tokens=10, max_wait_ms=0, max_waited_batches=10) as batcher:
+        scoring = asyncio.ensure_future(_timed_scores(batcher, [job(tag) for tag in range(1, 6)]))
+        if isinstance(backend, RecordingBackend):
+            await asyncio.to_thread(backend.entered.wait, 5)
+            backend.release.set()
+        timings = await scoring
+    calls: dict[tuple[float, float], list[int]] = {}  # (launched, scored): the tags of its requests
+    for tag, timing in enumerate(timings, start=1):
+        assert timing.queued is not None and timing.launched is not None and timing.scored is not None
+        assert timing.arrived <= timing.queued <= timing.launched <= timing.scored
+        calls.setdefault((timing.launched, timing.scored), []).append(tag)
+    spans = sorted(calls)
+    # Calls take the queue in arrival order, 2 jobs of 4 tokens at most in a 10-token call.
+    groups = [calls[span] for span in spans]
+    assert len(groups) == batcher.stats.batches >= 3
+    assert [tag for group in groups for tag in group] == [1, 2, 3, 4, 5]
+    if isinstance(backend, RecordingBackend):
+        assert groups == backend.calls  # exactly the calls the backend ran
+        # One thread runs whole calls: each began after the one before had its scores.
+        assert all(earlier[1] <= later[0] for earlier, later in itertools.pairwise(spans))

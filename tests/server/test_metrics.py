@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from genscore_core import GenerativeScorer
 from genscore_core.request_life import TokenizerLock
 from genscore_core.request_timing import STAGES, RequestTiming, timed
 from genscore_core.server import create_app
-from tests.helpers.server import TEST_LIMITS, LiveServer, serve_in_thread
+from tests.helpers.server import TEST_LIMITS, LiveServer, random_bodies, rerank_concurrently, serve_in_thread
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -200,3 +201,22 @@ def test_the_tokenize_stage_counts_holding_the_tokenizer_not_waiting_for_it() ->
     other.join()
     assert 0.05 <= timing.tokenizer_seconds < 0.15
     assert time.perf_counter() - timing.arrived >= 0.2  # the wait did happen
+
+
+def test_requests_sharing_engine_calls_each_get_their_own_stages(live_server: LiveServer) -> None:
+    # Concurrent requests share engine calls: each must still be observed once per stage, with its
+    # own moments (not another request's), so every request's stages add up to its own duration.
+    bodies = random_bodies(random.Random(7), DOCUMENTS[0].split(), 12, lambda: 20)
+    with httpx.Client(base_url=live_server.url, timeout=60) as http:
+        before = scrape(http)
+        batches_before = http.get("/stats").json()["shared_batches"]
+        rerank_concurrently(live_server.url, bodies)
+        after = scrape(http)
+        shared = http.get("/stats").json()["shared_batches"] - batches_before
+    stages = stage_seconds(before, after, "/v1/rerank")
+    assert {stage: count for stage, (count, _) in stages.items()} == dict.fromkeys(STAGES, 12.0)
+    # A request's tokenizer time charged to another (they share the tokenizer's lock) would exceed
+    # that one's own time before its queue; its prepare stage would be clamped and the sums part.
+    total = moved(before, after, "genscore_request_duration_seconds_sum", route="/v1/rerank", status="200")
+    assert sum(seconds for _, seconds in stages.values()) == pytest.approx(total, rel=1e-9, abs=1e-9)
+    assert shared >= 1  # the requests did share calls: the case this test is about
