@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from genscore_core.errors import RequestAbandoned as RequestAbandoned
-from genscore_core.request_timing import current_timing
+from genscore_core.request_timing import bound, current_timing
 
 
 @dataclass
@@ -62,14 +62,9 @@ class RequestLife:
 _current: ContextVar[RequestLife | None] = ContextVar("genscore_request_life", default=None)
 
 
-@contextmanager
-def living(life: RequestLife) -> Iterator[RequestLife]:
+def living(life: RequestLife) -> AbstractContextManager[RequestLife]:
     """Make ``life`` the current request's for the code run inside (and the threads it starts)."""
-    token = _current.set(life)
-    try:
-        yield life
-    finally:
-        _current.reset(token)
+    return bound(_current, life)
 
 
 class TokenizerLock:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 STAGES = ("prepare", "tokenize", "queue", "inference", "answer")
 """The stages of :meth:`RequestTiming.stages`, in the order a request passes them."""
@@ -75,13 +78,19 @@ def current_timing() -> RequestTiming | None:
 
 
 @contextmanager
-def timed(timing: RequestTiming) -> Iterator[RequestTiming]:
-    """Make ``timing`` the current request's for the code run inside (and the threads it starts)."""
-    token = _current.set(timing)
+def bound(variable: ContextVar[T | None], value: T) -> Iterator[T]:
+    """``variable`` set to ``value`` for the code run inside (and the tasks and threads it starts:
+    they copy the context), as it was after."""
+    token = variable.set(value)
     try:
-        yield timing
+        yield value
     finally:
-        _current.reset(token)
+        variable.reset(token)
+
+
+def timed(timing: RequestTiming) -> AbstractContextManager[RequestTiming]:
+    """Make ``timing`` the current request's for the code run inside (and the threads it starts)."""
+    return bound(_current, timing)
 
 
 def note_queued() -> None:

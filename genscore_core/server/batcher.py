@@ -47,6 +47,10 @@ the device idle meanwhile (docs/benchmarks.md, "Server batching").
 
 A job's scores do not depend on what it is batched with, beyond float32 rounding (observed
 differences are below 1e-6).
+
+Timed: a request's :class:`~genscore_core.request_timing.RequestTiming` (``genscore serve`` sets
+one) gets the moment its job was queued, and, once scored, when its call began launching and when
+that call's scores were on the host (the ``queue`` and ``inference`` stages of ``/metrics``).
 """
 
 from __future__ import annotations
