@@ -7,9 +7,10 @@ a sixth of it, and more of a lone client's latency (docs/benchmarks.md, "Server 
 size, internal errors: all still apply) and answers a POST to one of its paths itself, but only when
 the body is JSON under a JSON content type, small enough to parse on the event loop, parses as
 strict JSON and validates as the endpoint's request type. Anything else (another path or method, a
-body that fails any of those) goes on to FastAPI with the body it sent, and is answered there as it always was: every refusal comes from one
-place. An error raised while reading the body or by the endpoint is answered by the app's exception
-handler for it, as FastAPI would, and an error without one propagates to the middlewares outside.
+body that fails any of those) goes on to FastAPI with the body it sent, and is answered there as it
+always was: every refusal comes from one place. An error raised while reading the body or by the
+endpoint is answered by the app's exception handler for it, as FastAPI would, and an error without
+one propagates to the middlewares outside.
 """
 
 from __future__ import annotations
